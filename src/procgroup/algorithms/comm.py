@@ -1,0 +1,110 @@
+"""What a collective algorithm sees: ``Comm``, a group of ranks over a Transport.
+
+Algorithms are plain functions ``f(comm, ...)`` that use only the methods
+below, so they run unchanged over the memory, shm and tcp transports, with
+ranks as threads or as processes.
+
+* Ranks inside a Comm are *group* ranks ``0..size-1``; ``comm.ranks`` maps
+  them to the transport's (global) ranks.
+* Each collective call gets a fresh ``tag`` base from the group (it encodes
+  group id and sequence number); ``step`` distinguishes messages inside one
+  call (``0 <= step < 2**16``).
+* ``comm.deadline`` bounds every wait; errors carry the peer's group rank.
+* ``comm.scratch(nbytes, slot)`` returns a reusable uint8 buffer owned by the
+  group: scratch is not allocated per call.
+* ``comm.hosts[i]`` is a host key of group rank ``i`` (ranks with the same key
+  share memory), used by hierarchical algorithms.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..deadline import Deadline
+from ..transport.base import Buffer, Request, Status, Transport
+
+__all__ = ["Comm", "ScratchPool", "STEP_BITS"]
+
+STEP_BITS = 16
+_STEP_LIMIT = 1 << STEP_BITS
+
+
+class ScratchPool:
+    """Grow-only reusable byte buffers, keyed by slot."""
+
+    def __init__(self) -> None:
+        self._bufs: Dict[int, np.ndarray] = {}
+
+    def get(self, nbytes: int, slot: int = 0) -> np.ndarray:
+        b = self._bufs.get(slot)
+        if b is None or b.nbytes < nbytes:
+            # grow geometrically so a sweep of sizes does not reallocate every call
+            cap = max(nbytes, 0 if b is None else min(2 * b.nbytes, nbytes * 2))
+            b = np.empty(max(cap, 64), dtype=np.uint8)
+            self._bufs[slot] = b
+        return b[:nbytes]
+
+    def clear(self) -> None:
+        self._bufs.clear()
+
+
+class Comm:
+    __slots__ = ("transport", "ranks", "rank", "size", "tag", "deadline", "hosts", "_scratch")
+
+    def __init__(
+        self,
+        transport: Transport,
+        ranks: Sequence[int],
+        rank: int,
+        tag: int,
+        deadline: Deadline,
+        hosts: Optional[Sequence[str]] = None,
+        scratch: Optional[ScratchPool] = None,
+    ) -> None:
+        self.transport = transport
+        self.ranks: List[int] = list(ranks)
+        self.rank = rank
+        self.size = len(self.ranks)
+        self.tag = tag << STEP_BITS
+        self.deadline = deadline
+        self.hosts: List[str] = list(hosts) if hosts is not None else ["localhost"] * self.size
+        self._scratch = scratch if scratch is not None else ScratchPool()
+
+    # -- messaging (group ranks) ------------------------------------------------
+    def _t(self, step: int) -> int:
+        if not 0 <= step < _STEP_LIMIT:
+            raise ValueError(f"algorithm step {step} outside [0, {_STEP_LIMIT})")
+        return self.tag | step
+
+    def isend(self, peer: int, buf: Buffer, step: int = 0) -> Request:
+        return self.transport.isend(self.ranks[peer], self._t(step), buf)
+
+    def irecv(self, peer: int, out: Buffer, step: int = 0) -> Request:
+        return self.transport.irecv(self.ranks[peer], self._t(step), out)
+
+    def send(self, peer: int, buf: Buffer, step: int = 0) -> None:
+        self.isend(peer, buf, step).wait(self.deadline)
+
+    def recv(self, peer: int, out: Buffer, step: int = 0) -> Status:
+        return self.irecv(peer, out, step).wait(self.deadline)
+
+    def sendrecv(self, dst: int, sendbuf: Buffer, src: int, recvbuf: Buffer, step: int = 0) -> Status:
+        """Send to ``dst`` and receive from ``src`` concurrently (deadlock-free ring step)."""
+        r = self.irecv(src, recvbuf, step)
+        s = self.isend(dst, sendbuf, step)
+        st = r.wait(self.deadline)
+        s.wait(self.deadline)
+        return st
+
+    def wait_all(self, reqs: Sequence[Request]) -> None:
+        for r in reqs:
+            r.wait(self.deadline)
+
+    # -- resources ----------------------------------------------------------------
+    def scratch(self, nbytes: int, slot: int = 0) -> np.ndarray:
+        return self._scratch.get(nbytes, slot)
+
+    def global_rank(self, group_rank: int) -> int:
+        return self.ranks[group_rank]

@@ -1,0 +1,270 @@
+"""Configuration: the launcher <-> library environment contract, and frozen config objects.
+
+This module is the *one* table of environment variables.  The launcher
+(``procgroup.launcher``) writes them, the library reads them; both import the
+names from here and nowhere else.  Scheduler tables (Slurm, Open MPI, MPICH,
+Kubeflow) list the variables those tools set for each process; identity
+detection (:mod:`procgroup.identity`) maps them onto :class:`Identity`.
+
+Precedence everywhere: explicit argument > environment variable > default.
+A bad environment value is reported with its name and value
+(:func:`env_int`, :func:`env_float`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from .errors import ConfigError
+
+__all__ = [
+    "EnvVar",
+    "ENV",
+    "TORCHRUN",
+    "SLURM",
+    "OPENMPI",
+    "MPICH",
+    "KUBEFLOW",
+    "Identity",
+    "DEFAULT_TIMEOUT",
+    "env_int",
+    "env_float",
+    "env_str",
+    "env_bool",
+]
+
+#: Default deadline (seconds) for init, collectives and store waits.
+#: torch uses 30 minutes; we use 5 so that a broken job fails while someone
+#: is still looking.  Override with PROCGROUP_TIMEOUT or timeout=.
+DEFAULT_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    meaning: str
+    written_by: str = "launcher"  # launcher | user | scheduler
+
+
+class ENV:
+    """Names of the variables of the launcher <-> library contract.
+
+    torchrun-compatible identity (written by ``procgroup run`` exactly as
+    torchrun writes them, read by ``init_process_group``):
+    """
+
+    RANK = "RANK"
+    LOCAL_RANK = "LOCAL_RANK"
+    WORLD_SIZE = "WORLD_SIZE"
+    LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+    GROUP_RANK = "GROUP_RANK"  # torchrun's name for the node rank
+    NODE_RANK = "NODE_RANK"
+    GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"  # number of nodes
+    ROLE_RANK = "ROLE_RANK"
+    ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
+    ROLE_NAME = "ROLE_NAME"
+    MASTER_ADDR = "MASTER_ADDR"
+    MASTER_PORT = "MASTER_PORT"
+    TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+    TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+    TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+    TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+
+    # procgroup's own
+    SECRET = "PROCGROUP_SECRET"  # per-job secret (hex); HMAC key for store + transport
+    TIMEOUT = "PROCGROUP_TIMEOUT"  # seconds; default deadline for every blocking call
+    SOCKET_IFNAME = "PROCGROUP_SOCKET_IFNAME"  # interface whose address this rank advertises
+    SOCKET_ADDR = "PROCGROUP_SOCKET_ADDR"  # address this rank advertises (wins over IFNAME)
+    TRANSPORT = "PROCGROUP_TRANSPORT"  # auto | shm | tcp : force the peer transport
+    STORE_HOSTED = "PROCGROUP_STORE_HOSTED"  # "1": the launcher hosts the store; rank 0 is a client
+    ERROR_FILE = "PROCGROUP_ERROR_FILE"  # where a failing worker writes its traceback (JSON)
+    RUN_ID = "PROCGROUP_RUN_ID"  # job id (defaults to TORCHELASTIC_RUN_ID / scheduler job id)
+    RESTART_COUNT = "PROCGROUP_RESTART_COUNT"
+    HOSTNAME = "PROCGROUP_HOSTNAME"  # host label used in log prefixes and reports
+    LOG_LEVEL = "PROCGROUP_LOG_LEVEL"
+    PROGRESS_INTERVAL = "PROCGROUP_PROGRESS_INTERVAL"  # seconds between "3/4 joined" lines
+
+    @classmethod
+    def table(cls) -> list[EnvVar]:
+        """Human-readable table (used by ``procgroup env`` and the README)."""
+        return list(_TABLE)
+
+
+_TABLE = (
+    EnvVar(ENV.RANK, "global rank of this process, 0..WORLD_SIZE-1"),
+    EnvVar(ENV.LOCAL_RANK, "rank of this process on its node"),
+    EnvVar(ENV.WORLD_SIZE, "number of processes in the job"),
+    EnvVar(ENV.LOCAL_WORLD_SIZE, "number of processes on this node"),
+    EnvVar(ENV.GROUP_RANK, "rank of this node (torchrun's name)"),
+    EnvVar(ENV.NODE_RANK, "rank of this node"),
+    EnvVar(ENV.GROUP_WORLD_SIZE, "number of nodes"),
+    EnvVar(ENV.ROLE_RANK, "rank within the role (== RANK: one role)"),
+    EnvVar(ENV.ROLE_WORLD_SIZE, "size of the role (== WORLD_SIZE)"),
+    EnvVar(ENV.ROLE_NAME, "role name ('default')"),
+    EnvVar(ENV.MASTER_ADDR, "host of the rendezvous store"),
+    EnvVar(ENV.MASTER_PORT, "port of the rendezvous store"),
+    EnvVar(ENV.TORCHELASTIC_RUN_ID, "job id (torchrun compatibility)"),
+    EnvVar(ENV.TORCHELASTIC_RESTART_COUNT, "how many times the gang was restarted"),
+    EnvVar(ENV.TORCHELASTIC_MAX_RESTARTS, "--max-restarts"),
+    EnvVar(ENV.TORCHELASTIC_ERROR_FILE, "where the worker writes its error (torchrun compatibility)"),
+    EnvVar(ENV.SECRET, "per-job secret proven by HMAC on every store and transport connection", "launcher/user"),
+    EnvVar(ENV.TIMEOUT, "default deadline in seconds for every blocking call", "user"),
+    EnvVar(ENV.SOCKET_IFNAME, "network interface whose address this rank advertises", "user"),
+    EnvVar(ENV.SOCKET_ADDR, "address this rank advertises to its peers", "user"),
+    EnvVar(ENV.TRANSPORT, "auto|shm|tcp: transport between peers on one host", "user"),
+    EnvVar(ENV.STORE_HOSTED, "1 when the launcher hosts the store (rank 0 connects as a client)"),
+    EnvVar(ENV.ERROR_FILE, "file a failing worker writes its traceback to"),
+    EnvVar(ENV.RUN_ID, "job id"),
+    EnvVar(ENV.RESTART_COUNT, "restart generation of the gang"),
+    EnvVar(ENV.HOSTNAME, "host label used in log prefixes and reports"),
+    EnvVar(ENV.LOG_LEVEL, "DEBUG|INFO|WARNING: procgroup's log level", "user"),
+    EnvVar(ENV.PROGRESS_INTERVAL, "seconds between rendezvous progress lines", "user"),
+)
+
+
+class TORCHRUN:
+    """Variables torchrun (and ``procgroup run``) set."""
+
+    VARS = (
+        ENV.RANK, ENV.LOCAL_RANK, ENV.WORLD_SIZE, ENV.LOCAL_WORLD_SIZE, ENV.GROUP_RANK,
+        ENV.NODE_RANK, ENV.MASTER_ADDR, ENV.MASTER_PORT, ENV.TORCHELASTIC_RUN_ID,
+    )
+
+
+class SLURM:
+    """Variables srun sets for each task (see infra captures in tests/data)."""
+
+    PROCID = "SLURM_PROCID"  # global rank
+    LOCALID = "SLURM_LOCALID"  # local rank
+    NODEID = "SLURM_NODEID"  # node rank
+    NTASKS = "SLURM_NTASKS"  # world size (also SLURM_NPROCS)
+    NPROCS = "SLURM_NPROCS"
+    NNODES = "SLURM_NNODES"  # also SLURM_JOB_NUM_NODES
+    STEP_NUM_NODES = "SLURM_STEP_NUM_NODES"
+    STEP_NODELIST = "SLURM_STEP_NODELIST"  # compressed hostlist, e.g. h[1-3]
+    JOB_NODELIST = "SLURM_JOB_NODELIST"
+    NODELIST = "SLURM_NODELIST"
+    STEP_TASKS_PER_NODE = "SLURM_STEP_TASKS_PER_NODE"  # e.g. "2(x3)" or "3,2"
+    TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"
+    JOB_ID = "SLURM_JOB_ID"
+    STEP_ID = "SLURM_STEP_ID"
+    NODENAME = "SLURMD_NODENAME"
+
+
+class OPENMPI:
+    RANK = "OMPI_COMM_WORLD_RANK"
+    SIZE = "OMPI_COMM_WORLD_SIZE"
+    LOCAL_RANK = "OMPI_COMM_WORLD_LOCAL_RANK"
+    LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_SIZE"
+    NODE_RANK = "OMPI_COMM_WORLD_NODE_RANK"
+    JOB_ID = "OMPI_MCA_ess_base_jobid"
+    HNP_URI = "OMPI_MCA_orte_hnp_uri"  # "jobid;tcp://a.b.c.d,...:port" (ORTE, Open MPI 4)
+    PMIX_SERVER_URI = "PMIX_SERVER_URI2"
+
+
+class MPICH:
+    """MPICH / Hydra (mpiexec.mpich) and Intel MPI."""
+
+    RANK = "PMI_RANK"
+    SIZE = "PMI_SIZE"
+    LOCAL_RANK = "MPI_LOCALRANKID"
+    LOCAL_SIZE = "MPI_LOCALNRANKS"
+    PMI_FD = "PMI_FD"
+    PMI_PORT = "PMI_PORT"  # "host:port" of the Hydra proxy
+
+
+class KUBEFLOW:
+    """Kubeflow training-operator PyTorchJob.
+
+    It sets MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK (one process per pod) and,
+    for torchrun-style elastic jobs, the PET_* defaults of torchrun's flags.
+    """
+
+    NNODES = "PET_NNODES"
+    NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+    NODE_RANK = "PET_NODE_RANK"
+    MASTER_ADDR = "PET_MASTER_ADDR"
+    MASTER_PORT = "PET_MASTER_PORT"
+    RDZV_ENDPOINT = "PET_RDZV_ENDPOINT"
+    SERVICE_HOST = "KUBERNETES_SERVICE_HOST"  # tells us we are in a pod
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this process is, whoever launched it."""
+
+    rank: int
+    world_size: int
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    num_nodes: Optional[int] = None
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    #: torchrun | procgroup | slurm | openmpi | mpich | kubeflow | explicit
+    source: str = "explicit"
+    job_id: Optional[str] = None
+    #: human-readable notes about values that were derived rather than read
+    #: ("MASTER_ADDR=h1 derived from SLURM_STEP_NODELIST=h[1-3]"); logged at init.
+    derived: tuple[str, ...] = field(default=())
+
+
+def env_str(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The variable's value, or None when unset or empty."""
+    env = os.environ if environ is None else environ
+    v = env.get(name)
+    if v is None:
+        return None
+    v = v.strip()
+    return v or None
+
+
+def env_int(name: str, environ: Optional[Mapping[str, str]] = None, *, minimum: Optional[int] = None) -> Optional[int]:
+    v = env_str(name, environ)
+    if v is None:
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={v!r} is not an integer; set it to a whole number or unset it") from None
+    if minimum is not None and n < minimum:
+        raise ConfigError(f"environment variable {name}={n} must be >= {minimum}")
+    return n
+
+
+def env_float(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
+    v = env_str(name, environ)
+    if v is None:
+        return None
+    try:
+        x = float(v)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={v!r} is not a number of seconds; set e.g. {name}=60") from None
+    if not x > 0:
+        raise ConfigError(f"environment variable {name}={v!r} must be > 0")
+    return x
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def env_bool(name: str, environ: Optional[Mapping[str, str]] = None, default: bool = False) -> bool:
+    """Parse a boolean variable; "0"/"false" are False (unlike ``bool(os.environ[...])``)."""
+    v = env_str(name, environ)
+    if v is None:
+        return default
+    lv = v.lower()
+    if lv in _TRUE:
+        return True
+    if lv in _FALSE:
+        return False
+    raise ConfigError(f"environment variable {name}={v!r} is not a boolean; use 1/0, true/false, yes/no or on/off")
+
+
+def default_timeout(environ: Optional[Mapping[str, str]] = None) -> float:
+    """PROCGROUP_TIMEOUT or DEFAULT_TIMEOUT."""
+    t = env_float(ENV.TIMEOUT, environ)
+    return DEFAULT_TIMEOUT if t is None else t

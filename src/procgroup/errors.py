@@ -1,0 +1,182 @@
+"""Every exception procgroup raises, in one place.
+
+The vocabulary (after trio and PyTorch elastic):
+
+* :class:`ProcGroupError` -- base of everything; a ``RuntimeError`` so code
+  written for torch.distributed (which raises ``RuntimeError``/``DistError``)
+  keeps catching it.
+* :class:`ConfigError` -- the user's input or environment is wrong; the
+  message names the bad value and the setting that fixes it.
+* :class:`ProtocolError` -- bytes from the *remote* side broke the protocol.
+* :class:`AuthenticationError` -- the peer did not prove the job secret.
+* :class:`ClosedError` -- *you* closed the object and then used it.
+* :class:`BrokenError` / :class:`PeerFailureError` -- the *peer* or network
+  went away.
+* :class:`DistTimeoutError` -- a deadline passed; the message says what was
+  being waited for, for how long, and which setting extends it.
+* :class:`RendezvousError` -- group formation failed (missing, duplicate,
+  inconsistent members).
+* :class:`CollectiveMismatchError` -- ranks called different collectives.
+
+Every message should answer three questions: what was happening, who is at
+fault (rank / peer / host:port), and what to do about it.  Use
+:func:`describe` to build the "what was happening" part consistently.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+__all__ = [
+    "ProcGroupError",
+    "ConfigError",
+    "NotInitializedError",
+    "ProtocolError",
+    "FrameTooLargeError",
+    "AuthenticationError",
+    "ClosedError",
+    "BrokenError",
+    "PeerFailureError",
+    "ConnectError",
+    "PortInUseError",
+    "StoreError",
+    "DistTimeoutError",
+    "StoreTimeoutError",
+    "RendezvousError",
+    "RendezvousTimeoutError",
+    "CollectiveMismatchError",
+    "describe",
+    "format_ranks",
+]
+
+
+class ProcGroupError(RuntimeError):
+    """Base class of every procgroup error."""
+
+
+class ConfigError(ProcGroupError, ValueError):
+    """Invalid argument, environment variable or configuration.
+
+    The message names the offending value and how to fix it.
+    """
+
+
+class NotInitializedError(ProcGroupError):
+    """A call that needs a process group was made before init_process_group()."""
+
+    def __init__(self, what: str = "this call") -> None:
+        super().__init__(
+            f"{what} needs the default process group, but it has not been initialized: "
+            "call procgroup.init_process_group() first (or run under `procgroup run`)."
+        )
+
+
+class ProtocolError(ProcGroupError):
+    """The remote side sent bytes that violate the wire protocol."""
+
+
+class FrameTooLargeError(ProtocolError):
+    """A length header exceeded the configured maximum."""
+
+
+class AuthenticationError(ProcGroupError):
+    """The peer failed (or we failed) the HMAC challenge with the job secret."""
+
+
+class ClosedError(ProcGroupError):
+    """The object was closed by this process and then used."""
+
+
+class BrokenError(ProcGroupError):
+    """The peer or the network went away (connection reset, EOF, dead process)."""
+
+
+class PeerFailureError(BrokenError):
+    """A specific rank died or disconnected while others depended on it."""
+
+    def __init__(self, message: str, *, peer: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
+class ConnectError(BrokenError):
+    """Could not reach a server (store or peer) before the deadline."""
+
+
+class PortInUseError(ConfigError):
+    """The requested listening address is already taken."""
+
+
+class StoreError(ProcGroupError):
+    """The key-value store reported an error."""
+
+
+class DistTimeoutError(ProcGroupError, TimeoutError):
+    """A deadline passed while waiting."""
+
+
+class StoreTimeoutError(DistTimeoutError, StoreError):
+    """A store wait/get passed its deadline."""
+
+
+class RendezvousError(ProcGroupError):
+    """Forming the group failed: duplicate rank, world-size mismatch, bad rank..."""
+
+
+class RendezvousTimeoutError(RendezvousError, DistTimeoutError):
+    """Not every member joined before the deadline; lists the missing ranks."""
+
+    def __init__(self, message: str, *, missing: Iterable[int] = ()) -> None:
+        super().__init__(message)
+        self.missing = sorted(missing)
+
+
+class CollectiveMismatchError(ProcGroupError):
+    """Ranks of one group called different collectives at the same sequence number."""
+
+
+def format_ranks(ranks: Iterable[int], limit: int = 16) -> str:
+    """Compact, readable rank list: ``[0-3, 5, 7]``; long lists are elided."""
+    rs = sorted(set(int(r) for r in ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.append(str(rs[i]) if i == j else (f"{rs[i]}, {rs[j]}" if j == i + 1 else f"{rs[i]}-{rs[j]}"))
+        i = j + 1
+    if len(parts) > limit:
+        parts = parts[:limit] + [f"... ({len(rs)} ranks)"]
+    return "[" + ", ".join(parts) + "]"
+
+
+def describe(
+    op: str,
+    *,
+    seq: Optional[int] = None,
+    rank: Optional[int] = None,
+    peer: Any = None,
+    group: Optional[str] = None,
+    elapsed: Optional[float] = None,
+) -> str:
+    """The standard "what was happening" prefix of an error message.
+
+    >>> describe("all_reduce", seq=7, rank=1, peer=0, elapsed=2.5)
+    'all_reduce (seq 7) on rank 1 waiting for rank 0 after 2.50s'
+    """
+    s = op
+    if seq is not None:
+        s += f" (seq {seq})"
+    if group:
+        s += f" in group {group}"
+    if rank is not None:
+        s += f" on rank {rank}"
+    if peer is not None:
+        if isinstance(peer, (list, tuple, set, frozenset)):
+            s += f" waiting for ranks {format_ranks(peer)}"
+        else:
+            s += f" waiting for {'rank ' + str(peer) if isinstance(peer, int) else peer}"
+    if elapsed is not None:
+        s += f" after {elapsed:.2f}s"
+    return s

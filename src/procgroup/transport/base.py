@@ -1,0 +1,154 @@
+"""The Transport interface: reliable, ordered, tagged messages between ranks.
+
+Every transport (memory, shm, tcp) implements exactly this, and one
+conformance suite (``tests/unit/test_transport_conformance.py``) checks it.
+Algorithms and the public API are written only against this interface.
+
+Semantics (MPI-like, deliberately small):
+
+* A transport connects one process (``rank``) to every other rank of one
+  world of ``world_size`` ranks.  Ranks are *global* ranks; groups map onto
+  them above this layer.
+* ``isend(dst, tag, data)`` sends the bytes of ``data`` (any C-contiguous
+  buffer) to ``dst``.  The caller must not modify ``data`` until the returned
+  request completes; completion means the buffer may be reused, not that the
+  peer has received it.
+* ``irecv(src, tag, out)`` receives the next message from ``src`` (or from any
+  rank, ``src=ANY_SOURCE``) carrying ``tag`` into the writable buffer ``out``.
+  A message longer than ``out`` is an error (:class:`~procgroup.errors.ProcGroupError`
+  naming both sizes); a shorter one fills a prefix and ``Status.nbytes`` says
+  how much.
+* Non-overtaking: messages from one sender to one receiver with the same tag
+  are matched in the order they were sent; receives posted for the same
+  (src, tag) are satisfied in the order they were posted.
+* Different tags are independent: a message with tag A never blocks a
+  receive of tag B.  Tags are integers in ``[0, 2**63)``; the group layer
+  encodes (group, sequence number, step) in them (see ``procgroup.group``).
+* Zero-length messages are legal.
+* ``Request.wait(deadline)`` raises :class:`~procgroup.errors.DistTimeoutError`
+  when the deadline passes (the request stays pending and may be waited on
+  again), :class:`~procgroup.errors.PeerFailureError` when the peer it depends
+  on is known to be dead, :class:`~procgroup.errors.ClosedError` after
+  ``close()``.
+* Sending to yourself is allowed at this layer (the API layer forbids it in
+  ``send``/``recv`` as torch does, but algorithms may use it).
+* Blocking waits must not burn a core: spin briefly, then block in the
+  kernel (futex, socket, condition variable).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from ..deadline import Deadline
+
+__all__ = ["ANY_SOURCE", "Status", "Request", "Transport", "CompletedRequest", "as_bytes_view", "as_writable_view"]
+
+#: Source wildcard for irecv/recv.
+ANY_SOURCE = -1
+
+#: Largest tag value + 1.
+TAG_LIMIT = 1 << 63
+
+Buffer = Union[bytes, bytearray, memoryview, "object"]
+
+
+@dataclass(frozen=True)
+class Status:
+    """What a completed receive got (sends report ``source=dst``, ``nbytes`` sent)."""
+
+    source: int
+    nbytes: int
+
+
+class Request(abc.ABC):
+    """A pending send or receive."""
+
+    @abc.abstractmethod
+    def wait(self, deadline: Optional[Deadline] = None) -> Status:
+        """Block until complete or until ``deadline`` (None: never).  Idempotent once complete."""
+
+    @abc.abstractmethod
+    def test(self) -> bool:
+        """True when complete (successfully or with an error that ``wait`` will raise)."""
+
+
+class CompletedRequest(Request):
+    """A request that completed at the moment it was posted."""
+
+    __slots__ = ("_status",)
+
+    def __init__(self, status: Status) -> None:
+        self._status = status
+
+    def wait(self, deadline: Optional[Deadline] = None) -> Status:
+        return self._status
+
+    def test(self) -> bool:
+        return True
+
+
+class Transport(abc.ABC):
+    """Tagged point-to-point messages among the ranks of one world."""
+
+    #: "memory" | "shm" | "tcp" | "router"
+    kind: str = "abstract"
+    rank: int
+    world_size: int
+
+    @abc.abstractmethod
+    def isend(self, dst: int, tag: int, data: Buffer) -> Request:
+        ...
+
+    @abc.abstractmethod
+    def irecv(self, src: int, tag: int, out: Buffer) -> Request:
+        ...
+
+    def send(self, dst: int, tag: int, data: Buffer, deadline: Optional[Deadline] = None) -> None:
+        self.isend(dst, tag, data).wait(deadline)
+
+    def recv(self, src: int, tag: int, out: Buffer, deadline: Optional[Deadline] = None) -> Status:
+        return self.irecv(src, tag, out).wait(deadline)
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release every resource (sockets, segments, threads).  Idempotent.
+
+        Pending requests complete with :class:`~procgroup.errors.ClosedError`.
+        """
+
+    def mark_peer_failed(self, peer: int, reason: str) -> None:
+        """Tell the transport that ``peer`` is dead (learned out of band, e.g. via the store).
+
+        Pending and future requests that depend on ``peer`` fail with
+        :class:`~procgroup.errors.PeerFailureError` carrying ``reason``.
+        """
+
+    def __enter__(self) -> "Transport":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def as_bytes_view(data: Buffer) -> memoryview:
+    """A flat, read-only-or-writable byte view of a C-contiguous buffer (no copy)."""
+    mv = data if isinstance(data, memoryview) else memoryview(data)  # type: ignore[arg-type]
+    if not mv.c_contiguous:
+        from ..errors import ConfigError
+
+        raise ConfigError("transport buffers must be C-contiguous; pass np.ascontiguousarray(x) or x.contiguous()")
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    return mv
+
+
+def as_writable_view(out: Buffer) -> memoryview:
+    mv = as_bytes_view(out)
+    if mv.readonly:
+        from ..errors import ConfigError
+
+        raise ConfigError("receive buffer is read-only; pass a writable array (np.array(x, copy=True) or a bytearray)")
+    return mv

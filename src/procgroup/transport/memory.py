@@ -1,0 +1,190 @@
+"""In-memory transport: ranks are threads of one process.
+
+The reference implementation of the Transport semantics, used by the fast
+unit tests of the algorithms and the API.  Sends are eager (copied at post
+time), so ``isend`` completes immediately.
+
+    hub = MemoryHub(4)
+    transports = [hub.transport(r) for r in range(4)]   # one per thread
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Deque, Dict, List, Optional, Tuple
+
+from ..deadline import Deadline
+from ..errors import ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError
+from .base import ANY_SOURCE, TAG_LIMIT, Buffer, CompletedRequest, Request, Status, Transport, as_bytes_view, as_writable_view
+
+__all__ = ["MemoryHub", "MemoryTransport"]
+
+
+class _RecvRequest(Request):
+    __slots__ = ("_hub", "_me", "src", "tag", "out", "status", "error")
+
+    def __init__(self, hub: "MemoryHub", me: int, src: int, tag: int, out: memoryview) -> None:
+        self._hub = hub
+        self._me = me
+        self.src = src
+        self.tag = tag
+        self.out = out
+        self.status: Optional[Status] = None
+        self.error: Optional[BaseException] = None
+
+    def test(self) -> bool:
+        return self.status is not None or self.error is not None
+
+    def wait(self, deadline: Optional[Deadline] = None) -> Status:
+        hub = self._hub
+        with hub.cond:
+            while True:
+                if self.error is not None:
+                    raise self.error
+                if self.status is not None:
+                    return self.status
+                # failure of the specific peer we wait for
+                if self.src != ANY_SOURCE and self.src in hub.failed:
+                    self.error = PeerFailureError(
+                        f"rank {self._me}: recv from rank {self.src} (tag {self.tag}) cannot complete: "
+                        f"rank {self.src} failed ({hub.failed[self.src]})",
+                        peer=self.src,
+                    )
+                    hub.mailboxes[self._me].remove_posted(self)
+                    continue
+                if hub.closed[self._me]:
+                    self.error = ClosedError(f"rank {self._me}: transport closed while a recv was pending")
+                    continue
+                remaining = None if deadline is None else deadline.remaining_or_none()
+                if remaining is not None and remaining <= 0:
+                    src = "any rank" if self.src == ANY_SOURCE else f"rank {self.src}"
+                    raise DistTimeoutError(
+                        f"rank {self._me}: recv from {src} (tag {self.tag}) did not complete "
+                        f"after {deadline.elapsed():.2f}s"  # type: ignore[union-attr]
+                    )
+                hub.cond.wait(remaining)
+
+
+class _Mailbox:
+    __slots__ = ("unexpected", "posted")
+
+    def __init__(self) -> None:
+        # arrival order matters for ANY_SOURCE; per (src, tag) order is preserved
+        self.unexpected: Dict[int, Deque[Tuple[int, bytes]]] = {}
+        self.posted: List[_RecvRequest] = []
+
+    def remove_posted(self, req: _RecvRequest) -> None:
+        try:
+            self.posted.remove(req)
+        except ValueError:
+            pass
+
+
+def _deliver(req: _RecvRequest, src: int, data: bytes) -> None:
+    n = len(data)
+    if n > req.out.nbytes:
+        req.error = ProcGroupError(
+            f"message of {n} bytes from rank {src} (tag {req.tag}) does not fit the receive buffer of "
+            f"{req.out.nbytes} bytes: the ranks disagree about the message size"
+        )
+        return
+    req.out[:n] = data
+    req.status = Status(src, n)
+
+
+class MemoryHub:
+    """Shared state of one in-memory world."""
+
+    def __init__(self, world_size: int) -> None:
+        if world_size < 1:
+            raise ConfigError(f"world_size must be >= 1, got {world_size}")
+        self.world_size = world_size
+        self.cond = threading.Condition()
+        self.mailboxes = [_Mailbox() for _ in range(world_size)]
+        self.failed: Dict[int, str] = {}
+        self.closed = [False] * world_size
+
+    def transport(self, rank: int) -> "MemoryTransport":
+        return MemoryTransport(self, rank)
+
+    def fail(self, rank: int, reason: str = "killed") -> None:
+        """Simulate the death of ``rank`` (for tests)."""
+        with self.cond:
+            self.failed[rank] = reason
+            self.closed[rank] = True
+            self.cond.notify_all()
+
+
+class MemoryTransport(Transport):
+    kind = "memory"
+
+    def __init__(self, hub: MemoryHub, rank: int) -> None:
+        if not 0 <= rank < hub.world_size:
+            raise ConfigError(f"rank {rank} is outside [0, {hub.world_size})")
+        self.hub = hub
+        self.rank = rank
+        self.world_size = hub.world_size
+
+    def _check(self, peer: int, what: str, allow_any: bool = False) -> None:
+        if self.hub.closed[self.rank]:
+            raise ClosedError(f"rank {self.rank}: {what} on a closed transport")
+        if allow_any and peer == ANY_SOURCE:
+            return
+        if not 0 <= peer < self.world_size:
+            raise ConfigError(f"rank {self.rank}: {what} peer {peer} is outside [0, {self.world_size})")
+
+    def isend(self, dst: int, tag: int, data: Buffer) -> Request:
+        self._check(dst, "send")
+        if not 0 <= tag < TAG_LIMIT:
+            raise ConfigError(f"tag {tag} is outside [0, 2**63)")
+        payload = bytes(as_bytes_view(data))
+        hub = self.hub
+        with hub.cond:
+            if dst in hub.failed:
+                raise PeerFailureError(f"rank {self.rank}: send to rank {dst} failed: rank {dst} failed ({hub.failed[dst]})", peer=dst)
+            box = hub.mailboxes[dst]
+            for req in box.posted:
+                if req.tag == tag and (req.src == ANY_SOURCE or req.src == self.rank):
+                    box.posted.remove(req)
+                    _deliver(req, self.rank, payload)
+                    hub.cond.notify_all()
+                    break
+            else:
+                box.unexpected.setdefault(tag, deque()).append((self.rank, payload))
+                hub.cond.notify_all()
+        return CompletedRequest(Status(dst, len(payload)))
+
+    def irecv(self, src: int, tag: int, out: Buffer) -> Request:
+        self._check(src, "recv", allow_any=True)
+        view = as_writable_view(out)
+        req = _RecvRequest(self.hub, self.rank, src, tag, view)
+        hub = self.hub
+        with hub.cond:
+            box = hub.mailboxes[self.rank]
+            q = box.unexpected.get(tag)
+            if q:
+                for i, (s, payload) in enumerate(q):
+                    if src == ANY_SOURCE or s == src:
+                        del q[i]
+                        if not q:
+                            del box.unexpected[tag]
+                        _deliver(req, s, payload)
+                        return req
+            box.posted.append(req)
+        return req
+
+    def mark_peer_failed(self, peer: int, reason: str) -> None:
+        with self.hub.cond:
+            self.hub.failed.setdefault(peer, reason)
+            self.hub.cond.notify_all()
+
+    def close(self) -> None:
+        hub = self.hub
+        with hub.cond:
+            hub.closed[self.rank] = True
+            box = hub.mailboxes[self.rank]
+            for req in box.posted:
+                req.error = ClosedError(f"rank {self.rank}: transport closed while a recv was pending")
+            box.posted.clear()
+            hub.cond.notify_all()
