@@ -151,6 +151,10 @@ class SLURM:
     JOB_ID = "SLURM_JOB_ID"
     STEP_ID = "SLURM_STEP_ID"
     NODENAME = "SLURMD_NODENAME"
+    STEPID = "SLURM_STEPID"  # older alias of SLURM_STEP_ID (srun sets both)
+    JOBID = "SLURM_JOBID"  # older alias of SLURM_JOB_ID
+    STEP_NUM_TASKS = "SLURM_STEP_NUM_TASKS"  # world size of the step (SLURM_NTASKS may be the job's)
+    GTIDS = "SLURM_GTIDS"  # global ranks of the tasks on this node, e.g. "0,1,2,3"
 
 
 class OPENMPI:
@@ -162,6 +166,9 @@ class OPENMPI:
     JOB_ID = "OMPI_MCA_ess_base_jobid"
     HNP_URI = "OMPI_MCA_orte_hnp_uri"  # "jobid;tcp://a.b.c.d,...:port" (ORTE, Open MPI 4)
     PMIX_SERVER_URI = "PMIX_SERVER_URI2"
+    LOCAL_DAEMON_URI = "OMPI_MCA_orte_local_daemon_uri"  # "jobfam.VPID;tcp://...": VPID 0 = mpirun
+    NUM_NODES = "OMPI_MCA_orte_num_nodes"  # nodes that run ranks of this job
+    PMIX_NAMESPACE = "PMIX_NAMESPACE"  # == ess_base_jobid under Open MPI 4
 
 
 class MPICH:
@@ -173,6 +180,8 @@ class MPICH:
     LOCAL_SIZE = "MPI_LOCALNRANKS"
     PMI_FD = "PMI_FD"
     PMI_PORT = "PMI_PORT"  # "host:port" of the Hydra proxy
+    PMI_ID = "PMI_ID"  # the rank under `mpiexec -pmi-port` (which exports no PMI_RANK / PMI_SIZE)
+    HYDI_CONTROL_FD = "HYDI_CONTROL_FD"  # set by hydra_pmi_proxy only: marks a Hydra launch
 
 
 class KUBEFLOW:
@@ -188,6 +197,8 @@ class KUBEFLOW:
     MASTER_ADDR = "PET_MASTER_ADDR"
     MASTER_PORT = "PET_MASTER_PORT"
     RDZV_ENDPOINT = "PET_RDZV_ENDPOINT"
+    RDZV_ID = "PET_RDZV_ID"
+    N_PROC_PER_NODE = "PET_N_PROC_PER_NODE"  # training-operator < 1.7's name of PET_NPROC_PER_NODE
     SERVICE_HOST = "KUBERNETES_SERVICE_HOST"  # tells us we are in a pod
 
 
