@@ -1,0 +1,92 @@
+"""``procgroup`` command: ``procgroup run ...`` (the launcher), ``procgroup env``, ``procgroup bench``.
+
+Also ``python -m procgroup ...``.  The launcher lives beside the library and
+the library never imports it.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional, Sequence
+
+__all__ = ["main"]
+
+USAGE = """\
+usage: procgroup <command> [options]
+
+commands:
+  run     start N workers of a Python program as one process group (the torchrun equivalent)
+          e.g. procgroup run --nproc-per-node 4 train.py --epochs 3
+  env     list the environment variables procgroup's launcher sets and its library reads
+  bench   measure collectives on this machine (not yet available)
+
+`procgroup <command> --help` describes a command.
+"""
+
+
+def _run(argv: list[str]) -> int:
+    from .errors import ConfigError, PortInUseError
+    from .launcher.agent import run
+    from .launcher.cli import parse_args
+
+    try:
+        cfg = parse_args(argv)
+    except ConfigError as e:
+        sys.stderr.write(f"procgroup run: error: {e}\n")
+        return 2
+    try:
+        return run(cfg)
+    except KeyboardInterrupt:  # Ctrl-C before the agent's handlers were installed: nothing was started
+        return 130
+    except PortInUseError as e:
+        sys.stderr.write(f"procgroup run: error: {e}\n")
+        return 1
+    except ConfigError as e:
+        sys.stderr.write(f"procgroup run: error: {e}\n")
+        return 1
+
+
+def _env(argv: list[str]) -> int:
+    import argparse
+
+    from .config import ENV
+
+    p = argparse.ArgumentParser(prog="procgroup env",
+                                description="List the launcher <-> library environment variables.")
+    p.parse_args(argv)
+    rows = [(v.name, v.written_by, v.meaning) for v in ENV.table()]
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len("written by"), max(len(r[1]) for r in rows))
+    print(f"{'variable':<{w0}}  {'written by':<{w1}}  meaning")
+    for name, by, meaning in rows:
+        print(f"{name:<{w0}}  {by:<{w1}}  {meaning}")
+    return 0
+
+
+def _bench(argv: list[str]) -> int:
+    sys.stderr.write("procgroup bench: not yet available\n")
+    return 2
+
+
+COMMANDS = {"run": _run, "env": _env, "bench": _bench}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        (sys.stdout if args else sys.stderr).write(USAGE)
+        return 0 if args else 2
+    if args[0] == "--version":
+        from . import __version__
+
+        print(f"procgroup {__version__}")
+        return 0
+    cmd = COMMANDS.get(args[0])
+    if cmd is None:
+        sys.stderr.write(f"procgroup: unknown command {args[0]!r}; commands: {', '.join(COMMANDS)}\n\n{USAGE}")
+        return 2
+    return cmd(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

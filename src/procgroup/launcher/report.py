@@ -1,0 +1,330 @@
+"""What happened to the workers: results, the root cause, the summary table.
+
+Pure formatting over plain data, so every message is unit-testable.  The
+root cause is the *first* failure by time -- the time in the worker's error
+file when it wrote one (the moment the exception was caught), else the time
+the agent saw the process exit -- among the workers that failed on their own,
+not those the launcher stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional, Sequence
+
+from ..errors import format_ranks
+from .workers import signal_name
+
+__all__ = [
+    "Outcome",
+    "WorkerResult",
+    "RunResult",
+    "load_error_file",
+    "exit_code_for",
+    "format_root_cause",
+    "format_summary",
+]
+
+TAIL_LINES = 20
+#: Above this many workers a successful run's table collapses to one line.
+COMPACT_ABOVE = 16
+
+
+class Outcome(str, Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # exited non-zero or by a signal, on its own
+    TERMINATED = "terminated"  # stopped by the launcher's teardown
+    STUCK = "stuck"  # still not reaped after SIGKILL (uninterruptible sleep)
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    rank: int
+    local_rank: int
+    host: str
+    pid: int
+    returncode: Optional[int]  # None: could not be reaped; < 0: killed by signal -returncode
+    start_time: float
+    end_time: Optional[float]
+    signaled_by_agent: Optional[int] = None
+    signaled_at: Optional[float] = None
+    error: Optional[dict] = None  # the worker's error file, normalized by load_error_file
+    stderr_tail: tuple[str, ...] = ()
+
+    @property
+    def outcome(self) -> Outcome:
+        if self.returncode is None:
+            return Outcome.STUCK
+        if self.signaled_by_agent is not None and not self._failed_before_signal():
+            return Outcome.TERMINATED
+        return Outcome.SUCCEEDED if self.returncode == 0 else Outcome.FAILED
+
+    def _failed_before_signal(self) -> bool:
+        """It raised (error file written) before the launcher's signal reached it: its own failure."""
+        ts = self.error.get("timestamp") if self.error else None
+        return (
+            self.returncode != 0
+            and isinstance(ts, (int, float))
+            and self.signaled_at is not None
+            and ts < self.signaled_at
+        )
+
+    @property
+    def failure_time(self) -> float:
+        """When it failed: the error file's timestamp if any, else when the agent saw it exit."""
+        if self.error and isinstance(self.error.get("timestamp"), (int, float)):
+            return float(self.error["timestamp"])
+        return self.end_time if self.end_time is not None else float("inf")
+
+    @property
+    def duration(self) -> Optional[float]:
+        return None if self.end_time is None else max(0.0, self.end_time - self.start_time)
+
+    def status(self) -> str:
+        """``exit code 1`` / ``signal SIGKILL`` / ``exit code 0``."""
+        rc = self.returncode
+        if rc is None:
+            return "not reaped"
+        if rc < 0:
+            return f"signal {signal_name(-rc)}"
+        return f"exit code {rc}"
+
+    def own_failure_status(self) -> str:
+        """status() for a worker that failed on its own, noting a launcher signal that hit it while exiting."""
+        if self.signaled_by_agent is not None and self.returncode == -self.signaled_by_agent:
+            return f"raised, then stopped while exiting by the launcher's {signal_name(self.signaled_by_agent)}"
+        return self.status()
+
+    def who(self) -> str:
+        return f"rank {self.rank} (local {self.local_rank}) on host {self.host}, pid {self.pid}"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One attempt of the gang on this node."""
+
+    workers: tuple[WorkerResult, ...]
+    run_id: str = "none"
+    host: str = ""
+    restart_count: int = 0
+    #: the signal the agent received (SIGINT/SIGTERM/SIGHUP) that stopped the job
+    interrupted_by: Optional[int] = None
+    #: processes found alive after teardown and killed; still_alive: not even SIGKILL helped
+    leftovers_killed: tuple[str, ...] = ()
+    still_alive: tuple[str, ...] = ()
+    spawn_error: Optional[str] = None
+    start_time: float = field(default_factory=time.time)
+    end_time: float = field(default_factory=time.time)
+
+    @property
+    def failures(self) -> list[WorkerResult]:
+        return sorted((w for w in self.workers if w.outcome is Outcome.FAILED), key=lambda w: w.failure_time)
+
+    @property
+    def root_cause(self) -> Optional[WorkerResult]:
+        f = self.failures
+        return f[0] if f else None
+
+    def is_failed(self) -> bool:
+        return (
+            self.root_cause is not None
+            or self.interrupted_by is not None
+            or self.spawn_error is not None
+            or any(w.outcome is Outcome.STUCK for w in self.workers)
+        )
+
+    @property
+    def exit_code(self) -> int:
+        """The first failure's exit code (128+signal for a signal); 128+signal when interrupted; else 0."""
+        rc = self.root_cause
+        if rc is not None:
+            if rc.own_failure_status() != rc.status():
+                return 1  # it raised (the bootstrap exits 1); the launcher's signal only cut its exit short
+            return exit_code_for(rc.returncode)
+        if self.interrupted_by is not None:
+            return 128 + self.interrupted_by
+        if self.spawn_error is not None or self.is_failed():
+            return 1
+        return 0
+
+
+def exit_code_for(returncode: Optional[int]) -> int:
+    if returncode is None:
+        return 1
+    if returncode < 0:
+        return 128 + (-returncode)
+    return min(returncode, 255) or 0
+
+
+def load_error_file(path: Optional[str], not_before: float = 0.0) -> Optional[dict]:
+    """The worker's error record, or None if absent, unreadable or older than ``not_before``.
+
+    Understands procgroup's format and torch.distributed.elastic's
+    (``{"message": {"message": ..., "extraInfo": {"py_callstack": ...}}}``,
+    written by ``@record``).
+    """
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data: Any = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    if "traceback" not in data and isinstance(data.get("message"), dict):  # torch elastic's @record format
+        msg = data["message"]
+        extra = msg.get("extraInfo") or {}
+        try:
+            ts = float(extra.get("timestamp"))
+        except (TypeError, ValueError):
+            ts = None
+        data = {
+            "message": str(msg.get("message", "")),
+            "traceback": str(extra.get("py_callstack", "")),
+            "timestamp": ts,
+        }
+    ts = data.get("timestamp")
+    if isinstance(ts, (int, float)) and ts < not_before - 1.0:
+        return None  # left over from an earlier run
+    return data
+
+
+def _ts(t: Optional[float]) -> str:
+    if t is None:
+        return "?"
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1000):03d}"
+
+
+def _dur(d: Optional[float]) -> str:
+    if d is None:
+        return "-"
+    return f"{d:.1f}s" if d < 600 else f"{d / 60:.1f}min"
+
+
+def _result_cell(w: WorkerResult, root: Optional[WorkerResult]) -> str:
+    o = w.outcome
+    if o is Outcome.SUCCEEDED:
+        return "ok"
+    if o is Outcome.STUCK:
+        return "NOT REAPED after SIGKILL"
+    if o is Outcome.TERMINATED:
+        sent = signal_name(w.signaled_by_agent or 0)
+        how = sent if w.returncode == -(w.signaled_by_agent or 0) else f"sent {sent}, ended with {w.status()}"
+        return f"terminated by launcher ({how})"
+    mark = "  <- root cause" if w is root else ""
+    st = w.own_failure_status()
+    if st != w.status():
+        st = f"(raised; {signal_name(w.signaled_by_agent or 0)} from launcher)"
+    return f"FAILED {st}{mark}"
+
+
+def format_root_cause(run: RunResult) -> str:
+    """The ``### Root cause`` block and the list of other ranks; "" when nothing failed."""
+    root = run.root_cause
+    lines: list[str] = []
+    if root is None:
+        if run.interrupted_by is not None:
+            n = sum(1 for w in run.workers if w.outcome is Outcome.TERMINATED)
+            lines.append(f"### The launcher received {signal_name(run.interrupted_by)}: "
+                         f"forwarded it to the workers and stopped {n} of them")
+        elif run.spawn_error:
+            lines.append(f"### Root cause: could not start the workers: {run.spawn_error}")
+        stuck = [w for w in run.workers if w.outcome is Outcome.STUCK]
+        if stuck:
+            lines.append("### Workers that did not exit even after SIGKILL: "
+                         + ", ".join(f"rank {w.rank} pid {w.pid}" for w in stuck))
+        return "\n".join(lines)
+
+    lines.append(f"### Root cause: {root.who()}, {root.status()}")
+    t0 = root.start_time
+    lines.append(f"    failed at {_ts(root.failure_time)} ({root.failure_time - t0:.2f}s after it started)")
+    err = root.error
+    if err and err.get("traceback"):
+        if err.get("exc_type"):
+            lines.append(f"    error: {err['exc_type']}: {err.get('message', '')}".rstrip())
+        lines.append(str(err["traceback"]).rstrip("\n"))
+    elif root.stderr_tail:
+        tail = root.stderr_tail[-TAIL_LINES:]
+        why = "no error file (the process died without a Python exception)"
+        if root.returncode is not None and root.returncode < 0:
+            why = f"no error file: killed by {signal_name(-root.returncode)}, so no Python traceback could be written"
+        lines.append(f"    {why}; last {len(tail)} line(s) of its stderr:")
+        lines.extend("    | " + ln for ln in tail)
+    else:
+        if root.returncode is not None and root.returncode < 0:
+            lines.append(f"    killed by {signal_name(-root.returncode)} with no output on stderr "
+                         "(SIGKILL often means the out-of-memory killer: check `dmesg` / `journalctl -k`)"
+                         if -root.returncode == 9 else
+                         f"    killed by {signal_name(-root.returncode)} with no output on stderr")
+        else:
+            lines.append("    no error file and no output on stderr (the program called sys.exit / os._exit "
+                         "with this code?)")
+
+    others = [w for w in run.workers if w is not root and w.outcome is not Outcome.SUCCEEDED]
+    if others:
+        lines.append("### Other ranks:")
+        for w in sorted(others, key=lambda w: w.rank):
+            if w.outcome is Outcome.TERMINATED:
+                sent = signal_name(w.signaled_by_agent or 0)
+                what = f"terminated by the launcher ({sent}" + (
+                    ")" if w.returncode == -(w.signaled_by_agent or 0) else f"; ended with {w.status()})")
+            elif w.outcome is Outcome.STUCK:
+                what = "did NOT exit after SIGKILL (uninterruptible sleep?)"
+            else:
+                when = w.failure_time - root.failure_time
+                what = f"failed on its own {when:.2f}s after the root cause: {w.own_failure_status()}"
+                if w.error and w.error.get("exc_type"):
+                    what += f" ({w.error['exc_type']}: {_first_line(w.error.get('message', ''))})"
+            lines.append(f"    rank {w.rank} (local {w.local_rank}) pid {w.pid}: {what}")
+    return "\n".join(lines)
+
+
+def _first_line(s: object, limit: int = 160) -> str:
+    t = str(s).strip().splitlines()
+    line = t[0] if t else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def format_summary(run: RunResult, *, max_restarts: int = 0) -> str:
+    """The table printed after every run; a successful big job collapses to one line."""
+    ws = sorted(run.workers, key=lambda w: w.rank)
+    state = "FAILED" if run.is_failed() else "succeeded"
+    if run.interrupted_by is not None and run.root_cause is None:
+        state = f"interrupted by {signal_name(run.interrupted_by)}"
+    elapsed = run.end_time - run.start_time
+    head = (f"procgroup run: {len(ws)} worker(s) on {run.host} {state} in {elapsed:.1f}s "
+            f"(exit code {run.exit_code}, run id {run.run_id}")
+    if run.restart_count or max_restarts:
+        head += f", restart {run.restart_count} of max {max_restarts}"
+    head += ")"
+    lines = [head]
+    root = run.root_cause
+    shown = ws
+    if len(ws) > COMPACT_ABOVE:
+        ok = [w for w in ws if w.outcome is Outcome.SUCCEEDED]
+        shown = [w for w in ws if w.outcome is not Outcome.SUCCEEDED]
+        if ok:
+            durs = [w.duration for w in ok if w.duration is not None]
+            span = f"{_dur(min(durs))}-{_dur(max(durs))}" if durs else "-"
+            lines.append(f"  ranks {format_ranks(w.rank for w in ok)}: ok, {span}")
+    if shown:
+        hw = max(4, max(len(w.host) for w in shown))
+        lines.append(f"  {'rank':>4}  {'host':<{hw}}  {'pid':>7}  {'duration':>8}  result")
+        for w in shown:
+            lines.append(f"  {w.rank:>4}  {w.host:<{hw}}  {w.pid:>7}  {_dur(w.duration):>8}  {_result_cell(w, root)}")
+    if run.leftovers_killed:
+        lines.append(f"  killed {len(run.leftovers_killed)} leftover process(es) of the job:")
+        lines.extend("    " + p for p in run.leftovers_killed)
+    if run.still_alive:
+        lines.append(f"  WARNING: {len(run.still_alive)} process(es) of the job survived SIGKILL:")
+        lines.extend("    " + p for p in run.still_alive)
+    return "\n".join(lines)
+
+
+def results_table_rows(results: Sequence[WorkerResult]) -> list[tuple[int, str, int, str, Optional[float]]]:
+    """(rank, host, pid, status, duration) rows, for programmatic use and tests."""
+    return [(w.rank, w.host, w.pid, w.status(), w.duration) for w in sorted(results, key=lambda w: w.rank)]
