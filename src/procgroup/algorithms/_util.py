@@ -1,0 +1,199 @@
+"""Shared plumbing of the collective algorithms: steps, scratch slots, blocks, sub-groups.
+
+Steps
+    Every message of one collective call carries the call's tag plus a
+    ``step``.  Each *phase* of an algorithm owns ``ROUNDS`` consecutive steps
+    (``step(phase, round)``); log-round algorithms use one step per round,
+    ring algorithms one step per phase (messages between one pair of ranks
+    with one tag are matched in order, so the rounds of a ring cannot cross).
+    One algorithm level uses the steps ``[0, SPAN)``; :class:`SubComm` shifts a
+    nested level (the stages of the hierarchical all_reduce) by multiples of
+    ``SPAN`` so that stages never share a step.
+
+Scratch slots
+    ``comm.scratch(nbytes, slot)`` buffers are reused across calls; two
+    buffers that are alive at the same time must use different slots.  The
+    primitive algorithms use ``SLOT_TMP`` / ``SLOT_TMP2`` (receive temporaries,
+    partial sums) and ``SLOT_STAGE`` (gather/scatter staging); compositions
+    hold their own buffers in ``SLOT_WORK`` while calling primitives.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..transport.base import Request, Status
+
+__all__ = [
+    "SLOT_TMP",
+    "SLOT_TMP2",
+    "SLOT_STAGE",
+    "SLOT_WORK",
+    "ROUNDS",
+    "SPAN",
+    "step",
+    "SubComm",
+    "u8",
+    "flat",
+    "scratch_as",
+    "partition",
+    "prefix",
+    "exchange",
+    "lowbit",
+    "EMPTY",
+]
+
+SLOT_TMP = 0
+SLOT_TMP2 = 1
+SLOT_STAGE = 2
+SLOT_WORK = 3
+
+#: steps per phase (log-round algorithms need at most 64 rounds)
+ROUNDS = 64
+#: steps used by one algorithm level
+SPAN = 1024
+
+# phases (each owns ROUNDS steps; PHASE * ROUNDS + round < SPAN)
+P_BARRIER = 0
+P_BCAST = 1
+P_BCAST_SCATTER = 2
+P_BCAST_RING = 3
+P_FOLD_IN = 4
+P_RD = 5
+P_FOLD_OUT = 6
+P_RS = 7
+P_AG = 8
+P_REDUCE = 9
+P_GATHER = 10
+P_SCATTER = 11
+P_BRUCK = 12
+P_ALLTOALL = 13
+
+EMPTY = np.empty(0, dtype=np.uint8)
+
+
+def step(phase: int, rnd: int = 0) -> int:
+    if not 0 <= rnd < ROUNDS:
+        raise ValueError(f"round {rnd} outside [0, {ROUNDS})")
+    s = phase * ROUNDS + rnd
+    assert s < SPAN
+    return s
+
+
+def lowbit(x: int) -> int:
+    return x & -x
+
+
+def u8(a: np.ndarray) -> np.ndarray:
+    """The bytes of a C-contiguous array (a view, never a copy: received data must land in ``a``)."""
+    if not a.flags.c_contiguous:
+        raise ConfigError(
+            f"collective buffers must be C-contiguous (got shape {a.shape}, strides {a.strides}); "
+            "pass np.ascontiguousarray(x) or x.contiguous()"
+        )
+    return a.reshape(-1).view(np.uint8)
+
+
+def flat(a: Optional[np.ndarray], what: str = "buffer") -> Any:
+    """``a`` as a 1-D C-contiguous view (None stays None); ConfigError for other layouts."""
+    if a is None:
+        return None
+    if not isinstance(a, np.ndarray):
+        raise ConfigError(f"{what} must be a numpy array, got {type(a).__name__}")
+    if not a.flags.c_contiguous:
+        raise ConfigError(
+            f"{what} must be C-contiguous (got shape {a.shape}, strides {a.strides}); "
+            "pass np.ascontiguousarray(x) or x.contiguous()"
+        )
+    return a if a.ndim == 1 else a.reshape(-1)
+
+
+def scratch_as(comm: Any, n: int, dtype: np.dtype, slot: int) -> np.ndarray:
+    """``n`` elements of ``dtype`` of scratch (reused across calls)."""
+    dt = np.dtype(dtype)
+    return comm.scratch(n * dt.itemsize, slot).view(dt)
+
+
+def partition(n: int, p: int) -> List[int]:
+    """Offsets ``o[0..p]`` of ``n`` items split into ``p`` blocks whose sizes differ by at most 1."""
+    base, extra = divmod(n, p)
+    offs = [0] * (p + 1)
+    acc = 0
+    for i in range(p):
+        offs[i] = acc
+        acc += base + (1 if i < extra else 0)
+    offs[p] = acc
+    return offs
+
+
+def prefix(counts: Sequence[int]) -> List[int]:
+    """Offsets ``o[0..len]``: prefix sums of ``counts``."""
+    offs = [0] * (len(counts) + 1)
+    acc = 0
+    for i, c in enumerate(counts):
+        offs[i] = acc
+        acc += int(c)
+    offs[len(counts)] = acc
+    return offs
+
+
+def exchange(comm: Any, dst: int, sendbuf: np.ndarray, src: int, recvbuf: np.ndarray, stp: int) -> None:
+    """sendrecv that skips empty halves (both ends compute the same sizes, so they agree)."""
+    r: Optional[Request] = comm.irecv(src, u8(recvbuf), stp) if recvbuf.size else None
+    s: Optional[Request] = comm.isend(dst, u8(sendbuf), stp) if sendbuf.size else None
+    if r is not None:
+        r.wait(comm.deadline)
+    if s is not None:
+        s.wait(comm.deadline)
+
+
+class SubComm:
+    """A sub-group of a Comm (by parent group ranks) with its own range of steps.
+
+    Presents the part of the Comm interface the algorithms use, so any
+    algorithm runs on it unchanged.  Scratch is the parent's.
+    """
+
+    __slots__ = ("parent", "members", "rank", "size", "hosts", "deadline", "step_base")
+
+    def __init__(self, parent: Any, members: Sequence[int], step_base: int) -> None:
+        self.parent = parent
+        self.members = list(members)
+        self.rank = self.members.index(parent.rank)
+        self.size = len(self.members)
+        self.hosts = [parent.hosts[m] for m in self.members]
+        self.deadline = parent.deadline
+        self.step_base = step_base
+
+    @property
+    def ranks(self) -> List[int]:
+        return [self.parent.ranks[m] for m in self.members] if hasattr(self.parent, "ranks") else list(self.members)
+
+    def isend(self, peer: int, buf: Any, step: int = 0) -> Request:
+        return self.parent.isend(self.members[peer], buf, self.step_base + step)
+
+    def irecv(self, peer: int, out: Any, step: int = 0) -> Request:
+        return self.parent.irecv(self.members[peer], out, self.step_base + step)
+
+    def send(self, peer: int, buf: Any, step: int = 0) -> None:
+        self.isend(peer, buf, step).wait(self.deadline)
+
+    def recv(self, peer: int, out: Any, step: int = 0) -> Status:
+        return self.irecv(peer, out, step).wait(self.deadline)
+
+    def sendrecv(self, dst: int, sendbuf: Any, src: int, recvbuf: Any, step: int = 0) -> Status:
+        r = self.irecv(src, recvbuf, step)
+        s = self.isend(dst, sendbuf, step)
+        st = r.wait(self.deadline)
+        s.wait(self.deadline)
+        return st
+
+    def wait_all(self, reqs: Sequence[Request]) -> None:
+        for r in reqs:
+            r.wait(self.deadline)
+
+    def scratch(self, nbytes: int, slot: int = 0) -> np.ndarray:
+        return self.parent.scratch(nbytes, slot)

@@ -1,0 +1,147 @@
+"""All-reduce: recursive doubling, ring, reduce + broadcast, and hierarchical.
+
+Every algorithm leaves bitwise-identical results on all ranks: each partial
+result is either computed by exactly one rank and copied, or computed by two
+ranks from the same two operands with a commutative kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+from ..errors import ConfigError
+from ._util import P_FOLD_IN, P_FOLD_OUT, P_RD, SLOT_TMP, SPAN, SubComm, partition, scratch_as, step, u8
+from .bcast import bcast_binomial
+from .gathering import ring_allgather_inplace
+from .reduction import reduce_binomial, ring_reduce_scatter_inplace
+
+__all__ = [
+    "allreduce_recursive_doubling",
+    "allreduce_ring",
+    "allreduce_reduce_bcast",
+    "allreduce_hierarchical",
+    "host_layout",
+]
+
+Kernel = Callable[[np.ndarray, np.ndarray], None]
+
+
+def allreduce_recursive_doubling(comm: Any, buf: np.ndarray, reduce: Kernel) -> None:
+    """log2 rounds of full-buffer exchanges; latency-optimal for small buffers.
+
+    Non-power-of-two sizes fold first: of the first ``2*rem`` ranks (``rem = p -
+    2**floor(log2 p)``) each even rank hands its data to the odd rank above it,
+    sits out the doubling, and gets the result back at the end.
+    """
+    p, r = comm.size, comm.rank
+    n = buf.shape[0]
+    if p == 1 or n == 0:
+        return
+    pof2 = 1
+    while pof2 * 2 <= p:
+        pof2 *= 2
+    rem = p - pof2
+    b = u8(buf)
+    tmp = scratch_as(comm, n, buf.dtype, SLOT_TMP)
+    tb = u8(tmp)
+    if r < 2 * rem:
+        if r % 2 == 0:
+            comm.send(r + 1, b, step(P_FOLD_IN))
+            newrank = -1
+        else:
+            comm.recv(r - 1, tb, step(P_FOLD_IN))
+            reduce(buf, tmp)
+            newrank = r // 2
+    else:
+        newrank = r - rem
+    if newrank >= 0:
+        mask = 1
+        rnd = 0
+        while mask < pof2:
+            nd = newrank ^ mask
+            peer = nd * 2 + 1 if nd < rem else nd + rem
+            comm.sendrecv(peer, b, peer, tb, step(P_RD, rnd))
+            reduce(buf, tmp)
+            mask <<= 1
+            rnd += 1
+    if r < 2 * rem:
+        if r % 2:
+            comm.send(r - 1, b, step(P_FOLD_OUT))
+        else:
+            comm.recv(r + 1, b, step(P_FOLD_OUT))
+
+
+def allreduce_ring(comm: Any, buf: np.ndarray, reduce: Kernel) -> None:
+    """Ring reduce-scatter + ring all-gather over p blocks: bandwidth-optimal.
+
+    Each rank sends and receives 2n(p-1)/p elements in 2(p-1) steps.  Block
+    sizes differ by at most one element; n < p leaves some blocks empty (they
+    are not sent).
+    """
+    p = comm.size
+    n = buf.shape[0]
+    if p == 1 or n == 0:
+        return
+    offs = partition(n, p)
+    ring_reduce_scatter_inplace(comm, buf, offs, reduce)
+    ring_allgather_inplace(comm, buf, offs)
+
+
+def allreduce_reduce_bcast(comm: Any, buf: np.ndarray, reduce: Kernel) -> None:
+    """Binomial reduce to rank 0, then binomial broadcast: 2 ceil(log2 p) rounds."""
+    if comm.size == 1 or buf.shape[0] == 0:
+        return
+    reduce_binomial(comm, buf, reduce, 0, preserve=False)
+    bcast_binomial(comm, buf, 0)
+
+
+def host_layout(hosts: List[str], size: int) -> List[List[int]]:
+    """Group ranks by host key: lists of ranks (ascending), ordered by their lowest rank."""
+    if len(hosts) != size:
+        raise ConfigError(f"comm.hosts has {len(hosts)} entries for a group of {size} ranks")
+    by: Dict[str, List[int]] = {}
+    for i, h in enumerate(hosts):
+        by.setdefault(h, []).append(i)
+    return list(by.values())
+
+
+def allreduce_hierarchical(
+    comm: Any,
+    buf: np.ndarray,
+    reduce: Kernel,
+    intra_reduce: Optional[Callable[..., None]] = None,
+    inter_allreduce: Optional[Callable[..., None]] = None,
+    intra_bcast: Optional[Callable[..., None]] = None,
+) -> None:
+    """Reduce within each host to its lowest rank, all-reduce among those leaders, broadcast within hosts.
+
+    Only one rank per host talks across hosts.  The three stages run on
+    sub-groups with disjoint step ranges.  The stage algorithms default to the
+    size-based choices of :mod:`procgroup.algorithms.select`.
+    """
+    p = comm.size
+    if p == 1 or buf.shape[0] == 0:
+        return
+    from . import select  # late: select imports this module
+
+    hosts = host_layout(list(comm.hosts), p)
+    mine = next(h for h in hosts if comm.rank in h)
+    leaders = [h[0] for h in hosts]
+    nbytes = buf.nbytes
+    if len(mine) > 1:
+        local = SubComm(comm, mine, 1 * SPAN)
+        f = intra_reduce or select.choose_reduce(len(mine), nbytes, buf.shape[0])
+        if f is reduce_binomial:
+            reduce_binomial(local, buf, reduce, 0, preserve=False)
+        else:
+            f(local, buf, reduce, 0)
+    if comm.rank == mine[0] and len(leaders) > 1:
+        inter = SubComm(comm, leaders, 2 * SPAN)
+        g = inter_allreduce or select.choose_all_reduce_flat(len(leaders), nbytes, buf.shape[0])
+        g(inter, buf, reduce)
+    if len(mine) > 1:
+        local = SubComm(comm, mine, 3 * SPAN)
+        h = intra_bcast or select.choose_broadcast(len(mine), nbytes)
+        h(local, buf, 0)

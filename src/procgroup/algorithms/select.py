@@ -1,0 +1,278 @@
+"""Algorithm selection: every size threshold in one place, and the collective entry points.
+
+The API layer calls the functions at the bottom (``broadcast``, ``all_reduce``,
+...); each picks an algorithm from the message size and the group size.  To
+tune, change the constants; to pin an algorithm (benchmarks, debugging), set
+``FORCE[collective] = "name"`` with a name from ``ALGORITHMS[collective]``.
+
+Selection table (n = bytes per rank of the call, p = group size):
+
+=================  ==========================================  ===========================================
+collective         small                                       large
+=================  ==========================================  ===========================================
+all_reduce         recursive doubling (fold for p != 2^k)       ring reduce-scatter + ring all-gather
+                   when n <= ALLREDUCE_SMALL or elements < p    otherwise
+  (multi-host)     hierarchical when hosts has >1 key and some host has >1 rank: intra-host reduce
+                   (rows "reduce") -> all_reduce among host leaders (flat rows) -> intra-host broadcast
+broadcast          binomial tree when n <= BCAST_SMALL or p<=2  binomial scatter + ring all-gather
+reduce             binomial tree when n <= REDUCE_SMALL         ring reduce-scatter + direct gather to root
+                   or elements < p
+reduce_scatter     recursive doubling on a copy when p*n <=     ring
+                   REDUCE_SCATTER_SMALL
+all_gather         Bruck when p*n <= ALLGATHER_SMALL            ring
+all_gatherv        binomial gather + bcast when total <=        ring
+                   ALLGATHER_SMALL
+gather / scatter   binomial tree when p*n <= GATHER_SMALL       linear (direct to / from the root)
+all_to_all         linear (all posted at once) when total sent  pairwise exchange
+                   <= ALLTOALL_SMALL
+barrier            dissemination
+=================  ==========================================  ===========================================
+
+Every choice is computed from values all ranks of the call agree on (the
+group size and the per-rank message size), so all ranks pick the same
+algorithm -- except all_to_all with uneven counts, where each rank looks at
+what it sends; the two all_to_all algorithms use the same messages (one per
+ordered pair, same step) and post receives before waiting, so ranks that chose
+differently still match up.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+from ._util import flat
+from .allreduce import (
+    allreduce_hierarchical,
+    allreduce_recursive_doubling,
+    allreduce_reduce_bcast,
+    allreduce_ring,
+    host_layout,
+)
+from .alltoall import alltoall_linear, alltoall_pairwise
+from .dissemination import barrier_dissemination
+from .bcast import bcast_binomial, bcast_scatter_allgather
+from .gathering import (
+    allgather_bruck,
+    allgather_ring,
+    allgatherv_gather_bcast,
+    allgatherv_ring,
+    gather_binomial,
+    gather_linear,
+    scatter_binomial,
+    scatter_linear,
+)
+from .reduction import reduce_binomial, reduce_scatter_gather
+from .redscat import reduce_scatter_allreduce, reduce_scatter_ring
+
+__all__ = [
+    "ALLREDUCE_SMALL",
+    "BCAST_SMALL",
+    "REDUCE_SMALL",
+    "REDUCE_SCATTER_SMALL",
+    "ALLGATHER_SMALL",
+    "GATHER_SMALL",
+    "ALLTOALL_SMALL",
+    "HIERARCHICAL",
+    "FORCE",
+    "ALGORITHMS",
+    "choose_all_reduce",
+    "choose_all_reduce_flat",
+    "choose_broadcast",
+    "choose_reduce",
+    "broadcast",
+    "all_reduce",
+    "reduce",
+    "all_gather",
+    "all_gatherv",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "all_to_all",
+    "barrier",
+]
+
+# ----------------------------------------------------------------------------- thresholds (bytes)
+#: all_reduce: recursive doubling up to here, ring above
+ALLREDUCE_SMALL = 64 * 1024
+#: broadcast: binomial tree up to here, scatter + ring all-gather above
+BCAST_SMALL = 256 * 1024
+#: reduce: binomial tree up to here, ring reduce-scatter + gather above
+REDUCE_SMALL = 64 * 1024
+#: reduce_scatter: all-reduce of a copy up to here (total p*n bytes), ring above
+REDUCE_SCATTER_SMALL = 64 * 1024
+#: all_gather / all_gatherv: Bruck / gather+bcast up to here (total bytes), ring above
+ALLGATHER_SMALL = 64 * 1024
+#: gather / scatter: binomial tree up to here (total bytes at the root), linear above
+GATHER_SMALL = 256 * 1024
+#: all_to_all: everything posted at once up to here (bytes this rank sends), pairwise above
+ALLTOALL_SMALL = 256 * 1024
+#: use the hierarchical all_reduce when the host layout allows it
+HIERARCHICAL = True
+
+#: collective -> algorithm name, overriding the size-based choice
+FORCE: Dict[str, str] = {}
+
+ALGORITHMS: Dict[str, Dict[str, Callable[..., None]]] = {
+    "all_reduce": {
+        "recursive_doubling": allreduce_recursive_doubling,
+        "ring": allreduce_ring,
+        "reduce_bcast": allreduce_reduce_bcast,
+        "hierarchical": allreduce_hierarchical,
+    },
+    "broadcast": {"binomial": bcast_binomial, "scatter_allgather": bcast_scatter_allgather},
+    "reduce": {"binomial": reduce_binomial, "reduce_scatter_gather": reduce_scatter_gather},
+    "reduce_scatter": {"allreduce": reduce_scatter_allreduce, "ring": reduce_scatter_ring},
+    "all_gather": {"bruck": allgather_bruck, "ring": allgather_ring},
+    "all_gatherv": {"gather_bcast": allgatherv_gather_bcast, "ring": allgatherv_ring},
+    "gather": {"binomial": gather_binomial, "linear": gather_linear},
+    "scatter": {"binomial": scatter_binomial, "linear": scatter_linear},
+    "all_to_all": {"linear": alltoall_linear, "pairwise": alltoall_pairwise},
+    "barrier": {"dissemination": barrier_dissemination},
+}
+
+
+def _forced(collective: str) -> Optional[Callable[..., None]]:
+    name = FORCE.get(collective)
+    if name is None:
+        return None
+    try:
+        return ALGORITHMS[collective][name]
+    except KeyError:
+        raise ConfigError(
+            f"FORCE[{collective!r}] = {name!r} is not an algorithm of {collective}: "
+            f"choose from {sorted(ALGORITHMS.get(collective, {}))}"
+        ) from None
+
+
+# ----------------------------------------------------------------------------- choices
+def choose_all_reduce_flat(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
+    if nbytes <= ALLREDUCE_SMALL or nelems < p:
+        return allreduce_recursive_doubling
+    return allreduce_ring
+
+
+def _hierarchical_applies(hosts: Sequence[str], p: int) -> bool:
+    if not HIERARCHICAL or p <= 2:
+        return False
+    layout = host_layout(list(hosts), p)
+    return len(layout) > 1 and any(len(h) > 1 for h in layout)
+
+
+def choose_all_reduce(comm: Any, nbytes: int, nelems: int) -> Callable[..., None]:
+    f = _forced("all_reduce")
+    if f is not None:
+        return f
+    if _hierarchical_applies(comm.hosts, comm.size):
+        return allreduce_hierarchical
+    return choose_all_reduce_flat(comm.size, nbytes, nelems)
+
+
+def choose_broadcast(p: int, nbytes: int) -> Callable[..., None]:
+    f = _forced("broadcast")
+    if f is not None:
+        return f
+    if nbytes <= BCAST_SMALL or p <= 2:
+        return bcast_binomial
+    return bcast_scatter_allgather
+
+
+def choose_reduce(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
+    f = _forced("reduce")
+    if f is not None:
+        return f
+    if nbytes <= REDUCE_SMALL or nelems < p:
+        return reduce_binomial
+    return reduce_scatter_gather
+
+
+# ----------------------------------------------------------------------------- entry points
+def broadcast(comm: Any, buf: np.ndarray, root: int) -> None:
+    """``buf`` of ``root`` to every rank, in place."""
+    buf = flat(buf, "broadcast buffer")
+    if comm.size == 1 or buf.nbytes == 0:
+        return
+    choose_broadcast(comm.size, buf.nbytes)(comm, buf, root)
+
+
+def all_reduce(comm: Any, buf: np.ndarray, reduce: Callable[[np.ndarray, np.ndarray], None]) -> None:
+    """``buf = op over ranks of buf``, in place, identical bits on every rank (AVG: caller finalizes)."""
+    buf = flat(buf, "all_reduce buffer")
+    if comm.size == 1 or buf.shape[0] == 0:
+        return
+    choose_all_reduce(comm, buf.nbytes, buf.shape[0])(comm, buf, reduce)
+
+
+def reduce(comm: Any, buf: np.ndarray, reduce: Callable[[np.ndarray, np.ndarray], None], root: int) -> None:
+    """Result in ``buf`` on ``root``; other ranks' ``buf`` is unchanged."""
+    buf = flat(buf, "reduce buffer")
+    if comm.size == 1 or buf.shape[0] == 0:
+        return
+    choose_reduce(comm.size, buf.nbytes, buf.shape[0])(comm, buf, reduce, root)
+
+
+def all_gather(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+    """``recvbuf`` = every rank's ``sendbuf`` in rank order."""
+    sendbuf, recvbuf = flat(sendbuf, "all_gather sendbuf"), flat(recvbuf, "all_gather recvbuf")
+    f = _forced("all_gather")
+    if f is None:
+        f = allgather_bruck if sendbuf.nbytes * comm.size <= ALLGATHER_SMALL else allgather_ring
+    f(comm, sendbuf, recvbuf)
+
+
+def all_gatherv(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: Sequence[int]) -> None:
+    """Like all_gather with ``counts[i]`` elements from rank i (counts known to all)."""
+    sendbuf, recvbuf = flat(sendbuf, "all_gatherv sendbuf"), flat(recvbuf, "all_gatherv recvbuf")
+    f = _forced("all_gatherv")
+    if f is None:
+        total = sum(int(c) for c in counts) * recvbuf.dtype.itemsize
+        f = allgatherv_gather_bcast if total <= ALLGATHER_SMALL else allgatherv_ring
+    f(comm, sendbuf, recvbuf, counts)
+
+
+def gather(comm: Any, sendbuf: np.ndarray, recvbuf: Optional[np.ndarray], root: int) -> None:
+    """Every rank's ``sendbuf`` into the root's ``recvbuf`` in rank order (others pass None)."""
+    sendbuf, recvbuf = flat(sendbuf, "gather sendbuf"), flat(recvbuf, "gather recvbuf")
+    f = _forced("gather")
+    if f is None:
+        f = gather_binomial if sendbuf.nbytes * comm.size <= GATHER_SMALL else gather_linear
+    f(comm, sendbuf, recvbuf, root)
+
+
+def scatter(comm: Any, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray, root: int) -> None:
+    """Block i of the root's ``sendbuf`` (p blocks of len(recvbuf)) into rank i's ``recvbuf``."""
+    sendbuf, recvbuf = flat(sendbuf, "scatter sendbuf"), flat(recvbuf, "scatter recvbuf")
+    f = _forced("scatter")
+    if f is None:
+        f = scatter_binomial if recvbuf.nbytes * comm.size <= GATHER_SMALL else scatter_linear
+    f(comm, sendbuf, recvbuf, root)
+
+
+def reduce_scatter(
+    comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, reduce: Callable[[np.ndarray, np.ndarray], None]
+) -> None:
+    """Rank r gets block r of ``sendbuf`` reduced over ranks; ``sendbuf`` is not modified."""
+    sendbuf, recvbuf = flat(sendbuf, "reduce_scatter sendbuf"), flat(recvbuf, "reduce_scatter recvbuf")
+    f = _forced("reduce_scatter")
+    if f is None:
+        f = reduce_scatter_allreduce if sendbuf.nbytes <= REDUCE_SCATTER_SMALL else reduce_scatter_ring
+    f(comm, sendbuf, recvbuf, reduce)
+
+
+def all_to_all(
+    comm: Any, sendbuf: np.ndarray, send_counts: Sequence[int], recvbuf: np.ndarray, recv_counts: Sequence[int]
+) -> None:
+    """``send_counts[j]`` elements to rank j, ``recv_counts[i]`` from rank i (displacements: prefix sums)."""
+    sendbuf, recvbuf = flat(sendbuf, "all_to_all sendbuf"), flat(recvbuf, "all_to_all recvbuf")
+    f = _forced("all_to_all")
+    if f is None:
+        sent = sum(int(c) for c in send_counts) * sendbuf.dtype.itemsize
+        f = alltoall_linear if sent <= ALLTOALL_SMALL else alltoall_pairwise
+    f(comm, sendbuf, send_counts, recvbuf, recv_counts)
+
+
+def barrier(comm: Any) -> None:
+    """Returns once every rank has entered."""
+    barrier_dissemination(comm)
