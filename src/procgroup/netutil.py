@@ -217,6 +217,18 @@ def is_loopback(host: str) -> bool:
     return bool(addrs) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
 
 
+def is_literal_loopback(host: str) -> bool:
+    """True only for ``localhost`` and loopback IP literals: a *name* that merely resolves to 127.0.1.1
+    here (Debian's ``/etc/hosts`` entry for the own hostname) is not a single-host job's address."""
+    h = (host or "").strip("[]")
+    if h.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
 def resolve(host: str, port: int) -> list[str]:
     """The distinct addresses ``host`` resolves to (IPv4 first), for TCP.
 
@@ -363,4 +375,12 @@ def advertised_addr(master_addr: str, master_port: int, environ: Optional[Mappin
     ifname = env_str(ENV.SOCKET_IFNAME, environ)
     if ifname:
         return interface_addr(ifname)
-    return local_addr_towards(master_addr, master_port)
+    addr = local_addr_towards(master_addr, master_port)
+    if is_loopback(addr) and not is_literal_loopback(master_addr):
+        # The master's *name* resolves to loopback here: we are the master host and /etc/hosts maps our own
+        # name to 127.0.1.1 (the trap that makes gloo fail with "Connection refused").  Peers on other hosts
+        # cannot reach a loopback address, so advertise a real interface's address when there is one.
+        real = non_loopback_addrs()
+        if real:
+            return real[0]
+    return addr

@@ -1,0 +1,418 @@
+"""Collectives and point-to-point with torch.distributed's signatures and semantics.
+
+Ranks passed as ``src``/``dst``/``peer`` are *global* ranks (as torch); the
+``group_src``/``group_dst``/``group_peer`` keywords take ranks within the
+group.  Outputs are written in place; inputs are never modified (except
+where torch defines the op as in place: broadcast, all_reduce, reduce).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence
+
+import numpy as np
+
+from . import algorithms as alg
+from .api import GroupMember, resolve_group
+from .data import Flat, as_flat
+from .errors import ConfigError
+from .group import ProcessGroup, Work, p2p_tag
+from .ops import ReduceOp, finalize, reducer
+from .transport.base import ANY_SOURCE
+
+#: scratch slots of the API layer (the algorithms use small slot numbers; see algorithms/_util.py)
+API_SLOT_A, API_SLOT_B, API_SLOT_C = 101, 102, 103
+
+__all__ = [
+    "ReduceOp",
+    "broadcast",
+    "all_reduce",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "P2POp",
+    "batch_isend_irecv",
+]
+
+
+def _group(group: Any, op: str) -> Optional[ProcessGroup]:
+    """The group, or None when this rank is not a member (the call is then a no-op, as in torch)."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    g = resolve_group(group, op)
+    return g if g.is_member() else None
+
+
+def _root(g: ProcessGroup, op: str, rank: Optional[int], group_rank: Optional[int], name: str, default: Optional[int] = None) -> int:
+    if rank is not None and group_rank is not None:
+        raise ConfigError(f"{op}: pass {name}= (global rank) or group_{name}= (rank in the group), not both")
+    if group_rank is not None:
+        if not 0 <= group_rank < g.size():
+            raise ConfigError(f"{op}: group_{name}={group_rank} is outside [0, {g.size()}) for group {g.name}")
+        return int(group_rank)
+    if rank is None:
+        if default is None:
+            raise ConfigError(f"{op}: {name}= is required")
+        rank = g.ranks[default]
+    if int(rank) not in g.ranks:
+        raise ConfigError(
+            f"{op}: {name}={rank} is not a rank of group {g.name} (its global ranks are {g.ranks}); "
+            f"{name} is a global rank, use group_{name}= for a rank within the group"
+        )
+    return g.ranks.index(int(rank))
+
+
+def _same(op: str, a: Flat, b: Flat, what_a: str, what_b: str, factor: int = 1) -> None:
+    if a.dtype != b.dtype:
+        raise ConfigError(f"{op}: {what_a} has dtype {a.dtype} but {what_b} has dtype {b.dtype}; they must match")
+    if a.numel * factor != b.numel:
+        raise ConfigError(
+            f"{op}: {what_b} has {b.numel} elements but must have {a.numel * factor} "
+            f"({'%d x ' % factor if factor != 1 else ''}{what_a}'s {a.numel})"
+        )
+
+
+def _avg_or_none(op: Any) -> ReduceOp:
+    if not isinstance(op, ReduceOp):
+        try:
+            op = ReduceOp[str(op).split(".")[-1].upper()]
+        except KeyError:
+            raise ConfigError(f"op={op!r} is not a ReduceOp (SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR)") from None
+    return op
+
+
+# -- collectives ----------------------------------------------------------------------------
+def broadcast(tensor: Any, src: Optional[int] = None, group: Any = None, async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
+    g = _group(group, "broadcast")
+    if g is None:
+        return None
+    root = _root(g, "broadcast", src, group_src, "src")
+    f = as_flat(tensor, "broadcast tensor")
+    return g.run("broadcast", lambda c: alg.broadcast(c, f.array, root), async_op=async_op, detail=f"{f.describe()}, root {root}")
+
+
+def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Optional[Work]:
+    g = _group(group, "all_reduce")
+    if g is None:
+        return None
+    op = _avg_or_none(op)
+    f = as_flat(tensor, "all_reduce tensor")
+    kern = reducer(op, f.dtype)
+
+    def run(c: Any) -> None:
+        alg.all_reduce(c, f.array, kern)
+        finalize(op, f.array, c.size, f.dtype)
+
+    return g.run("all_reduce", run, async_op=async_op, detail=f"{f.describe()}, {op.name}")
+
+
+def reduce(tensor: Any, dst: Optional[int] = None, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
+    g = _group(group, "reduce")
+    if g is None:
+        return None
+    root = _root(g, "reduce", dst, group_dst, "dst")
+    op = _avg_or_none(op)
+    f = as_flat(tensor, "reduce tensor")
+    kern = reducer(op, f.dtype)
+
+    def run(c: Any) -> None:
+        alg.reduce(c, f.array, kern, root)
+        if c.rank == root:
+            finalize(op, f.array, c.size, f.dtype)
+
+    return g.run("reduce", run, async_op=async_op, detail=f"{f.describe()}, {op.name}, root {root}")
+
+
+def all_gather(tensor_list: List[Any], tensor: Any, group: Any = None, async_op: bool = False) -> Optional[Work]:
+    g = _group(group, "all_gather")
+    if g is None:
+        return None
+    if len(tensor_list) != g.size():
+        raise ConfigError(f"all_gather: tensor_list has {len(tensor_list)} entries but the group has {g.size()} ranks")
+    src = as_flat(tensor, "all_gather input", writable=False)
+    outs = [as_flat(t, f"all_gather tensor_list[{i}]") for i, t in enumerate(tensor_list)]
+    for i, o in enumerate(outs):
+        _same("all_gather", src, o, "the input", f"tensor_list[{i}]")
+
+    def run(c: Any) -> None:
+        n = src.numel
+        buf = c.scratch(n * c.size * src.array.itemsize, slot=API_SLOT_A).view(src.array.dtype)
+        alg.all_gather(c, src.array, buf)
+        for i, o in enumerate(outs):
+            o.array[...] = buf[i * n:(i + 1) * n]
+
+    return g.run("all_gather", run, async_op=async_op, detail=src.describe())
+
+
+def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False) -> Optional[Work]:
+    g = _group(group, "all_gather_into_tensor")
+    if g is None:
+        return None
+    src = as_flat(input_tensor, "all_gather_into_tensor input", writable=False)
+    out = as_flat(output_tensor, "all_gather_into_tensor output")
+    _same("all_gather_into_tensor", src, out, "the input", "the output", g.size())
+    return g.run("all_gather_into_tensor", lambda c: alg.all_gather(c, src.array, out.array), async_op=async_op, detail=src.describe())
+
+
+def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[int] = None, group: Any = None, async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
+    g = _group(group, "gather")
+    if g is None:
+        return None
+    root = _root(g, "gather", dst, group_dst, "dst", default=0)
+    src = as_flat(tensor, "gather input", writable=False)
+    outs: List[Flat] = []
+    if g.rank() == root:
+        if gather_list is None or len(gather_list) != g.size():
+            raise ConfigError(f"gather: the destination rank needs gather_list with {g.size()} tensors, got {None if gather_list is None else len(gather_list)}")
+        outs = [as_flat(t, f"gather_list[{i}]") for i, t in enumerate(gather_list)]
+        for i, o in enumerate(outs):
+            _same("gather", src, o, "the input", f"gather_list[{i}]")
+    elif gather_list:
+        raise ConfigError("gather: gather_list must be None or empty on ranks other than dst")
+
+    def run(c: Any) -> None:
+        n = src.numel
+        buf = c.scratch(n * c.size * src.array.itemsize, slot=API_SLOT_A).view(src.array.dtype) if c.rank == root else None
+        alg.gather(c, src.array, buf, root)
+        if buf is not None:
+            for i, o in enumerate(outs):
+                o.array[...] = buf[i * n:(i + 1) * n]
+
+    return g.run("gather", run, async_op=async_op, detail=f"{src.describe()}, root {root}")
+
+
+def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional[int] = None, group: Any = None, async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
+    g = _group(group, "scatter")
+    if g is None:
+        return None
+    root = _root(g, "scatter", src, group_src, "src", default=0)
+    out = as_flat(tensor, "scatter output")
+    ins: List[Flat] = []
+    if g.rank() == root:
+        if scatter_list is None or len(scatter_list) != g.size():
+            raise ConfigError(f"scatter: the source rank needs scatter_list with {g.size()} tensors, got {None if scatter_list is None else len(scatter_list)}")
+        ins = [as_flat(t, f"scatter_list[{i}]", writable=False) for i, t in enumerate(scatter_list)]
+        for i, x in enumerate(ins):
+            _same("scatter", out, x, "the output", f"scatter_list[{i}]")
+    elif scatter_list:
+        raise ConfigError("scatter: scatter_list must be None or empty on ranks other than src")
+
+    def run(c: Any) -> None:
+        n = out.numel
+        buf = None
+        if c.rank == root:
+            buf = c.scratch(n * c.size * out.array.itemsize, slot=API_SLOT_A).view(out.array.dtype)
+            for i, x in enumerate(ins):
+                buf[i * n:(i + 1) * n] = x.array
+        alg.scatter(c, buf, out.array, root)
+
+    return g.run("scatter", run, async_op=async_op, detail=f"{out.describe()}, root {root}")
+
+
+def reduce_scatter(output: Any, input_list: List[Any], op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Optional[Work]:
+    g = _group(group, "reduce_scatter")
+    if g is None:
+        return None
+    op = _avg_or_none(op)
+    out = as_flat(output, "reduce_scatter output")
+    if len(input_list) != g.size():
+        raise ConfigError(f"reduce_scatter: input_list has {len(input_list)} tensors but the group has {g.size()} ranks")
+    ins = [as_flat(t, f"input_list[{i}]", writable=False) for i, t in enumerate(input_list)]
+    for i, x in enumerate(ins):
+        _same("reduce_scatter", out, x, "the output", f"input_list[{i}]")
+    kern = reducer(op, out.dtype)
+
+    def run(c: Any) -> None:
+        n = out.numel
+        buf = c.scratch(n * c.size * out.array.itemsize, slot=API_SLOT_A).view(out.array.dtype)
+        for i, x in enumerate(ins):
+            buf[i * n:(i + 1) * n] = x.array
+        alg.reduce_scatter(c, buf, out.array, kern)
+        finalize(op, out.array, c.size, out.dtype)
+
+    return g.run("reduce_scatter", run, async_op=async_op, detail=f"{out.describe()}, {op.name}")
+
+
+def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Optional[Work]:  # noqa: A002 - torch's name
+    g = _group(group, "reduce_scatter_tensor")
+    if g is None:
+        return None
+    op = _avg_or_none(op)
+    out = as_flat(output, "reduce_scatter_tensor output")
+    src = as_flat(input, "reduce_scatter_tensor input", writable=False)
+    _same("reduce_scatter_tensor", out, src, "the output", "the input", g.size())
+    kern = reducer(op, out.dtype)
+
+    def run(c: Any) -> None:
+        alg.reduce_scatter(c, src.array, out.array, kern)
+        finalize(op, out.array, c.size, out.dtype)
+
+    return g.run("reduce_scatter_tensor", run, async_op=async_op, detail=f"{out.describe()}, {op.name}")
+
+
+def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any], group: Any = None, async_op: bool = False) -> Optional[Work]:
+    g = _group(group, "all_to_all")
+    if g is None:
+        return None
+    n = g.size()
+    if len(output_tensor_list) != n or len(input_tensor_list) != n:
+        raise ConfigError(f"all_to_all: both lists need {n} tensors (one per rank), got {len(output_tensor_list)} outputs and {len(input_tensor_list)} inputs")
+    ins = [as_flat(t, f"input_tensor_list[{i}]", writable=False) for i, t in enumerate(input_tensor_list)]
+    outs = [as_flat(t, f"output_tensor_list[{i}]") for i, t in enumerate(output_tensor_list)]
+    dt = ins[0].dtype
+    for i, f in enumerate(ins + outs):
+        if f.dtype != dt:
+            raise ConfigError(f"all_to_all: every tensor must have dtype {dt}; tensor {i} has {f.dtype}")
+    scounts = [f.numel for f in ins]
+    rcounts = [f.numel for f in outs]
+
+    def run(c: Any) -> None:
+        npdt = ins[0].array.dtype
+        sbuf = c.scratch(sum(scounts) * npdt.itemsize, slot=API_SLOT_A).view(npdt)
+        rbuf = c.scratch(sum(rcounts) * npdt.itemsize, slot=API_SLOT_B).view(npdt)
+        pos = 0
+        for f in ins:
+            sbuf[pos:pos + f.numel] = f.array
+            pos += f.numel
+        alg.all_to_all(c, sbuf, scounts, rbuf, rcounts)
+        pos = 0
+        for f in outs:
+            f.array[...] = rbuf[pos:pos + f.numel]
+            pos += f.numel
+
+    return g.run("all_to_all", run, async_op=async_op, detail=f"{dt}, send {scounts}, recv {rcounts}")
+
+
+def _splits(op: str, f: Flat, sizes: Optional[Sequence[int]], n: int, what: str) -> List[int]:
+    rows = f.shape[0] if f.shape else 1
+    row = f.numel // rows if rows else 0
+    if sizes is None:
+        if rows % n:
+            raise ConfigError(f"{op}: {what} has {rows} rows (dim 0), not divisible by the group size {n}; pass {what}_split_sizes")
+        return [rows // n * row] * n
+    sizes = [int(s) for s in sizes]
+    if len(sizes) != n or any(s < 0 for s in sizes) or sum(sizes) != rows:
+        raise ConfigError(f"{op}: {what}_split_sizes={sizes} must have {n} non-negative entries summing to dim 0 of the {what} ({rows})")
+    return [s * row for s in sizes]
+
+
+def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[Sequence[int]] = None, input_split_sizes: Optional[Sequence[int]] = None, group: Any = None, async_op: bool = False) -> Optional[Work]:  # noqa: A002
+    g = _group(group, "all_to_all_single")
+    if g is None:
+        return None
+    out = as_flat(output, "all_to_all_single output")
+    src = as_flat(input, "all_to_all_single input", writable=False)
+    if out.dtype != src.dtype:
+        raise ConfigError(f"all_to_all_single: output dtype {out.dtype} differs from input dtype {src.dtype}")
+    sc = _splits("all_to_all_single", src, input_split_sizes, g.size(), "input")
+    rc = _splits("all_to_all_single", out, output_split_sizes, g.size(), "output")
+    return g.run("all_to_all_single", lambda c: alg.all_to_all(c, src.array, sc, out.array, rc), async_op=async_op, detail=f"{src.dtype}, send {sc}, recv {rc}")
+
+
+def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: Any = None) -> Optional[Work]:
+    g = _group(group, "barrier")
+    if g is None:
+        return None
+    return g.run("barrier", alg.barrier, async_op=async_op, timeout=timeout)
+
+
+# -- point-to-point --------------------------------------------------------------------------
+def _peer(g: ProcessGroup, op: str, peer: Optional[int], group_peer: Optional[int], name: str, allow_any: bool = False) -> int:
+    """Global rank of the peer (ANY_SOURCE allowed for recv)."""
+    if peer is None and group_peer is None:
+        if allow_any:
+            return ANY_SOURCE
+        raise ConfigError(f"{op}: {name}= is required")
+    gr = _root(g, op, peer, group_peer, name)
+    gl = g.ranks[gr]
+    if gl == g.world.rank:
+        raise ConfigError(f"{op}: rank {gl} cannot {op} to/from itself ({name}={gl}); pick another rank")
+    return gl
+
+
+def isend(tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None) -> Optional[Work]:
+    g = _group(group, "isend")
+    if g is None:
+        return None
+    peer = _peer(g, "send", dst, group_dst, "dst")
+    f = as_flat(tensor, "send tensor", writable=False)
+    req = g.world.transport.isend(peer, p2p_tag(g.gid, tag), f.array)
+    return g.p2p("send", req, None, lambda st: None, f"to rank {peer}, tag {tag}, {f.describe()}")
+
+
+def irecv(tensor: Any, src: Optional[int] = None, group: Any = None, tag: int = 0, group_src: Optional[int] = None) -> Optional[Work]:
+    g = _group(group, "irecv")
+    if g is None:
+        return None
+    peer = _peer(g, "recv", src, group_src, "src", allow_any=True)
+    f = as_flat(tensor, "recv tensor")
+    req = g.world.transport.irecv(peer, p2p_tag(g.gid, tag), f.array)
+    nbytes = f.array.nbytes
+
+    def done(st: Any) -> int:
+        if st.nbytes != nbytes:
+            raise ConfigError(f"recv: got {st.nbytes} bytes from rank {st.source} but the tensor holds {nbytes}")
+        return st.source
+
+    src_desc = "any rank" if peer == ANY_SOURCE else f"rank {peer}"
+    w = g.p2p("recv", req, None, done, f"from {src_desc}, tag {tag}, {f.describe()}")
+    return w
+
+
+def send(tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None) -> None:
+    w = isend(tensor, dst, group, tag, group_dst)
+    if w is not None:
+        w.wait()
+
+
+def recv(tensor: Any, src: Optional[int] = None, group: Any = None, tag: int = 0, group_src: Optional[int] = None) -> int:
+    """Receive into ``tensor``; returns the sender's global rank (-1 when not a member of ``group``)."""
+    w = irecv(tensor, src, group, tag, group_src)
+    if w is None:
+        return -1
+    w.wait()
+    return w._result
+
+
+@dataclass
+class P2POp:
+    """One operation for :func:`batch_isend_irecv`: ``P2POp(dist.isend, tensor, peer)``."""
+
+    op: Any
+    tensor: Any
+    peer: Optional[int] = None
+    group: Any = None
+    tag: int = 0
+    group_peer: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        name = getattr(self.op, "__name__", str(self.op))
+        if name not in ("isend", "irecv"):
+            raise ConfigError(f"P2POp.op must be procgroup.isend or procgroup.irecv, got {name}")
+
+
+def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
+    """Post every op, receives first (so matching sends can never deadlock); returns their Works."""
+    if not p2p_op_list:
+        raise ConfigError("batch_isend_irecv needs a non-empty list of P2POp")
+    works: List[Any] = [None] * len(p2p_op_list)
+    order = sorted(range(len(p2p_op_list)), key=lambda i: p2p_op_list[i].op.__name__ != "irecv")
+    for i in order:
+        p = p2p_op_list[i]
+        if p.op.__name__ == "irecv":
+            works[i] = irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer)
+        else:
+            works[i] = isend(p.tensor, p.peer, p.group, p.tag, p.group_peer)
+    return [w for w in works if w is not None]

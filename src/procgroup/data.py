@@ -1,0 +1,99 @@
+"""User data -> flat numpy views, without copies.
+
+Accepted: numpy arrays, torch CPU tensors (torch is never imported here: a
+tensor is recognised by its type's module), and any object exporting the
+buffer protocol (bytearray, array.array, memoryview, mmap...).
+
+:func:`as_flat` returns a 1-D C-contiguous numpy view that shares memory
+with the caller's object, plus a dtype key for the reduce kernels: a numpy
+dtype, or the string ``"bfloat16"`` (the view is then ``uint16``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = ["Flat", "as_flat", "is_torch_tensor", "DTypeKey"]
+
+DTypeKey = Union[np.dtype, str]
+
+
+@dataclass(frozen=True)
+class Flat:
+    array: np.ndarray  # 1-D, C-contiguous, shares memory with the user's object
+    dtype: DTypeKey  # numpy dtype or "bfloat16"
+    shape: tuple  # the user's shape, for messages
+
+    @property
+    def numel(self) -> int:
+        return int(self.array.size)
+
+    def describe(self) -> str:
+        return f"{self.dtype}{list(self.shape)}"
+
+
+def is_torch_tensor(obj: Any) -> bool:
+    t = type(obj)
+    return t.__module__.startswith("torch") and hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous")
+
+
+def _torch_flat(t: Any, name: str, writable: bool) -> Flat:
+    if t.device.type != "cpu":
+        raise ConfigError(
+            f"{name} is on device {t.device}; the cpu backend takes CPU tensors: move it with .cpu(), "
+            "or init_process_group(backend='nccl') for CUDA tensors"
+        )
+    if not t.is_contiguous():
+        if writable:
+            raise ConfigError(
+                f"{name} is not contiguous (shape {tuple(t.shape)}, stride {tuple(t.stride())}); "
+                "results are written in place, so pass a contiguous tensor (t = t.contiguous()) and use it afterwards"
+            )
+        t = t.contiguous()
+    import torch  # already imported by the caller, since they hold a tensor
+
+    shape = tuple(t.shape)
+    d = t.detach()
+    if d.is_conj():
+        d = d.resolve_conj()
+    if d.dtype == torch.bfloat16:
+        arr = d.view(torch.int16).numpy().view(np.uint16)
+        return Flat(arr.reshape(-1), "bfloat16", shape)
+    arr = d.numpy()
+    return Flat(arr.reshape(-1), arr.dtype, shape)
+
+
+def as_flat(obj: Any, name: str = "tensor", *, writable: bool = True) -> Flat:
+    """A flat view of ``obj``.  ``writable``: results will be written into it."""
+    if isinstance(obj, np.ndarray):
+        arr = obj
+    elif is_torch_tensor(obj):
+        return _torch_flat(obj, name, writable)
+    else:
+        try:
+            mv = memoryview(obj)
+        except TypeError:
+            raise ConfigError(
+                f"{name} of type {type(obj).__name__} is not a numpy array, a torch tensor or a buffer; "
+                "pass np.asarray(x) or a bytearray"
+            ) from None
+        arr = np.asarray(mv)
+        if mv.ndim == 0 and mv.format == "B" and mv.nbytes > 0:
+            arr = np.frombuffer(mv, dtype=np.uint8)
+    if arr.dtype.hasobject or arr.dtype.fields is not None:
+        raise ConfigError(f"{name} has dtype {arr.dtype}, which is not a plain numeric dtype; use the *_object collectives for Python objects")
+    if not arr.flags.c_contiguous:
+        if writable:
+            raise ConfigError(
+                f"{name} is not C-contiguous (shape {arr.shape}, strides {arr.strides}); results are written in "
+                "place, so pass a contiguous array (x = np.ascontiguousarray(x)) and use it afterwards"
+            )
+        arr = np.ascontiguousarray(arr)
+    if writable and not arr.flags.writeable:
+        raise ConfigError(f"{name} is read-only; results are written into it, so pass a writable array (np.array(x))")
+    return Flat(arr.reshape(-1), arr.dtype, tuple(arr.shape))

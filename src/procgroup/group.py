@@ -1,0 +1,300 @@
+"""ProcessGroup: ranks, subgroups, sequence numbers, deadlines, async work, error context.
+
+A :class:`World` is the per-process state of one ``init_process_group``: the
+store, the transport, every rank's host.  A :class:`ProcessGroup` is an
+ordered subset of the world's ranks with its own id (agreed through the
+store, so it is the same on every member) and its own sequence counter.
+
+Tags.  Every message of a collective carries the transport tag
+``((gid << 24) | (seq mod 2**24)) << 16 | step`` (see ``algorithms.comm``),
+and every point-to-point message ``2**62 | gid << 40 | user_tag``, so
+collectives of different groups, successive collectives of one group, and
+p2p traffic never match each other's receives.
+
+Async work.  ``async_op=True`` runs the collective on the group's single
+worker thread (ops of one group run in call order); a blocking op first
+waits for the group's outstanding async work, so program order is kept.
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from .algorithms.comm import Comm, ScratchPool
+from .deadline import Deadline
+from .errors import ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError, describe
+from .transport.base import Request, Transport
+
+__all__ = ["World", "ProcessGroup", "Work", "GID_LIMIT", "P2P_TAG_LIMIT", "p2p_tag"]
+
+GID_LIMIT = 1 << 22
+SEQ_MASK = (1 << 24) - 1
+P2P_TAG_LIMIT = 1 << 40
+_P2P_BIT = 1 << 62
+
+
+def p2p_tag(gid: int, tag: int) -> int:
+    if not 0 <= tag < P2P_TAG_LIMIT:
+        raise ConfigError(f"tag={tag} is outside [0, 2**40)")
+    return _P2P_BIT | (gid << 40) | tag
+
+
+@dataclass
+class World:
+    """Per-process state shared by every group of one init."""
+
+    rank: int
+    size: int
+    transport: Transport
+    store: Any = None  # procgroup.store.Store
+    hosts: List[str] = field(default_factory=list)  # host key per global rank (equal => same machine)
+    hostnames: List[str] = field(default_factory=list)  # readable host name per global rank
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    backend: str = "cpu"
+    timeout: float = 300.0
+    on_close: List[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        for fn in reversed(self.on_close):
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - best effort during shutdown; errors already reported
+                pass
+        self.on_close.clear()
+
+
+class Work:
+    """Handle of an async operation (torch.distributed's Work)."""
+
+    def __init__(self, op: str, group: "ProcessGroup") -> None:
+        self.op = op
+        self._group = group
+        self._done = threading.Event()
+        self._exc: Optional[BaseException] = None
+        self._result: Any = None
+
+    # called by the executor
+    def _finish(self, result: Any = None, exc: Optional[BaseException] = None) -> None:
+        self._result = result
+        self._exc = exc
+        self._done.set()
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._exc is None
+
+    def exception(self) -> Optional[BaseException]:
+        return self._exc
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until done; raise the op's error.  ``timeout`` (s or timedelta) bounds this wait."""
+        if hasattr(timeout, "total_seconds"):
+            timeout = timeout.total_seconds()  # type: ignore[union-attr]
+        limit = timeout if timeout is not None else self._group.timeout + 5.0
+        if not self._done.wait(limit):
+            raise DistTimeoutError(
+                f"Work.wait: async {self.op} in group {self._group.name} on rank {self._group.world.rank} "
+                f"did not complete within {limit:.2f}s; pass a longer wait(timeout=...) or check the other ranks"
+            )
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def result(self) -> Any:
+        self.wait()
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+class _P2PWork(Work):
+    """Work over transport requests (isend/irecv): no thread involved."""
+
+    def __init__(self, op: str, group: "ProcessGroup", req: Request, deadline: Deadline, finish: Callable[[Any], Any], ctx: str) -> None:
+        super().__init__(op, group)
+        self._req = req
+        self._deadline = deadline
+        self._finish_fn = finish
+        self._ctx = ctx
+        self._lock = threading.Lock()
+
+    def is_completed(self) -> bool:
+        if not self._done.is_set() and self._req.test():
+            try:
+                self.wait(0)
+            except Exception:  # noqa: BLE001 - error is kept and raised by wait()
+                pass
+        return self._done.is_set()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        with self._lock:
+            if not self._done.is_set():
+                if hasattr(timeout, "total_seconds"):
+                    timeout = timeout.total_seconds()  # type: ignore[union-attr]
+                dl = self._deadline if timeout is None else self._deadline.sooner(timeout)
+                try:
+                    st = self._req.wait(dl)
+                except DistTimeoutError as e:
+                    if timeout is not None and not self._deadline.expired():
+                        raise  # the caller's short wait; the op itself is still pending
+                    self._finish(exc=self._group._context(e, self.op, None, dl, self._ctx))
+                except ProcGroupError as e:
+                    self._finish(exc=self._group._context(e, self.op, None, dl, self._ctx))
+                else:
+                    self._finish(result=self._finish_fn(st))
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+
+_STOP = object()
+
+
+class ProcessGroup:
+    """An ordered set of global ranks that run collectives together."""
+
+    def __init__(self, world: World, ranks: Sequence[int], gid: int, name: str, timeout: Optional[float] = None) -> None:
+        if not 0 <= gid < GID_LIMIT:
+            raise ConfigError(f"group id {gid} exceeds the limit of {GID_LIMIT} groups")
+        self.world = world
+        self.ranks: List[int] = list(ranks)
+        self.gid = gid
+        self.name = name
+        self.timeout = float(timeout if timeout is not None else world.timeout)
+        self._rank = self.ranks.index(world.rank) if world.rank in self.ranks else -1
+        self._hosts = [world.hosts[g] if world.hosts else "localhost" for g in self.ranks]
+        self._seq = 0
+        self._scratch = ScratchPool()
+        self._lock = threading.Lock()
+        self._pending: List[Work] = []
+        self._queue: Optional["queue.Queue[Any]"] = None
+        self._thread: Optional[threading.Thread] = None
+        self._closed = False
+        self._child_groups = 0  # groups created with this one as parent (for consistent ids)
+
+    # -- queries -------------------------------------------------------------------
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def is_member(self) -> bool:
+        return self._rank >= 0
+
+    @property
+    def seq(self) -> int:
+        return self._seq
+
+    def group_rank_of(self, global_rank: int) -> int:
+        try:
+            return self.ranks.index(global_rank)
+        except ValueError:
+            raise ConfigError(f"global rank {global_rank} is not in group {self.name} (ranks {self.ranks})") from None
+
+    def __repr__(self) -> str:
+        return f"ProcessGroup(name={self.name!r}, ranks={self.ranks}, rank={self._rank})"
+
+    # -- running collectives -------------------------------------------------------------
+    def _deadline(self, timeout: Optional[float]) -> Deadline:
+        if hasattr(timeout, "total_seconds"):
+            timeout = timeout.total_seconds()  # type: ignore[union-attr]
+        return Deadline.after(self.timeout if timeout is None else timeout)
+
+    def _context(self, e: BaseException, op: str, seq: Optional[int], dl: Deadline, extra: str = "") -> BaseException:
+        """Same exception type, message prefixed with op/seq/rank/group/elapsed and the fix."""
+        head = describe(op, seq=seq, rank=self.world.rank, group=self.name, elapsed=dl.elapsed())
+        if extra:
+            head += f" [{extra}]"
+        msg = f"{head}: {e}"
+        if isinstance(e, DistTimeoutError):
+            msg += (
+                f". The deadline was {dl.timeout:.1f}s: if the other ranks are just slower, raise it with timeout= "
+                "(init_process_group or this call) or PROCGROUP_TIMEOUT; if a rank never reaches this call, fix that rank"
+            )
+        elif isinstance(e, PeerFailureError):
+            msg += ". A peer process died; the launcher's root-cause report shows why"
+        new = copy.copy(e)
+        new.args = (msg,)
+        new.__cause__ = e
+        return new
+
+    def _drain_async(self) -> None:
+        while self._pending:
+            w = self._pending[0]
+            try:
+                w.wait()
+            except BaseException:  # noqa: BLE001 - reported through that Work; the blocking op proceeds
+                pass
+            if self._pending and self._pending[0] is w:
+                self._pending.pop(0)
+
+    def run(self, op: str, fn: Callable[[Comm], Any], *, timeout: Optional[float] = None, async_op: bool = False, detail: str = "") -> Any:
+        """Run ``fn(comm)`` as collective ``op``; returns its result, or a Work when ``async_op``."""
+        if self._closed:
+            raise ClosedError(f"{op}: process group {self.name} was destroyed")
+        with self._lock:
+            seq = self._seq
+            self._seq += 1
+        tag = (self.gid << 24) | (seq & SEQ_MASK)
+
+        def execute() -> Any:
+            dl = self._deadline(timeout)
+            comm = Comm(self.world.transport, self.ranks, self._rank, tag, dl, self._hosts, self._scratch)
+            try:
+                return fn(comm)
+            except ProcGroupError as e:
+                raise self._context(e, op, seq, dl, detail)
+
+        if not async_op:
+            if self._pending:
+                self._drain_async()
+            return execute()
+        work = Work(op, self)
+        self._pending = [w for w in self._pending if not w.is_completed()]
+        self._pending.append(work)
+        self._submit(work, execute)
+        return work
+
+    def _submit(self, work: Work, fn: Callable[[], Any]) -> None:
+        if self._thread is None:
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._worker, name=f"procgroup-{self.name}", daemon=True)
+            self._thread.start()
+        assert self._queue is not None
+        self._queue.put((work, fn))
+
+    def _worker(self) -> None:
+        assert self._queue is not None
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            work, fn = item
+            try:
+                work._finish(result=fn())
+            except BaseException as e:  # noqa: BLE001 - handed to the waiter
+                work._finish(exc=e)
+
+    # -- point-to-point ------------------------------------------------------------------
+    def p2p(self, op: str, req: Request, timeout: Optional[float], finish: Callable[[Any], Any], ctx: str) -> _P2PWork:
+        return _P2PWork(op, self, req, self._deadline(timeout), finish, ctx)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None and self._queue is not None:
+            self._queue.put(_STOP)
+            self._thread.join(timeout=5.0)
+        self._scratch.clear()

@@ -1,0 +1,51 @@
+"""Shared fixtures: ranks as threads over the in-memory transport."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, List, Optional, Sequence
+
+import pytest
+
+from procgroup.group import ProcessGroup, World
+from procgroup.transport.memory import MemoryHub
+
+
+def run_ranks(n: int, fn: Callable[[int], Any], timeout: float = 30.0) -> List[Any]:
+    """Run fn(rank) in n threads; re-raise the first exception; return results by rank."""
+    results: List[Any] = [None] * n
+    errors: List[Optional[BaseException]] = [None] * n
+
+    def body(r: int) -> None:
+        try:
+            results[r] = fn(r)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors[r] = e
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        if t.is_alive():
+            raise TimeoutError(f"a rank thread did not finish within {timeout}s")
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+def thread_world(n: int, hosts: Optional[Sequence[str]] = None, timeout: float = 20.0, store: Any = None) -> List[ProcessGroup]:
+    """One world ProcessGroup per rank, over a MemoryHub (use from the rank threads)."""
+    hub = MemoryHub(n)
+    hs = list(hosts) if hosts is not None else ["h0"] * n
+    groups = []
+    for r in range(n):
+        w = World(rank=r, size=n, transport=hub.transport(r), store=store, hosts=hs, hostnames=hs, timeout=timeout)
+        groups.append(ProcessGroup(w, list(range(n)), 0, "WORLD"))
+    return groups
+
+
+@pytest.fixture
+def ranks():
+    return run_ranks
