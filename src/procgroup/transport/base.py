@@ -126,6 +126,15 @@ class Transport(abc.ABC):
         :class:`~procgroup.errors.PeerFailureError` carrying ``reason``.
         """
 
+    def abort(self, exc: BaseException) -> None:
+        """Fail every pending and every later request with ``exc`` (sticky until close).
+
+        Used when the watchdog learns, out of band, that the job cannot go on
+        (collective mismatch, a peer reported dead through the store): blocked
+        waits return at once with that error instead of at their deadline.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement abort()")
+
     def __enter__(self) -> "Transport":
         return self
 

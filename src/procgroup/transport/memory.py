@@ -44,6 +44,10 @@ class _RecvRequest(Request):
                     raise self.error
                 if self.status is not None:
                     return self.status
+                if self._me in hub.aborted:
+                    hub.mailboxes[self._me].remove_posted(self)
+                    self.error = hub.aborted[self._me]
+                    continue
                 # failure of the specific peer we wait for
                 if self.src != ANY_SOURCE and self.src in hub.failed:
                     self.error = PeerFailureError(
@@ -104,6 +108,7 @@ class MemoryHub:
         self.mailboxes = [_Mailbox() for _ in range(world_size)]
         self.failed: Dict[int, str] = {}
         self.closed = [False] * world_size
+        self.aborted: Dict[int, BaseException] = {}  # rank -> error its requests fail with
 
     def transport(self, rank: int) -> "MemoryTransport":
         return MemoryTransport(self, rank)
@@ -127,6 +132,8 @@ class MemoryTransport(Transport):
         self.world_size = hub.world_size
 
     def _check(self, peer: int, what: str, allow_any: bool = False) -> None:
+        if self.rank in self.hub.aborted:
+            raise self.hub.aborted[self.rank]
         if self.hub.closed[self.rank]:
             raise ClosedError(f"rank {self.rank}: {what} on a closed transport")
         if allow_any and peer == ANY_SOURCE:
@@ -173,6 +180,11 @@ class MemoryTransport(Transport):
                         return req
             box.posted.append(req)
         return req
+
+    def abort(self, exc: BaseException) -> None:
+        with self.hub.cond:
+            self.hub.aborted[self.rank] = exc
+            self.hub.cond.notify_all()
 
     def mark_peer_failed(self, peer: int, reason: str) -> None:
         with self.hub.cond:

@@ -1,0 +1,278 @@
+"""RouterTransport: one Transport over several, chosen per peer (shm within a host, tcp across).
+
+Sends and receives with a definite peer go straight to that peer's
+sub-transport; ``dst == rank`` goes to a loopback transport.
+
+``ANY_SOURCE`` across sub-transports: the receive is posted on every
+sub-transport as a member of one :class:`~procgroup.transport._engine.ClaimGroup`;
+the first sub-transport whose matching picks a member claims the group,
+and the other members are withdrawn (so exactly one message is consumed).
+Waiting uses a *shared notification*: every sub-transport reports activity
+through a hook, which rings the shm transport's own doorbell (a futex word,
+so the waiter sleeps in the kernel and is also woken directly by shm
+peers), or, without an shm sub-transport, notifies a condition variable.
+Between wakes the waiter re-tests the members (which also drives the shm
+progress engine and its peer-liveness checks) at least every 50 ms.
+
+Progress: shm progress happens only inside waits, so a wait on a tcp (or
+loopback) request goes through the same loop and keeps driving the shm
+engine: otherwise a rank blocked on a tcp receive could hold back the rest
+of a large shm message that the tcp sender is itself waiting for.
+
+Sub-transports must be :class:`~procgroup.transport._engine.EngineTransport`
+instances (loopback, shm, tcp) for ANY_SOURCE to span them.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Dict, List, Optional
+
+from ..deadline import Deadline
+from ..errors import ClosedError, ConfigError, DistTimeoutError
+from ._engine import ClaimGroup, EngineTransport, LoopbackTransport, RecvReq
+from .base import ANY_SOURCE, Buffer, CompletedRequest, Request, Status, Transport
+
+__all__ = ["RouterTransport"]
+
+_SLICE = 0.05
+
+
+class _Routed(Request):
+    """A request of a non-shm sub-transport, waited for so that shm progress continues meanwhile."""
+
+    __slots__ = ("_router", "_inner")
+
+    def __init__(self, router: "RouterTransport", inner: Request) -> None:
+        self._router = router
+        self._inner = inner
+
+    def test(self) -> bool:
+        self._router._kick()
+        return self._inner.test()
+
+    def wait(self, deadline: Optional[Deadline] = None) -> Status:
+        inner = self._inner
+        if not inner.test():
+            self._router._wait_loop(self.test, deadline)
+        return inner.wait(deadline)  # the result, or the request's own error (a timeout once the deadline passed)
+
+
+class _AnyRecv(Request):
+    """ANY_SOURCE receive spanning several sub-transports."""
+
+    __slots__ = ("_router", "_group", "_members", "tag", "_result", "_error")
+
+    def __init__(self, router: "RouterTransport", group: ClaimGroup, members: List[RecvReq], tag: int) -> None:
+        self._router = router
+        self._group = group
+        self._members = members
+        self.tag = tag
+        self._result: Optional[Status] = None
+        self._error: Optional[BaseException] = None
+
+    def _settle(self) -> bool:
+        """Decide the outcome if possible; True when decided."""
+        if self._result is not None or self._error is not None:
+            return True
+        w = self._group.winner
+        if isinstance(w, RecvReq):
+            if w.status is not None:
+                self._result = w.status
+            elif w.error is not None:
+                self._error = w.error
+            else:
+                return False
+            self._withdraw()
+            return True
+        for m in self._members:
+            if m.error is not None and m.status is None:
+                if self._group.claim(self):  # no member can win any more
+                    self._error = m.error
+                    self._withdraw()
+                    return True
+                return self._settle()
+        return False
+
+    def _withdraw(self) -> None:
+        w = self._group.winner
+        for m in self._members:
+            if m is not w:
+                m.owner._cancel(m)
+                m.out = None  # type: ignore[assignment]
+
+    def test(self) -> bool:
+        if self._settle():
+            return True
+        for m in self._members:
+            m.test()  # drives the shm member's progress
+        self._router._kick()
+        return self._settle()
+
+    def wait(self, deadline: Optional[Deadline] = None) -> Status:
+        if not self.test():
+            self._router._wait_loop(self.test, deadline)
+        if not self._settle():
+            raise DistTimeoutError(
+                f"rank {self._router.rank}: recv from any rank (tag {self.tag}, router transport) did not complete "
+                f"after {deadline.elapsed():.2f}s; extend the deadline with timeout= (or PROCGROUP_TIMEOUT)"  # type: ignore[union-attr]
+            )
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
+
+
+class RouterTransport(Transport):
+    """Dispatch each peer to its own transport; ANY_SOURCE spans them (see the module docstring)."""
+
+    kind = "router"
+
+    def __init__(self, per_peer: Dict[int, Transport], self_transport: Optional[Transport] = None,
+                 rank: Optional[int] = None, world_size: Optional[int] = None) -> None:
+        subs = list(per_peer.values()) + ([self_transport] if self_transport is not None else [])
+        if rank is None or world_size is None:
+            if not subs:
+                raise ConfigError("RouterTransport needs sub-transports, or rank= and world_size=")
+            rank, world_size = subs[0].rank, subs[0].world_size
+        for t in subs:
+            if t.rank != rank or t.world_size != world_size:
+                raise ConfigError(f"sub-transport {t!r} is rank {t.rank} of {t.world_size}, not rank {rank} of {world_size}")
+        if rank in per_peer:
+            raise ConfigError(f"per_peer maps this rank ({rank}) itself; pass self_transport for self-sends")
+        self.rank = rank
+        self.world_size = world_size
+        self._per_peer = dict(per_peer)
+        self._self = self_transport if self_transport is not None else LoopbackTransport(rank, world_size)
+        uniq: List[Transport] = []
+        for t in list(self._per_peer.values()) + [self._self]:
+            if all(t is not u for u in uniq):
+                uniq.append(t)
+        self._subs = uniq
+        self._closed = False
+        # shared notification
+        self._shm = next((t for t in uniq if getattr(t, "kind", "") == "shm"), None)
+        self._cond = threading.Condition()
+        self._ticks = 0
+        for t in uniq:
+            if t is not self._shm and isinstance(t, EngineTransport):
+                t.add_activity_hook(self._poke)
+
+    # -- routing ------------------------------------------------------------------------------
+    def _route(self, peer: int, what: str) -> Transport:
+        if peer == self.rank:
+            return self._self
+        t = self._per_peer.get(peer)
+        if t is None:
+            raise ConfigError(f"rank {self.rank}: {what} rank {peer}: no transport reaches it "
+                              f"(world size {self.world_size})")
+        return t
+
+    def _wrap(self, t: Transport, req: Request) -> Request:
+        # A wait on a tcp/loopback request must keep the shm progress engine turning: this rank
+        # may owe the rest of a large shm message to a peer that the awaited message depends on.
+        if self._shm is None or t is self._shm or isinstance(req, CompletedRequest):
+            return req
+        return _Routed(self, req)
+
+    def isend(self, dst: int, tag: int, data: Buffer) -> Request:
+        if self._closed:
+            raise ClosedError(f"rank {self.rank}: send to rank {dst} on a closed router transport")
+        t = self._route(dst, "send to")
+        return self._wrap(t, t.isend(dst, tag, data))
+
+    def irecv(self, src: int, tag: int, out: Buffer) -> Request:
+        if self._closed:
+            raise ClosedError(f"rank {self.rank}: recv on a closed router transport")
+        if src != ANY_SOURCE:
+            t = self._route(src, "recv from")
+            return self._wrap(t, t.irecv(src, tag, out))
+        if len(self._subs) == 1:
+            return self._subs[0].irecv(ANY_SOURCE, tag, out)
+        group = ClaimGroup()
+        members: List[RecvReq] = []
+        for t in self._subs:
+            if not isinstance(t, EngineTransport):
+                raise ConfigError(f"ANY_SOURCE across transports needs engine transports, not {type(t).__name__}")
+            m = t._irecv(ANY_SOURCE, tag, out, group)
+            if m is not None:
+                members.append(m)
+            if isinstance(group.winner, RecvReq):
+                break  # an unexpected message matched already: post no further members
+        return _AnyRecv(self, group, members, tag)
+
+    def mark_peer_failed(self, peer: int, reason: str) -> None:
+        t = self._per_peer.get(peer)
+        if t is not None:
+            t.mark_peer_failed(peer, reason)
+
+    def abort(self, exc: BaseException) -> None:
+        for t in self._subs:
+            t.abort(exc)
+        with self._cond:
+            self._ticks += 1
+            self._cond.notify_all()
+        if self._shm is not None:
+            self._shm._poke()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for t in self._subs:
+            t.close()
+        with self._cond:
+            self._ticks += 1
+            self._cond.notify_all()
+
+    @property
+    def transports(self) -> List[Transport]:
+        return list(self._subs)
+
+    # -- shared notification ------------------------------------------------------------------------
+    def _poke(self) -> None:
+        shm = self._shm
+        if shm is not None:
+            shm._poke()  # type: ignore[attr-defined]
+            return
+        # called under a sub-transport's lock; the router condition is never held while taking one
+        with self._cond:
+            self._ticks += 1
+            self._cond.notify_all()
+
+    def _snapshot(self) -> int:
+        shm = self._shm
+        if shm is not None:
+            return shm._activity_snapshot()  # type: ignore[attr-defined]
+        return self._ticks
+
+    def _kick(self) -> None:
+        if self._shm is not None:
+            self._shm._kick()  # type: ignore[attr-defined]
+
+    def _wait_loop(self, done: Callable[[], bool], deadline: Optional[Deadline]) -> None:
+        """Until ``done()`` (which must drive progress) or the deadline: sleep on the shared notification."""
+        while True:
+            snap = self._snapshot()
+            if done():
+                return
+            if deadline is not None:
+                rem = deadline.remaining()
+                if rem <= 0:
+                    return
+                self._block(snap, min(_SLICE, rem))
+            else:
+                self._block(snap, _SLICE)
+
+    def _block(self, snap: int, timeout: float) -> None:
+        if timeout <= 0:
+            return
+        shm = self._shm
+        if shm is not None:
+            shm._sleep_on_bell(snap, timeout)  # type: ignore[attr-defined]
+            return
+        with self._cond:
+            if self._ticks == snap and not self._closed:
+                self._cond.wait(timeout)
+
+    def __repr__(self) -> str:
+        return f"<RouterTransport rank {self.rank} of {self.world_size}: {', '.join(t.kind for t in self._subs)}>"

@@ -1,0 +1,598 @@
+"""TCP transport: one authenticated connection per pair of ranks.
+
+Formation (collective over the ``peers``):
+
+1. every rank that a lower rank will dial listens on its advertised address
+   (port 0) and publishes ``{"host", "port", "pid"}`` under
+   ``<prefix>/addr/<rank>``;
+2. each rank dials every *higher* peer, runs the HMAC handshake with the job
+   secret (:func:`~procgroup.protocol.auth.client_handshake`), then
+   identifies itself: ``b"PGTC" version(u16) 0(u16) client_rank(u32)
+   server_rank(u32) world_size(u32)``; the server answers one byte (1 = ok);
+3. an acceptor thread authenticates incoming connections
+   (:func:`~procgroup.protocol.auth.server_handshake`), drops any that fail
+   (the listener keeps accepting) and registers the rest by rank; once every
+   lower peer is connected the listener is closed.
+
+Data: frames of :mod:`procgroup.protocol.frames`.  A send goes out in the
+caller's thread as one ``sendmsg([header, payload])`` (no concatenation);
+whatever the socket does not take at once is finished by a per-connection
+writer thread, so ``isend`` never blocks and ``wait(deadline)`` is honoured.
+A reader thread per connection drains it continuously: it reads headers
+through a small buffer and ``recv_into``-s payloads straight into the
+matching posted receive buffer (or a fresh buffer for an unexpected
+message).  Because readers always drain, two ranks sending large messages
+to each other cannot deadlock.  EOF, a reset or a protocol violation fails
+every pending and later request that involves the peer with
+:class:`~procgroup.errors.PeerFailureError` naming its rank and address.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..deadline import Deadline, as_deadline
+from ..errors import (AuthenticationError, BrokenError, ClosedError, ConfigError, ConnectError, DistTimeoutError,
+                      PeerFailureError, ProtocolError)
+from ..protocol.auth import client_handshake, recv_exact, server_handshake
+from ..protocol.frames import DEFAULT_MAX_FRAME_SIZE, FLAG_MORE, HEADER, HEADER_SIZE, MAGIC, VERSION, decode_header
+from ._engine import EngineTransport, RecvReq, SendReq, Unexpected, timeout_error
+from .base import CompletedRequest, Request, Status
+
+__all__ = ["TcpTransport"]
+
+logger = logging.getLogger("procgroup.transport")
+
+_IDENT = struct.Struct("<4sHHIII")
+_IDENT_MAGIC = b"PGTC"
+_IDENT_VERSION = 1
+_ACK_OK, _ACK_REJECT = b"\x01", b"\x02"
+_RBUF = 64 << 10
+_HANDSHAKE_TIMEOUT = 10.0
+_MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+
+
+def _fmt(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class _Eof(Exception):
+    pass
+
+
+class _Conn:
+    __slots__ = ("peer", "sock", "where", "send_lock", "send_cv", "queue", "writer", "reader", "broken")
+
+    def __init__(self, peer: int, sock: socket.socket, where: str) -> None:
+        self.peer = peer
+        self.sock = sock
+        self.where = where
+        self.send_lock = threading.Lock()
+        self.send_cv = threading.Condition(self.send_lock)
+        self.queue: List[SendReq] = []
+        self.writer: Optional[threading.Thread] = None
+        self.reader: Optional[threading.Thread] = None
+        self.broken: Optional[str] = None
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+
+
+class TcpTransport(EngineTransport):
+    """Transport over TCP connections to ``peers`` (see the module docstring).
+
+    Collective: every rank of ``peers + [rank]`` constructs it with the same
+    store, ``prefix`` and secret.
+    """
+
+    kind = "tcp"
+
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        world_size: int,
+        *,
+        peers: Sequence[int],
+        secret: bytes,
+        advertise_addr: str = "127.0.0.1",
+        deadline: Any = None,
+        prefix: str = "transport/tcp",
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    ) -> None:
+        super().__init__(rank, world_size, peers)
+        if max_frame_size < 1:
+            raise ConfigError(f"max_frame_size={max_frame_size} must be >= 1")
+        self._cond = threading.Condition(self._lock)
+        self._secret = secret
+        self._max_frame = max_frame_size
+        self._deadline = as_deadline(deadline)
+        self._conns: Dict[int, _Conn] = {}
+        self._inflight: Dict[int, object] = {}
+        self._listener: Optional[socket.socket] = None
+        self._form_cv = threading.Condition()
+        self._stop_accept = False
+        self._addr = advertise_addr
+        try:
+            self._form(store, prefix, advertise_addr)
+        except BaseException:
+            self._shutdown_sockets()
+            raise
+        for c in self._conns.values():
+            c.reader = threading.Thread(target=self._reader, args=(c,), name=f"procgroup-tcp-r{rank}<-{c.peer}", daemon=True)
+            c.reader.start()
+
+    # -- formation --------------------------------------------------------------------------
+    def _form(self, store: Any, prefix: str, advertise: str) -> None:
+        me = self.rank
+        peers = sorted(self._peers)
+        lower = [p for p in peers if p < me]
+        higher = [p for p in peers if p > me]
+        acceptor = None
+        if lower:
+            self._listener = self._listen(advertise)
+            port = self._listener.getsockname()[1]
+            store.set(f"{prefix}/addr/{me}", json.dumps({"host": advertise, "port": port, "pid": os.getpid()}).encode())
+            acceptor = threading.Thread(target=self._accept_loop, args=(set(lower),), name=f"procgroup-tcp-accept-r{me}", daemon=True)
+            acceptor.start()
+        try:
+            for p in higher:
+                self._dial(store, prefix, p)
+            with self._form_cv:
+                while not all(p in self._conns for p in lower):
+                    rem = self._deadline.remaining()
+                    if rem <= 0:
+                        missing = [p for p in lower if p not in self._conns]
+                        raise DistTimeoutError(
+                            f"rank {me}: tcp transport setup: ranks {missing} did not connect within "
+                            f"{self._deadline.elapsed():.2f}s (listening on {self._listen_where}); are they alive, "
+                            "and can they reach this address? (set PROCGROUP_SOCKET_ADDR / PROCGROUP_SOCKET_IFNAME)"
+                        )
+                    self._form_cv.wait(min(rem, 0.5))
+        finally:
+            self._stop_accept = True
+            if self._listener is not None:
+                try:
+                    self._listener.close()
+                except OSError:
+                    pass
+            if acceptor is not None:
+                acceptor.join(2.0)
+
+    def _listen(self, advertise: str) -> socket.socket:
+        from ..netutil import bind_listener
+
+        try:
+            ls = bind_listener(advertise, 0)
+        except ConfigError as e:  # the advertised address is not local (NAT, container): listen everywhere
+            logger.debug("rank %d: cannot listen on %s (%s); listening on all interfaces", self.rank, advertise, e)
+            ls = bind_listener("::" if ":" in advertise.strip("[]") else "0.0.0.0", 0)
+        self._listen_where = _fmt(advertise, ls.getsockname()[1])
+        return ls
+
+    def _accept_loop(self, expected: set) -> None:
+        ls = self._listener
+        assert ls is not None
+        ls.settimeout(0.1)
+        while not self._stop_accept:
+            try:
+                s, addr = ls.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(s, addr, expected), daemon=True,
+                             name=f"procgroup-tcp-auth-r{self.rank}").start()
+
+    def _serve(self, s: socket.socket, addr: Any, expected: set) -> None:
+        who = _fmt(str(addr[0]), int(addr[1])) if isinstance(addr, tuple) else str(addr)
+        try:
+            dl = self._deadline.sooner(_HANDSHAKE_TIMEOUT)
+            server_handshake(s, self._secret, dl)
+            magic, ver, _r, client, server, ws = _IDENT.unpack(recv_exact(s, _IDENT.size, dl, "rank identification"))
+            if magic != _IDENT_MAGIC or ver != _IDENT_VERSION:
+                raise ProtocolError(f"bad identification magic/version {magic!r}/{ver}")
+            with self._form_cv:
+                ok = (server == self.rank and ws == self.world_size and client in expected
+                      and client not in self._conns and not self._stop_accept)
+                if not ok:
+                    raise ProtocolError(
+                        f"connection claims to be rank {client} of {ws} dialing rank {server}; this is rank "
+                        f"{self.rank} of {self.world_size} expecting ranks {sorted(expected)} "
+                        f"({'already connected' if client in self._conns else 'unexpected'})"
+                    )
+                s.settimeout(None)
+                s.sendall(_ACK_OK)
+                _tune(s)
+                self._conns[client] = _Conn(client, s, who)
+                self._form_cv.notify_all()
+        except (AuthenticationError, ProtocolError, BrokenError, DistTimeoutError, OSError) as e:
+            logger.warning("rank %d: dropped an incoming connection from %s: %s", self.rank, who, e)
+            try:
+                if isinstance(e, ProtocolError):
+                    s.sendall(_ACK_REJECT)
+            except OSError:
+                pass
+            s.close()
+
+    def _dial(self, store: Any, prefix: str, peer: int) -> None:
+        dl = self._deadline
+        try:
+            raw = store.get(f"{prefix}/addr/{peer}", timeout=dl.remaining_or_none())
+        except (DistTimeoutError, TimeoutError) as e:
+            raise DistTimeoutError(
+                f"rank {self.rank}: tcp transport setup: rank {peer} did not publish its address within "
+                f"{dl.elapsed():.2f}s; did every rank call init_process_group?"
+            ) from e
+        info = json.loads(raw)
+        host, port = str(info["host"]), int(info["port"])
+        where = _fmt(host, port)
+        delay = 0.01
+        last: Optional[BaseException] = None
+        while True:
+            rem = dl.remaining()
+            if rem <= 0:
+                raise ConnectError(
+                    f"rank {self.rank}: could not connect to rank {peer} at {where} within {dl.elapsed():.2f}s"
+                    + (f" ({last})" if last else "")
+                    + "; check that this address is reachable from here (set PROCGROUP_SOCKET_ADDR or "
+                    "PROCGROUP_SOCKET_IFNAME on rank " + str(peer) + ")"
+                )
+            try:
+                s = socket.create_connection((host, port), timeout=min(rem, _HANDSHAKE_TIMEOUT))
+            except OSError as e:
+                last = e
+                time.sleep(min(delay, max(0.0, dl.remaining())))
+                delay = min(delay * 2, 0.5)
+                continue
+            break
+        try:
+            hdl = dl.sooner(_HANDSHAKE_TIMEOUT)
+            client_handshake(s, self._secret, hdl)
+            s.sendall(_IDENT.pack(_IDENT_MAGIC, _IDENT_VERSION, 0, self.rank, peer, self.world_size))
+            ack = recv_exact(s, 1, hdl, "connection acknowledgement")
+            if ack != _ACK_OK:
+                raise ProtocolError(f"rank {peer} at {where} refused our connection as rank {self.rank} "
+                                    f"(its log says why: duplicate rank or a different world size?)")
+            s.settimeout(None)
+            _tune(s)
+        except AuthenticationError as e:
+            s.close()
+            raise AuthenticationError(f"rank {self.rank} connecting to rank {peer} at {where}: {e}") from e
+        except BrokenError as e:
+            s.close()
+            raise PeerFailureError(f"rank {self.rank}: rank {peer} at {where} dropped the connection during setup: {e}",
+                                   peer=peer) from e
+        except BaseException:
+            s.close()
+            raise
+        with self._form_cv:
+            self._conns[peer] = _Conn(peer, s, where)
+
+    # -- sending -------------------------------------------------------------------------------
+    def _send_remote(self, dst: int, tag: int, view: memoryview) -> Request:
+        c = self._conns[dst]
+        n = view.nbytes
+        if n > self._max_frame:
+            return self._send_multi(c, tag, view)
+        hdr = HEADER.pack(MAGIC, VERSION, 0, 0, tag, n)
+        err: Optional[OSError] = None
+        with c.send_lock:
+            if c.broken is not None:
+                raise PeerFailureError(f"rank {self.rank}: send to rank {dst} (tag {tag}) failed: {c.broken}", peer=dst)
+            sent = 0
+            if not c.queue:
+                try:
+                    sent = c.sock.sendmsg((hdr, view) if n else (hdr,), (), _MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                except OSError as e:
+                    err = e
+                if err is None and sent == HEADER_SIZE + n:
+                    return CompletedRequest(Status(dst, n))
+            if err is None:
+                req = SendReq(self, dst, tag, view)
+                req.extra = [[hdr, view], sent]
+                self._enqueue(c, req)
+                return req
+        reason = self._lost_reason(c, err)
+        self._conn_lost(c, reason)
+        raise PeerFailureError(f"rank {self.rank}: send to rank {dst} (tag {tag}) failed: {reason}", peer=dst)
+
+    def _send_multi(self, c: _Conn, tag: int, view: memoryview) -> Request:
+        parts: List[Any] = []
+        n, f = view.nbytes, self._max_frame
+        for off in range(0, n, f):
+            k = min(f, n - off)
+            parts.append(HEADER.pack(MAGIC, VERSION, FLAG_MORE if off + k < n else 0, 0, tag, k))
+            parts.append(view[off:off + k])
+        req = SendReq(self, c.peer, tag, view)
+        req.extra = [parts, 0]
+        with c.send_lock:
+            if c.broken is not None:
+                raise PeerFailureError(f"rank {self.rank}: send to rank {c.peer} (tag {tag}) failed: {c.broken}", peer=c.peer)
+            self._enqueue(c, req)
+        return req
+
+    def _enqueue(self, c: _Conn, req: SendReq) -> None:
+        """Queue for the writer thread; c.send_lock held."""
+        c.queue.append(req)
+        if c.writer is None:
+            c.writer = threading.Thread(target=self._writer, args=(c,), daemon=True,
+                                        name=f"procgroup-tcp-w{self.rank}->{c.peer}")
+            c.writer.start()
+        else:
+            c.send_cv.notify()
+
+    def _writer(self, c: _Conn) -> None:
+        while True:
+            with c.send_lock:
+                while not c.queue and c.broken is None and not self._closed:
+                    c.send_cv.wait()
+                if c.broken is not None or self._closed:
+                    return
+                req = c.queue[0]
+            parts, done = req.extra  # type: ignore[misc]
+            try:
+                self._send_parts(c.sock, parts, done)
+            except BaseException as e:  # noqa: BLE001 - OSError usually; never die silently
+                if not self._closed:
+                    if not isinstance(e, OSError):
+                        logger.exception("rank %d: writer to rank %d failed", self.rank, c.peer)
+                    self._conn_lost(c, self._lost_reason(c, e))
+                return
+            with c.send_lock:
+                if c.queue and c.queue[0] is req:
+                    c.queue.pop(0)
+            req.extra = None
+            req.view = None  # type: ignore[assignment]
+            parts = None  # type: ignore[assignment]  # keep no export of the caller's buffer once complete
+            with self._lock:
+                if req.error is None:
+                    req.status = Status(c.peer, req.nbytes)
+                self._notify_locked()
+
+    @staticmethod
+    def _send_parts(sock: socket.socket, parts: List[Any], done: int) -> None:
+        """Blocking: send the concatenation of ``parts`` from byte ``done`` on."""
+        i = 0
+        while i < len(parts) and done >= len(parts[i]):
+            done -= len(parts[i])
+            i += 1
+        while i < len(parts):
+            first = memoryview(parts[i])[done:] if done else parts[i]
+            iov = [first] + list(parts[i + 1:i + 4])
+            k = sock.sendmsg(iov)
+            done += k
+            while i < len(parts) and done >= len(parts[i]):
+                done -= len(parts[i])
+                i += 1
+
+    # -- receiving -------------------------------------------------------------------------------
+    def _reader(self, c: _Conn) -> None:
+        sock, src = c.sock, c.peer
+        rbuf = bytearray(_RBUF)
+        mv = memoryview(rbuf)
+        size = len(rbuf)
+        start = end = 0
+        maxf = self._max_frame
+        lock = self._lock
+        cont: Optional[list] = None  # multi-frame message: [target, dest, off, tag, chunks, total]
+        try:
+            while True:
+                while end - start < HEADER_SIZE:
+                    if start:
+                        mv[:end - start] = mv[start:end]
+                        end -= start
+                        start = 0
+                    k = sock.recv_into(mv[end:], size - end)
+                    if not k:
+                        if end:
+                            raise ProtocolError(f"connection closed inside a frame header ({end}/{HEADER_SIZE} bytes)")
+                        if cont is not None:
+                            raise ProtocolError("connection closed inside a multi-frame message")
+                        raise _Eof
+                    end += k
+                tag, length, flags = decode_header(rbuf, start, maxf)
+                start += HEADER_SIZE
+                more = flags & FLAG_MORE
+                with lock:
+                    if self._closed:
+                        return
+                    if cont is None:
+                        req = self._match_locked(src, tag)
+                        if req is not None:
+                            target: object = req
+                            if length > req.out.nbytes:
+                                req.error = self._size_error(req, src, length)
+                                self._notify_locked()
+                                dest, foff = None, 0
+                            else:
+                                dest, foff = req.out, 0
+                            chunks = None
+                        else:
+                            buf = bytearray(length)
+                            entry = Unexpected(src, buf, length, False)
+                            self._add_unexpected_locked(tag, entry)
+                            target, dest, foff, chunks = entry, memoryview(buf), 0, [buf]
+                        self._inflight[src] = target
+                        total = 0
+                    else:
+                        target, dest, foff, ctag, chunks, total = cont
+                        if ctag != tag:
+                            raise ProtocolError(f"continuation frame with tag {tag} inside a message with tag {ctag}")
+                        if chunks is not None:
+                            buf = bytearray(length)
+                            chunks.append(buf)
+                            dest, foff = memoryview(buf), 0
+                        elif dest is not None and foff + length > dest.nbytes:
+                            if target.error is None:  # type: ignore[attr-defined]
+                                target.error = self._size_error(target, src, foff + length)  # type: ignore[arg-type]
+                                self._notify_locked()
+                            dest = None
+                # payload: what the read buffer holds, then straight from the socket into the destination
+                avail = end - start
+                if avail > length:
+                    avail = length
+                if avail:
+                    if dest is not None:
+                        dest[foff:foff + avail] = mv[start:start + avail]
+                    start += avail
+                got = avail
+                while got < length:
+                    if dest is not None and chunks is None and target.error is not None:  # type: ignore[attr-defined]
+                        dest = None  # failed meanwhile (abort, close): the buffer is the user's again
+                    if dest is not None:
+                        k = sock.recv_into(dest[foff + got:foff + length], length - got)
+                    else:
+                        start = end = 0
+                        k = sock.recv_into(mv, min(size, length - got))
+                    if not k:
+                        raise ProtocolError(f"connection closed inside a frame payload ({got}/{length} bytes)")
+                    got += k
+                total += length
+                if more:
+                    cont = [target, dest, foff + length if chunks is None else 0, tag, chunks, total]
+                    continue
+                cont = None
+                with lock:
+                    self._inflight.pop(src, None)
+                    if self._closed:
+                        return
+                    if isinstance(target, RecvReq):
+                        if target.error is None and target.status is None:
+                            target.status = Status(src, total)
+                        target.out = None  # type: ignore[assignment]  # drop the buffer export
+                    else:
+                        if chunks is not None and len(chunks) > 1:
+                            target.buf = bytearray().join(chunks)  # type: ignore[attr-defined]
+                        target.nbytes = total  # type: ignore[attr-defined]
+                        self._entry_done_locked(target)  # type: ignore[arg-type]
+                    self._notify_locked()
+                target = dest = chunks = None  # type: ignore[assignment]  # keep no export of the user's buffer
+        except _Eof:
+            reason = f"rank {src} at {c.where} closed the connection"
+        except ProtocolError as e:
+            if self._closed:
+                return
+            logger.error("rank %d: protocol error on the connection to rank %d at %s: %s; closing it", self.rank, src, c.where, e)
+            reason = f"protocol error on the connection to rank {src} at {c.where}: {e}"
+        except OSError as e:
+            reason = self._lost_reason(c, e)
+        except BaseException as e:  # noqa: BLE001 - a reader must never die silently: fail the peer instead
+            if self._closed:
+                return
+            logger.exception("rank %d: reader of the connection to rank %d at %s failed", self.rank, src, c.where)
+            reason = f"the reader of the connection to rank {src} at {c.where} failed: {e!r}"
+        if not self._closed:
+            self._conn_lost(c, reason)
+
+    # -- failures -----------------------------------------------------------------------------------
+    def _lost_reason(self, c: _Conn, e: Optional[BaseException]) -> str:
+        return f"the connection to rank {c.peer} at {c.where} failed ({e})"
+
+    def _conn_lost(self, c: _Conn, reason: str) -> None:
+        with self._lock:
+            if c.peer not in self._failed and not self._closed:
+                self._fail_peer_locked(c.peer, reason)
+
+    def _fail_peer_locked(self, peer: int, reason: str) -> None:
+        target = self._inflight.pop(peer, None)
+        if target is not None:
+            if isinstance(target, RecvReq):
+                if target.status is None and target.error is None:
+                    target.error = self._peer_error(target, peer, reason)
+            else:
+                w = target.waiter  # type: ignore[attr-defined]
+                self._fail_entry_locked(target, self._peer_error(w, peer, reason) if w else PeerFailureError(reason, peer=peer))  # type: ignore[arg-type]
+        c = self._conns.get(peer)
+        if c is not None:
+            with c.send_lock:
+                c.broken = reason
+                for s in c.queue:
+                    if s.error is None and s.status is None:
+                        s.error = self._peer_error(s, peer, reason)
+                c.queue.clear()
+                c.send_cv.notify_all()
+            try:
+                c.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        super()._fail_peer_locked(peer, reason)
+
+    # -- waiting ----------------------------------------------------------------------------------------
+    def _notify_locked(self) -> None:
+        self._cond.notify_all()
+        for fn in self._hooks:
+            fn()
+
+    def _wait_req(self, req: Any, deadline: Optional[Deadline]) -> Status:
+        with self._cond:
+            while True:
+                st = req.status
+                if st is not None:
+                    return st
+                if req.error is not None:
+                    raise req.error
+                if deadline is None:
+                    self._cond.wait(1.0)
+                    continue
+                rem = deadline.remaining()
+                if rem <= 0:
+                    raise timeout_error(self.rank, req, deadline, self.kind)
+                self._cond.wait(min(rem, 1.0))
+
+    # -- closing ----------------------------------------------------------------------------------------
+    def _fail_inflight_locked(self, err: BaseException) -> None:
+        for target in self._inflight.values():
+            if isinstance(target, RecvReq):
+                if target.status is None and target.error is None:
+                    target.error = err
+            elif target.waiter is not None:  # type: ignore[attr-defined]
+                target.waiter.error = err  # type: ignore[attr-defined]
+                target.waiter = None  # type: ignore[attr-defined]
+        for c in self._conns.values():
+            with c.send_lock:
+                for s in c.queue:
+                    if s.error is None and s.status is None:
+                        s.error = err
+                # the writer finishes the frame it is sending (the stream stays well framed); drop the rest
+                del c.queue[1 if c.writer is not None and c.queue else 0:]
+                c.send_cv.notify_all()
+
+    def _shutdown_sockets(self) -> None:
+        self._stop_accept = True
+        for c in list(self._conns.values()):
+            try:
+                c.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._listener is not None:
+            try:
+                self._listener.close()
+            except OSError:
+                pass
+        me = threading.current_thread()
+        for c in list(self._conns.values()):
+            for t in (c.reader, c.writer):
+                if t is not None and t is not me:
+                    t.join(2.0)
+            try:
+                c.sock.close()
+            except OSError:
+                pass
+
+    def _after_close(self) -> None:
+        self._shutdown_sockets()
+
+    def __repr__(self) -> str:
+        return f"<TcpTransport rank {self.rank} peers {sorted(self._peers)}{' closed' if self._closed else ''}>"
