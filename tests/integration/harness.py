@@ -1,0 +1,102 @@
+"""Start N real worker processes with the env:// contract and collect their results.
+
+``run_world(n, "func", ...)`` runs ``tests/integration/workers.py func`` in n
+processes (RANK, WORLD_SIZE, MASTER_ADDR/PORT, PROCGROUP_SECRET set as
+``procgroup run`` would), waits with a deadline, kills the whole lot on
+timeout, and raises with every rank's output when any rank failed.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from procgroup.netutil import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = Path(__file__).with_name("workers.py")
+
+
+@dataclass
+class Result:
+    rank: int
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def worker_env(rank: int, n: int, port: int, secret: str, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PROCGROUP_SECRET=secret,
+        PROCGROUP_TIMEOUT="30", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+    )
+    for k in ("TORCHELASTIC_RUN_ID", "PROCGROUP_RUN_ID", "PROCGROUP_STORE_HOSTED", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        env.pop(k, None)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def spawn_world(n: int, func: str, args: Sequence[str] = (), env: Optional[Dict[str, str]] = None, ranks: Optional[Sequence[int]] = None) -> List[subprocess.Popen]:
+    port = free_port()
+    secret = secrets.token_hex(16)
+    procs = []
+    for r in (range(n) if ranks is None else ranks):
+        procs.append(subprocess.Popen(
+            [sys.executable, str(WORKERS), func, *args],
+            env=worker_env(r, n, port, secret, env), cwd=str(ROOT),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        ))
+    return procs
+
+
+def collect(procs: List[subprocess.Popen], timeout: float) -> List[Result]:
+    deadline = time.monotonic() + timeout
+    out: List[Result] = []
+    try:
+        for r, p in enumerate(procs):
+            try:
+                so, se = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                kill_all(procs)
+                so, se = p.communicate()
+                se += f"\n[harness] rank {r} killed after {timeout}s"
+            out.append(Result(r, p.returncode, so, se))
+    finally:
+        kill_all(procs)
+    return out
+
+
+def kill_all(procs: List[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def report(results: List[Result]) -> str:
+    return "\n".join(f"--- rank {r.rank} rc={r.returncode}\n{r.stdout}\n{r.stderr}" for r in results)
+
+
+def run_world(n: int, func: str, args: Sequence[str] = (), env: Optional[Dict[str, str]] = None, timeout: float = 90.0) -> List[Result]:
+    results = collect(spawn_world(n, func, args, env), timeout)
+    if any(r.returncode != 0 for r in results):
+        raise AssertionError(f"{func} failed at world size {n}:\n{report(results)}")
+    return results

@@ -1,0 +1,233 @@
+"""Worker programs for the multi-process tests: ``python workers.py NAME [args]``.
+
+Every check compares with a closed form or a numpy reference computed from
+all ranks' (deterministic) contributions; a failure raises, so the process
+exits non-zero with the traceback and the harness shows it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+
+import procgroup as dist
+
+DTYPES = ["int8", "uint8", "int32", "int64", "float16", "float32", "float64", "complex64"]
+SIZES = [0, 1, 7, 1000]
+
+
+def contrib(r: int, n: int, dtype: str) -> np.ndarray:
+    return ((r + 1) * (np.arange(n) % 5 + 1)).astype(dtype)
+
+
+def ref(op: str, ws: int, n: int, dtype: str) -> np.ndarray:
+    parts = [contrib(r, n, dtype) for r in range(ws)]
+    acc = parts[0].copy()
+    uf = {"SUM": np.add, "MAX": np.maximum, "MIN": np.minimum, "PRODUCT": np.multiply, "BXOR": np.bitwise_xor}[op]
+    for p in parts[1:]:
+        uf(acc, p, out=acc)
+    return acc
+
+
+def ops_for(dtype: str):
+    ops = ["SUM"]
+    if not dtype.startswith("complex"):
+        ops += ["MAX", "MIN"]
+    if dtype.startswith(("int", "uint")):
+        ops += ["BXOR"]
+    return ops
+
+
+def check(cond: bool, what: str) -> None:
+    if not cond:
+        raise AssertionError(what)
+
+
+def hello() -> None:
+    dist.init_process_group()
+    print(f"rank {dist.get_rank()}/{dist.get_world_size()} backend={dist.get_backend()}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def collectives() -> None:
+    """Every collective x every root x dtypes x sizes, against numpy references."""
+    dist.init_process_group()
+    r, ws = dist.get_rank(), dist.get_world_size()
+    count = 0
+    for dtype in DTYPES:
+        for n in SIZES:
+            for op in ops_for(dtype):
+                x = contrib(r, n, dtype)
+                dist.all_reduce(x, op=getattr(dist.ReduceOp, op))
+                check(np.array_equal(x, ref(op, ws, n, dtype)), f"all_reduce {op} {dtype} n={n}")
+                count += 1
+            # reduce_scatter_tensor (SUM): block r of the sum of every rank's ws*n input
+            inp = contrib(r, ws * n, dtype)
+            out = np.zeros(n, dtype)
+            dist.reduce_scatter_tensor(out, inp)
+            check(np.array_equal(out, ref("SUM", ws, ws * n, dtype)[r * n:(r + 1) * n]), f"reduce_scatter {dtype} n={n}")
+            # all_gather_into_tensor
+            big = np.zeros(ws * n, dtype)
+            dist.all_gather_into_tensor(big, contrib(r, n, dtype))
+            check(np.array_equal(big, np.concatenate([contrib(q, n, dtype) for q in range(ws)])), f"all_gather {dtype} n={n}")
+            # all_to_all_single: rank r's block j is (r*ws + j + 1) * ones
+            a2a_in = np.concatenate([np.full(n, r * ws + j + 1, dtype) for j in range(ws)]) if n else np.zeros(0, dtype)
+            a2a_out = np.zeros(ws * n, dtype)
+            dist.all_to_all_single(a2a_out, a2a_in)
+            expect = np.concatenate([np.full(n, q * ws + r + 1, dtype) for q in range(ws)]) if n else np.zeros(0, dtype)
+            check(np.array_equal(a2a_out, expect), f"all_to_all_single {dtype} n={n}")
+            for root in range(ws):
+                b = contrib(r, n, dtype) if r == root else np.zeros(n, dtype)
+                dist.broadcast(b, src=root)
+                check(np.array_equal(b, contrib(root, n, dtype)), f"broadcast root={root} {dtype} n={n}")
+                x = contrib(r, n, dtype)
+                dist.reduce(x, dst=root)
+                check(np.array_equal(x, ref("SUM", ws, n, dtype) if r == root else contrib(r, n, dtype)), f"reduce root={root} {dtype} n={n}")
+                gl = [np.zeros(n, dtype) for _ in range(ws)] if r == root else None
+                dist.gather(contrib(r, n, dtype), gl, dst=root)
+                if r == root:
+                    check(all(np.array_equal(gl[q], contrib(q, n, dtype)) for q in range(ws)), f"gather root={root} {dtype} n={n}")
+                s = np.zeros(n, dtype)
+                dist.scatter(s, [contrib(q, n, dtype) for q in range(ws)] if r == root else None, src=root)
+                check(np.array_equal(s, contrib(r, n, dtype)), f"scatter root={root} {dtype} n={n}")
+                count += 4
+    dist.barrier()
+    print(f"rank {r}: {count} checks passed")
+    dist.destroy_process_group()
+
+
+def big(mib: str = "64") -> None:
+    """Large messages: all_reduce, broadcast, all_gather of `mib` MiB float32."""
+    dist.init_process_group()
+    r, ws = dist.get_rank(), dist.get_world_size()
+    n = int(mib) * (1 << 20) // 4
+    x = np.full(n, r + 1, np.float32)
+    x[::4097] = r  # some structure
+    dist.all_reduce(x)
+    check(float(x[1]) == ws * (ws + 1) / 2 and float(x[0]) == ws * (ws - 1) / 2, "big all_reduce")
+    b = np.arange(n, dtype=np.float32) if r == 0 else np.zeros(n, np.float32)
+    dist.broadcast(b, src=0)
+    check(b[-1] == n - 1 and b[12345] == 12345, "big broadcast")
+    g = np.zeros(n, np.float32)
+    part = n // ws
+    dist.all_gather_into_tensor(g[:part * ws], np.full(part, r, np.float32))
+    check(all(g[q * part] == q and g[(q + 1) * part - 1] == q for q in range(ws)), "big all_gather")
+    print(f"rank {r}: big ok")
+    dist.destroy_process_group()
+
+
+def p2p() -> None:
+    dist.init_process_group()
+    r, ws = dist.get_rank(), dist.get_world_size()
+    if r == 0:
+        got = np.zeros(3, np.int64)
+        seen = set()
+        for _ in range(ws - 1):
+            src = dist.recv(got)  # any source
+            check(np.all(got == src * 11), f"any-source payload from {src}")
+            seen.add(src)
+        check(seen == set(range(1, ws)), f"senders {seen}")
+    else:
+        dist.send(np.full(3, r * 11, np.int64), dst=0)
+    objs = [None]
+    if r == 0:
+        objs = [{"arr": np.arange(1 << 16), "who": "zero"}]
+    dist.broadcast_object_list(objs, src=0)
+    check(objs[0]["who"] == "zero" and objs[0]["arr"][-1] == (1 << 16) - 1, "broadcast_object_list")
+    dist.destroy_process_group()
+
+
+def idle_wait(seconds: str = "2") -> None:
+    """Rank 0 sleeps, the others block in a collective: they report their CPU time while waiting."""
+    dist.init_process_group()
+    r = dist.get_rank()
+    dist.barrier()
+    if r == 0:
+        time.sleep(float(seconds))
+    c0, t0 = time.process_time(), time.monotonic()
+    x = np.ones(4)
+    dist.all_reduce(x)
+    c1, t1 = time.process_time(), time.monotonic()
+    print(f"rank {r}: waited {t1 - t0:.2f}s cpu {c1 - c0:.3f}s")
+    dist.destroy_process_group()
+
+
+def init_only() -> None:
+    """Init and report; used for error tests (missing ranks, mismatches)."""
+    timeout = float(os.environ.get("TEST_INIT_TIMEOUT", "30"))
+    dist.init_process_group(timeout=timeout)
+    print(f"rank {dist.get_rank()} joined")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]](*sys.argv[2:])
+
+
+def mismatch(kind: str = "op") -> None:
+    """Rank 0 and rank 1 call different collectives at the same point; both must raise, showing both calls."""
+    dist.init_process_group(timeout=30)
+    r = dist.get_rank()
+    dist.barrier()
+    x = np.ones(4, np.float32)
+    t0 = time.monotonic()
+    try:
+        if kind == "op":
+            dist.all_reduce(x) if r == 0 else dist.broadcast(x, src=0)
+        elif kind == "dtype":
+            dist.all_reduce(x if r == 0 else np.ones(4, np.float64))
+        elif kind == "shape":
+            dist.all_reduce(x if r == 0 else np.ones(8, np.float32))
+        elif kind == "root":
+            dist.broadcast(x, src=r)
+    except dist.CollectiveMismatchError as e:
+        print(f"rank {r}: mismatch after {time.monotonic() - t0:.1f}s: {e}")
+        sys.exit(3)
+    print(f"rank {r}: no error")
+
+
+def timeout_rollcall() -> None:
+    """Rank 1 never joins the second all_reduce: rank 0's deadline error shows the roll call."""
+    dist.init_process_group(timeout=30)
+    r = dist.get_rank()
+    x = np.ones(4)
+    dist.all_reduce(x)
+    if r == 0:
+        try:
+            dist.all_reduce(x, timeout=3)
+        except dist.DistTimeoutError as e:
+            print(f"rank 0: timeout: {e}")
+            sys.exit(4)
+    else:
+        time.sleep(8)
+
+
+def monitored() -> None:
+    """Rank 2 is late: the others' monitored_barrier names it."""
+    dist.init_process_group(timeout=30)
+    r = dist.get_rank()
+    if r == 2:
+        time.sleep(6)
+        return
+    try:
+        dist.monitored_barrier(timeout=2, wait_all_ranks=True)
+    except dist.DistTimeoutError as e:
+        print(f"rank {r}: {e}")
+        sys.exit(5)
+
+
+def stuck_for_dump() -> None:
+    """Rank 0 blocks in an all_reduce that rank 1 joins only after 5 s; the test sends SIGUSR1 meanwhile."""
+    dist.init_process_group(timeout=30)
+    r = dist.get_rank()
+    x = np.ones(4, np.float32)
+    dist.all_reduce(x)
+    print(f"rank {r}: ready pid {os.getpid()}", flush=True)
+    if r == 1:
+        time.sleep(5)
+    dist.all_reduce(x)
+    print(f"rank {r}: done", flush=True)
