@@ -56,6 +56,7 @@ from .collectives import (
     scatter,
     send,
 )
+from .debug import breakpoint, dump_state, monitored_barrier
 from .errors import (
     CollectiveMismatchError,
     ConfigError,

@@ -268,6 +268,7 @@ def init_process_group(
         _state.prefix_store = pstore
         _state.base_store = base
         _install(world, group_name)
+        _start_watchdog(world, base, master, secret, restart, tmo)
 
 
 def _linger(server: Any, grace: float = 5.0) -> None:
@@ -275,6 +276,21 @@ def _linger(server: Any, grace: float = 5.0) -> None:
     dl = Deadline.after(grace)
     while not dl.expired() and getattr(server, "num_connections", 0) > 0:
         time.sleep(0.05)
+
+
+def _start_watchdog(world: World, base: Any, master: Optional[Tuple[str, int]], secret: bytes, restart: int, tmo: float) -> None:
+    """Mismatch detection and roll call (``procgroup.watchdog``), on a store connection of its own."""
+    from . import store as store_mod
+    from .watchdog import Watchdog
+
+    if isinstance(base, store_mod.TCPStore) and master is not None:
+        conn = store_mod.TCPStore(master[0], master[1], secret=secret, timeout=tmo)
+        world.on_close.append(conn.close)
+        wstore = store_mod.PrefixStore(f"pg/{restart}", conn)
+    else:
+        wstore = world.store
+    wd = Watchdog(wstore, world.rank, lambda: list(_state.groups), world.transport.abort).start()
+    world.on_close.append(wd.stop)
 
 
 def _install(world: World, group_name: str) -> None:
@@ -285,6 +301,9 @@ def _install(world: World, group_name: str) -> None:
     _state.default = pg
     _state.groups = [pg]
     atexit.register(_atexit)
+    from .debug import install_signal_handler
+
+    install_signal_handler()
 
 
 def _atexit() -> None:

@@ -94,16 +94,16 @@ def _avg_or_none(op: Any) -> ReduceOp:
 
 
 # -- collectives ----------------------------------------------------------------------------
-def broadcast(tensor: Any, src: Optional[int] = None, group: Any = None, async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
+def broadcast(tensor: Any, src: Optional[int] = None, group: Any = None, async_op: bool = False, group_src: Optional[int] = None, timeout: Any = None) -> Optional[Work]:
     g = _group(group, "broadcast")
     if g is None:
         return None
     root = _root(g, "broadcast", src, group_src, "src")
     f = as_flat(tensor, "broadcast tensor")
-    return g.run("broadcast", lambda c: alg.broadcast(c, f.array, root), async_op=async_op, detail=f"{f.describe()}, root {root}")
+    return g.run("broadcast", lambda c: alg.broadcast(c, f.array, root), async_op=async_op, timeout=timeout, signature=("broadcast", str(f.dtype), f.numel, f"root={root}"))
 
 
-def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Optional[Work]:
+def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:
     g = _group(group, "all_reduce")
     if g is None:
         return None
@@ -115,10 +115,10 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
         alg.all_reduce(c, f.array, kern)
         finalize(op, f.array, c.size, f.dtype)
 
-    return g.run("all_reduce", run, async_op=async_op, detail=f"{f.describe()}, {op.name}")
+    return g.run("all_reduce", run, async_op=async_op, timeout=timeout, signature=("all_reduce", str(f.dtype), f.numel, op.name))
 
 
-def reduce(tensor: Any, dst: Optional[int] = None, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
+def reduce(tensor: Any, dst: Optional[int] = None, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, group_dst: Optional[int] = None, timeout: Any = None) -> Optional[Work]:
     g = _group(group, "reduce")
     if g is None:
         return None
@@ -132,10 +132,10 @@ def reduce(tensor: Any, dst: Optional[int] = None, op: Any = ReduceOp.SUM, group
         if c.rank == root:
             finalize(op, f.array, c.size, f.dtype)
 
-    return g.run("reduce", run, async_op=async_op, detail=f"{f.describe()}, {op.name}, root {root}")
+    return g.run("reduce", run, async_op=async_op, timeout=timeout, signature=("reduce", str(f.dtype), f.numel, op.name, f"root={root}"))
 
 
-def all_gather(tensor_list: List[Any], tensor: Any, group: Any = None, async_op: bool = False) -> Optional[Work]:
+def all_gather(tensor_list: List[Any], tensor: Any, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:
     g = _group(group, "all_gather")
     if g is None:
         return None
@@ -153,20 +153,20 @@ def all_gather(tensor_list: List[Any], tensor: Any, group: Any = None, async_op:
         for i, o in enumerate(outs):
             o.array[...] = buf[i * n:(i + 1) * n]
 
-    return g.run("all_gather", run, async_op=async_op, detail=src.describe())
+    return g.run("all_gather", run, async_op=async_op, timeout=timeout, signature=("all_gather", str(src.dtype), src.numel))
 
 
-def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False) -> Optional[Work]:
+def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:
     g = _group(group, "all_gather_into_tensor")
     if g is None:
         return None
     src = as_flat(input_tensor, "all_gather_into_tensor input", writable=False)
     out = as_flat(output_tensor, "all_gather_into_tensor output")
     _same("all_gather_into_tensor", src, out, "the input", "the output", g.size())
-    return g.run("all_gather_into_tensor", lambda c: alg.all_gather(c, src.array, out.array), async_op=async_op, detail=src.describe())
+    return g.run("all_gather_into_tensor", lambda c: alg.all_gather(c, src.array, out.array), async_op=async_op, timeout=timeout, signature=("all_gather", str(src.dtype), src.numel))
 
 
-def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[int] = None, group: Any = None, async_op: bool = False, group_dst: Optional[int] = None) -> Optional[Work]:
+def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[int] = None, group: Any = None, async_op: bool = False, group_dst: Optional[int] = None, timeout: Any = None) -> Optional[Work]:
     g = _group(group, "gather")
     if g is None:
         return None
@@ -190,10 +190,10 @@ def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[i
             for i, o in enumerate(outs):
                 o.array[...] = buf[i * n:(i + 1) * n]
 
-    return g.run("gather", run, async_op=async_op, detail=f"{src.describe()}, root {root}")
+    return g.run("gather", run, async_op=async_op, timeout=timeout, signature=("gather", str(src.dtype), src.numel, f"root={root}"))
 
 
-def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional[int] = None, group: Any = None, async_op: bool = False, group_src: Optional[int] = None) -> Optional[Work]:
+def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional[int] = None, group: Any = None, async_op: bool = False, group_src: Optional[int] = None, timeout: Any = None) -> Optional[Work]:
     g = _group(group, "scatter")
     if g is None:
         return None
@@ -218,10 +218,10 @@ def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional
                 buf[i * n:(i + 1) * n] = x.array
         alg.scatter(c, buf, out.array, root)
 
-    return g.run("scatter", run, async_op=async_op, detail=f"{out.describe()}, root {root}")
+    return g.run("scatter", run, async_op=async_op, timeout=timeout, signature=("scatter", str(out.dtype), out.numel, f"root={root}"))
 
 
-def reduce_scatter(output: Any, input_list: List[Any], op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Optional[Work]:
+def reduce_scatter(output: Any, input_list: List[Any], op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:
     g = _group(group, "reduce_scatter")
     if g is None:
         return None
@@ -242,10 +242,10 @@ def reduce_scatter(output: Any, input_list: List[Any], op: Any = ReduceOp.SUM, g
         alg.reduce_scatter(c, buf, out.array, kern)
         finalize(op, out.array, c.size, out.dtype)
 
-    return g.run("reduce_scatter", run, async_op=async_op, detail=f"{out.describe()}, {op.name}")
+    return g.run("reduce_scatter", run, async_op=async_op, timeout=timeout, signature=("reduce_scatter", str(out.dtype), out.numel, op.name))
 
 
-def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Optional[Work]:  # noqa: A002 - torch's name
+def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:  # noqa: A002 - torch's name
     g = _group(group, "reduce_scatter_tensor")
     if g is None:
         return None
@@ -259,10 +259,10 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group
         alg.reduce_scatter(c, src.array, out.array, kern)
         finalize(op, out.array, c.size, out.dtype)
 
-    return g.run("reduce_scatter_tensor", run, async_op=async_op, detail=f"{out.describe()}, {op.name}")
+    return g.run("reduce_scatter_tensor", run, async_op=async_op, timeout=timeout, signature=("reduce_scatter", str(out.dtype), out.numel, op.name))
 
 
-def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any], group: Any = None, async_op: bool = False) -> Optional[Work]:
+def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any], group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:
     g = _group(group, "all_to_all")
     if g is None:
         return None
@@ -292,7 +292,7 @@ def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any], grou
             f.array[...] = rbuf[pos:pos + f.numel]
             pos += f.numel
 
-    return g.run("all_to_all", run, async_op=async_op, detail=f"{dt}, send {scounts}, recv {rcounts}")
+    return g.run("all_to_all", run, async_op=async_op, timeout=timeout, signature=("all_to_all", str(dt)))
 
 
 def _splits(op: str, f: Flat, sizes: Optional[Sequence[int]], n: int, what: str) -> List[int]:
@@ -308,7 +308,7 @@ def _splits(op: str, f: Flat, sizes: Optional[Sequence[int]], n: int, what: str)
     return [s * row for s in sizes]
 
 
-def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[Sequence[int]] = None, input_split_sizes: Optional[Sequence[int]] = None, group: Any = None, async_op: bool = False) -> Optional[Work]:  # noqa: A002
+def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[Sequence[int]] = None, input_split_sizes: Optional[Sequence[int]] = None, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:  # noqa: A002
     g = _group(group, "all_to_all_single")
     if g is None:
         return None
@@ -318,14 +318,14 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[Sequ
         raise ConfigError(f"all_to_all_single: output dtype {out.dtype} differs from input dtype {src.dtype}")
     sc = _splits("all_to_all_single", src, input_split_sizes, g.size(), "input")
     rc = _splits("all_to_all_single", out, output_split_sizes, g.size(), "output")
-    return g.run("all_to_all_single", lambda c: alg.all_to_all(c, src.array, sc, out.array, rc), async_op=async_op, detail=f"{src.dtype}, send {sc}, recv {rc}")
+    return g.run("all_to_all_single", lambda c: alg.all_to_all(c, src.array, sc, out.array, rc), async_op=async_op, timeout=timeout, signature=("all_to_all", str(src.dtype)))
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: Any = None) -> Optional[Work]:
     g = _group(group, "barrier")
     if g is None:
         return None
-    return g.run("barrier", alg.barrier, async_op=async_op, timeout=timeout)
+    return g.run("barrier", alg.barrier, async_op=async_op, timeout=timeout, signature=("barrier",))
 
 
 # -- point-to-point --------------------------------------------------------------------------

@@ -85,6 +85,7 @@ class ENV:
     HOSTNAME = "PROCGROUP_HOSTNAME"  # host label used in log prefixes and reports
     LOG_LEVEL = "PROCGROUP_LOG_LEVEL"
     PROGRESS_INTERVAL = "PROCGROUP_PROGRESS_INTERVAL"  # seconds between "3/4 joined" lines
+    TTY = "PROCGROUP_TTY"  # the launcher's terminal, for dist.breakpoint() in a worker
 
     @classmethod
     def table(cls) -> list[EnvVar]:
@@ -121,6 +122,7 @@ _TABLE = (
     EnvVar(ENV.HOSTNAME, "host label used in log prefixes and reports"),
     EnvVar(ENV.LOG_LEVEL, "DEBUG|INFO|WARNING: procgroup's log level", "user"),
     EnvVar(ENV.PROGRESS_INTERVAL, "seconds between rendezvous progress lines", "user"),
+    EnvVar(ENV.TTY, "path of the launcher's terminal; dist.breakpoint() runs pdb there"),
 )
 
 

@@ -6,10 +6,19 @@ ordered subset of the world's ranks with its own id (agreed through the
 store, so it is the same on every member) and its own sequence counter.
 
 Tags.  Every message of a collective carries the transport tag
-``((gid << 24) | (seq mod 2**24)) << 16 | step`` (see ``algorithms.comm``),
-and every point-to-point message ``2**62 | gid << 40 | user_tag``, so
-collectives of different groups, successive collectives of one group, and
-p2p traffic never match each other's receives.
+``(gid << 32 | (seq mod 2**16) << 16 | fingerprint) << 16 | step`` (see
+``algorithms.comm``), and every point-to-point message
+``2**62 | gid << 40 | user_tag``, so collectives of different groups,
+successive collectives of one group, and p2p traffic never match each
+other's receives.  The 16-bit *fingerprint* hashes what every member must
+agree on (op, dtype, element count, root, reduce op): ranks that call
+different collectives at the same sequence number never exchange a byte, so
+a mismatch cannot return garbage; it stalls, and the watchdog
+(``procgroup.watchdog``) compares the members' calls through the store and
+raises :class:`~procgroup.errors.CollectiveMismatchError` on every member.
+
+Flight recorder.  Each group keeps its last ``FLIGHT_RECORDS`` collectives
+(seq, op, signature, start, end, state) for hang reports and SIGUSR1 dumps.
 
 Async work.  ``async_op=True`` runs the collective on the group's single
 worker thread (ops of one group run in call order); a blocking op first
@@ -18,24 +27,59 @@ waits for the group's outstanding async work, so program order is kept.
 
 from __future__ import annotations
 
+import collections
 import copy
 import queue
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .algorithms.comm import Comm, ScratchPool
 from .deadline import Deadline
-from .errors import ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError, describe
+from .errors import BrokenError, ClosedError, CollectiveMismatchError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError, describe
 from .transport.base import Request, Transport
 
 __all__ = ["World", "ProcessGroup", "Work", "GID_LIMIT", "P2P_TAG_LIMIT", "p2p_tag"]
 
-GID_LIMIT = 1 << 22
-SEQ_MASK = (1 << 24) - 1
+GID_LIMIT = 1 << 14
+SEQ_MASK = (1 << 16) - 1
+FP_MASK = (1 << 16) - 1
 P2P_TAG_LIMIT = 1 << 40
 _P2P_BIT = 1 << 62
+FLIGHT_RECORDS = 64
+CHAIN_WINDOW = 4096
+
+
+def fingerprint(signature: tuple) -> int:
+    """16-bit hash of what every member of a collective must agree on."""
+    return zlib.crc32(repr(signature).encode()) & FP_MASK
+
+
+def collective_tag(gid: int, seq: int, fp: int) -> int:
+    return (gid << 32) | ((seq & SEQ_MASK) << 16) | (fp & FP_MASK)
+
+
+def describe_signature(sig: tuple) -> str:
+    """("all_reduce", "float32", 4, "SUM") -> 'all_reduce(float32, 4, SUM)'."""
+    if not sig:
+        return "?"
+    return f"{sig[0]}({', '.join(str(x) for x in sig[1:])})"
+
+
+@dataclass
+class FlightRecord:
+    seq: int
+    op: str
+    signature: tuple
+    start: float
+    end: Optional[float] = None
+    state: str = "running"  # running | completed | failed
+
+    def describe(self) -> str:
+        dur = f"{(self.end or time.monotonic()) - self.start:.3f}s"
+        return f"seq {self.seq} {describe_signature(self.signature)} {self.state} ({dur})"
 
 
 def p2p_tag(gid: int, tag: int) -> int:
@@ -174,6 +218,12 @@ class ProcessGroup:
         self._rank = self.ranks.index(world.rank) if world.rank in self.ranks else -1
         self._hosts = [world.hosts[g] if world.hosts else "localhost" for g in self.ranks]
         self._seq = 0
+        self.last_completed = -1
+        self.flight: "collections.deque[FlightRecord]" = collections.deque(maxlen=FLIGHT_RECORDS)
+        # rolling hash of every call's fingerprint, in call order: equal on all members while their calls agree
+        self._chain = 0
+        self.chain: "collections.deque[Tuple[int, int]]" = collections.deque(maxlen=CHAIN_WINDOW)
+        self.inflight: Optional[FlightRecord] = None
         self._scratch = ScratchPool()
         self._lock = threading.Lock()
         self._pending: List[Work] = []
@@ -213,10 +263,18 @@ class ProcessGroup:
 
     def _context(self, e: BaseException, op: str, seq: Optional[int], dl: Deadline, extra: str = "") -> BaseException:
         """Same exception type, message prefixed with op/seq/rank/group/elapsed and the fix."""
+        if isinstance(e, BrokenError) and seq is not None and self.world.store is not None:
+            from .watchdog import recorded_abort
+
+            why = recorded_abort(self.world.store, self.gid)
+            if why is not None:  # the peer left because it found a mismatch: that is the cause
+                e = CollectiveMismatchError(why)
         head = describe(op, seq=seq, rank=self.world.rank, group=self.name, elapsed=dl.elapsed())
         if extra:
             head += f" [{extra}]"
         msg = f"{head}: {e}"
+        if isinstance(e, DistTimeoutError) and seq is not None and self.world.store is not None:
+            msg += ". Roll call: " + self._roll_call(seq)
         if isinstance(e, DistTimeoutError):
             msg += (
                 f". The deadline was {dl.timeout:.1f}s: if the other ranks are just slower, raise it with timeout= "
@@ -229,6 +287,15 @@ class ProcessGroup:
         new.__cause__ = e
         return new
 
+    def _roll_call(self, seq: int) -> str:
+        """Which members reached ``seq`` and where the others are (through the store; best effort, bounded)."""
+        from .watchdog import describe_roll_call, roll_call
+
+        try:
+            return describe_roll_call(self, roll_call(self.world.store, self), seq)
+        except Exception as e:  # noqa: BLE001 - the timeout error matters more than the report
+            return f"unavailable ({e})"
+
     def _drain_async(self) -> None:
         while self._pending:
             w = self._pending[0]
@@ -239,22 +306,42 @@ class ProcessGroup:
             if self._pending and self._pending[0] is w:
                 self._pending.pop(0)
 
-    def run(self, op: str, fn: Callable[[Comm], Any], *, timeout: Optional[float] = None, async_op: bool = False, detail: str = "") -> Any:
-        """Run ``fn(comm)`` as collective ``op``; returns its result, or a Work when ``async_op``."""
+    def run(self, op: str, fn: Callable[[Comm], Any], *, timeout: Optional[float] = None, async_op: bool = False, signature: tuple = ()) -> Any:
+        """Run ``fn(comm)`` as collective ``op``; returns its result, or a Work when ``async_op``.
+
+        ``signature``: what every member must agree on, e.g. ``("all_reduce", "float32", 4, "SUM")``.
+        """
         if self._closed:
             raise ClosedError(f"{op}: process group {self.name} was destroyed")
+        sig = signature or (op,)
+        fp = fingerprint(sig)
         with self._lock:
             seq = self._seq
             self._seq += 1
-        tag = (self.gid << 24) | (seq & SEQ_MASK)
+            self._chain = zlib.crc32(fp.to_bytes(2, "little"), self._chain)
+            self.chain.append((seq, self._chain))
+        tag = collective_tag(self.gid, seq, fp)
 
         def execute() -> Any:
             dl = self._deadline(timeout)
+            rec = FlightRecord(seq, op, sig, time.monotonic())
+            self.flight.append(rec)
+            self.inflight = rec
             comm = Comm(self.world.transport, self.ranks, self._rank, tag, dl, self._hosts, self._scratch)
             try:
-                return fn(comm)
+                result = fn(comm)
             except ProcGroupError as e:
-                raise self._context(e, op, seq, dl, detail)
+                rec.state, rec.end = "failed", time.monotonic()
+                self.inflight = None
+                raise self._context(e, op, seq, dl, describe_signature(sig))
+            except BaseException:
+                rec.state, rec.end = "failed", time.monotonic()
+                self.inflight = None
+                raise
+            rec.state, rec.end = "completed", time.monotonic()
+            self.last_completed = seq
+            self.inflight = None
+            return result
 
         if not async_op:
             if self._pending:

@@ -64,7 +64,7 @@ def broadcast_object_list(object_list: List[Any], src: Optional[int] = None, gro
                 raise ConfigError(f"broadcast_object_list: the source sent {len(got)} objects but this rank's list has {len(object_list)}; use lists of the same length")
             object_list[:] = got
 
-    g.run("broadcast_object_list", run)
+    g.run("broadcast_object_list", run, signature=("broadcast_object_list", f"root={root}"))
 
 
 def _gatherv(c: Any, mine: np.ndarray, root: Optional[int]) -> Optional[List[np.ndarray]]:
@@ -102,7 +102,7 @@ def all_gather_object(object_list: List[Any], obj: Any, group: Any = None) -> No
         for i, p in enumerate(parts):
             object_list[i] = _decode(p)
 
-    g.run("all_gather_object", run)
+    g.run("all_gather_object", run, signature=("all_gather_object",))
 
 
 def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None, dst: Optional[int] = None, group: Any = None, group_dst: Optional[int] = None) -> None:
@@ -119,7 +119,7 @@ def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None, dst:
             for i, p in enumerate(parts):
                 object_gather_list[i] = _decode(p)
 
-    g.run("gather_object", run)
+    g.run("gather_object", run, signature=("gather_object", f"root={root}"))
 
 
 def scatter_object_list(scatter_object_output_list: List[Any], scatter_object_input_list: Optional[List[Any]] = None, src: Optional[int] = None, group: Any = None, group_src: Optional[int] = None) -> None:
@@ -155,7 +155,7 @@ def scatter_object_list(scatter_object_output_list: List[Any], scatter_object_in
             c.recv(root, data, step=1)
             scatter_object_output_list[0] = _decode(data)
 
-    g.run("scatter_object_list", run)
+    g.run("scatter_object_list", run, signature=("scatter_object_list", f"root={root}"))
 
 
 def send_object_list(object_list: List[Any], dst: Optional[int] = None, group: Any = None, device: Any = None, group_dst: Optional[int] = None) -> None:

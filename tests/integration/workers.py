@@ -164,9 +164,6 @@ def init_only() -> None:
     dist.destroy_process_group()
 
 
-if __name__ == "__main__":
-    globals()[sys.argv[1]](*sys.argv[2:])
-
 
 def mismatch(kind: str = "op") -> None:
     """Rank 0 and rank 1 call different collectives at the same point; both must raise, showing both calls."""
@@ -183,7 +180,12 @@ def mismatch(kind: str = "op") -> None:
         elif kind == "shape":
             dist.all_reduce(x if r == 0 else np.ones(8, np.float32))
         elif kind == "root":
+            # both ranks think they are the root: neither waits, so the mismatch is found from the published
+            # call histories and raised by the next call (within a couple of seconds)
             dist.broadcast(x, src=r)
+            while time.monotonic() - t0 < 10:
+                dist.barrier()
+                time.sleep(0.05)
     except dist.CollectiveMismatchError as e:
         print(f"rank {r}: mismatch after {time.monotonic() - t0:.1f}s: {e}")
         sys.exit(3)
@@ -231,3 +233,7 @@ def stuck_for_dump() -> None:
         time.sleep(5)
     dist.all_reduce(x)
     print(f"rank {r}: done", flush=True)
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]](*sys.argv[2:])

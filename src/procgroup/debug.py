@@ -1,0 +1,161 @@
+"""Debugging aids: monitored_barrier, breakpoint on one rank, SIGUSR1 state dumps.
+
+* :func:`monitored_barrier` -- a barrier whose error names the ranks that did
+  not arrive (rank 0 of the group collects, then tells every arrived rank).
+* :func:`breakpoint` -- pdb on one rank while the others wait.  Under
+  ``procgroup run`` workers have no terminal of their own, so the debugger
+  talks to the launcher's terminal, whose path the launcher passes in
+  ``PROCGROUP_TTY``; elsewhere it uses ``/dev/tty`` or stdin.
+* ``SIGUSR1`` -- each initialized process prints every thread's Python stack
+  and the recent collectives of each of its groups (the flight recorder) to
+  stderr.  ``procgroup run`` forwards SIGUSR1 to all its workers.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import Any, List, Optional, TextIO
+
+import numpy as np
+
+from .api import _state, resolve_group
+from .config import ENV, env_str
+from .deadline import Deadline
+from .errors import ConfigError, DistTimeoutError, format_ranks
+
+__all__ = ["monitored_barrier", "breakpoint", "dump_state", "install_signal_handler"]
+
+#: how long the other ranks wait for a human at a breakpoint
+BREAKPOINT_WAIT = 24 * 3600.0
+
+
+def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+    """A barrier that names the ranks that did not arrive within ``timeout``.
+
+    Rank 0 of the group receives a token from every other rank; if some are missing at the
+    deadline it raises :class:`DistTimeoutError` naming the first missing rank (every missing
+    rank with ``wait_all_ranks=True``), and tells the ranks that did arrive, which raise the same.
+    """
+    g = resolve_group(group, "monitored_barrier")
+    if not g.is_member():
+        return
+    if hasattr(timeout, "total_seconds"):
+        timeout = timeout.total_seconds()
+    tmo = g.timeout if timeout is None else float(timeout)
+
+    def run(c: Any) -> None:
+        n = c.size
+        if n == 1:
+            return
+        token = np.zeros(1, np.int64)
+        report = np.full(n + 1, -1, np.int64)  # [count, missing ranks...]
+        if c.rank == 0:
+            dl = Deadline.after(tmo)
+            tokens = [np.zeros(1, np.int64) for _ in range(n)]
+            reqs = {p: c.irecv(p, tokens[p], step=0) for p in range(1, n)}
+            missing: List[int] = []
+            for p, req in reqs.items():
+                try:
+                    req.wait(dl)
+                except DistTimeoutError:
+                    missing.append(g.ranks[p])
+                    if not wait_all_ranks:
+                        break
+            report[0] = len(missing)
+            report[1:1 + len(missing)] = missing
+            arrived = [p for p, req in reqs.items() if req.test()]
+            for p in arrived:
+                c.send(p, report, step=1)
+            if missing:
+                raise DistTimeoutError(_missing_msg(g, missing, arrived_ranks=[g.ranks[0]] + [g.ranks[p] for p in arrived], tmo=tmo, all_=wait_all_ranks))
+        else:
+            c.send(0, token, step=0)
+            c.irecv(0, report, step=1).wait(Deadline.after(tmo + 10.0))
+            k = int(report[0])
+            if k > 0:
+                raise DistTimeoutError(_missing_msg(g, [int(x) for x in report[1:1 + k]], None, tmo, wait_all_ranks))
+
+    g.run("monitored_barrier", run, timeout=tmo + 15.0, signature=("monitored_barrier",))
+
+
+def _missing_msg(g: Any, missing: List[int], arrived_ranks: Optional[List[int]], tmo: float, all_: bool) -> str:
+    s = f"rank{'s' if len(missing) > 1 else ''} {format_ranks(missing)} did not reach monitored_barrier in group {g.name} within {tmo:.1f}s"
+    if arrived_ranks is not None:
+        s += f" (ranks {format_ranks(arrived_ranks)} did)"
+    if not all_:
+        s += "; pass wait_all_ranks=True to list every missing rank"
+    return s + ". Send SIGUSR1 to the job (procgroup run forwards it) to see where each rank is"
+
+
+def _debugger_io() -> tuple:
+    path = env_str(ENV.TTY)
+    for p in ([path] if path else []) + ["/dev/tty"]:
+        try:
+            f = open(p, "r+", buffering=1)
+            return f, f
+        except OSError:
+            continue
+    return sys.stdin, sys.stdout
+
+
+def breakpoint(rank: int = 0, skip: int = 0) -> None:  # noqa: A001 - torch's name
+    """Open pdb on ``rank`` (global rank) while every other rank waits; continue with ``c``."""
+    g = resolve_group(None, "breakpoint")
+    if not 0 <= rank < g.size():
+        raise ConfigError(f"breakpoint(rank={rank}): rank is outside [0, {g.size()})")
+    if g.rank() == rank:
+        import pdb
+
+        fin, fout = _debugger_io()
+        dbg = pdb.Pdb(stdin=fin, stdout=fout, skip=None)
+        dbg.use_rawinput = False
+        fout.write(f"\n--- procgroup: rank {rank} stopped at a breakpoint; the other ranks wait. 'c' continues. ---\n")
+        fout.flush()
+        frame = sys._getframe(1 + skip)
+        dbg.set_trace(frame)
+    else:
+        sys.stderr.write(f"procgroup: rank {g.rank()} waiting for the debugger on rank {rank}\n")
+    g.run("breakpoint", lambda c: __import__("procgroup.algorithms", fromlist=["barrier"]).barrier(c), timeout=BREAKPOINT_WAIT, signature=("barrier",))
+
+
+def dump_state(out: Optional[TextIO] = None) -> str:
+    """Every thread's Python stack and every group's recent collectives, as text (also written to ``out``)."""
+    buf = io.StringIO()
+    w = _state.world
+    who = f"rank {w.rank}/{w.size}" if w is not None else "uninitialized"
+    buf.write(f"=== procgroup state: {who}, pid {os.getpid()} ===\n")
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for tid, frame in sys._current_frames().items():
+        buf.write(f"--- thread {names.get(tid, tid)} ---\n")
+        buf.write("".join(traceback.format_stack(frame)))
+    for g in list(_state.groups):
+        if not g.is_member():
+            continue
+        buf.write(f"--- group {g.name} (gid {g.gid}, ranks {format_ranks(g.ranks)}): last completed seq {g.last_completed}\n")
+        for rec in list(g.flight)[-16:]:
+            buf.write(f"    {rec.describe()}\n")
+    text = buf.getvalue()
+    if out is not None:
+        out.write(text)
+        out.flush()
+    return text
+
+
+def _on_sigusr1(signum: int, frame: Any) -> None:
+    dump_state(sys.stderr)
+
+
+def install_signal_handler() -> None:
+    """SIGUSR1 -> dump_state, unless the application already handles SIGUSR1 (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGUSR1, _on_sigusr1)
+    except (ValueError, OSError):
+        pass

@@ -1,0 +1,203 @@
+"""Watchdog: mismatch detection and roll call through the store, off the hot path.
+
+The fast path of a collective does no extra work for these checks: its tag
+carries a fingerprint of the call (see ``group.py``), so ranks that call
+different collectives never match each other's messages.  When a collective
+has been waiting for ``check_after`` seconds, the watchdog thread of that
+process publishes what it is doing and compares with the other members:
+
+* another member at the **same** sequence number with a different call ->
+  :class:`~procgroup.errors.CollectiveMismatchError` on every member, showing
+  what each side called;
+* otherwise it keeps the roll call current, so that a deadline error can say
+  which ranks reached the op and the last completed sequence number of each.
+
+Store keys (world store, prefix ``wd/``): ``wd/<gid>/<rank>`` holds JSON
+``{"seq": in-flight seq or null, "sig": call or null, "last": last completed
+seq, "t": wall time}``.  Each rank rewrites its own key at most once per
+``interval`` and only when it changed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from .errors import CollectiveMismatchError, ProcGroupError, format_ranks
+from .group import ProcessGroup, describe_signature
+
+__all__ = ["Watchdog", "roll_call", "mismatch_message", "recorded_abort", "abort_key"]
+
+logger = logging.getLogger("procgroup")
+
+
+def _key(gid: int, rank: int) -> str:
+    return f"wd/{gid}/{rank}"
+
+
+def abort_key(gid: int) -> str:
+    return f"wd/abort/{gid}"
+
+
+def recorded_abort(store: Any, gid: int) -> Optional[str]:
+    """The mismatch a member of group ``gid`` recorded before it left, if any."""
+    k = abort_key(gid)
+    try:
+        return store.get(k, timeout=1.0).decode(errors="replace") if store.check([k]) else None
+    except ProcGroupError:
+        return None
+
+
+def _state(g: ProcessGroup) -> Dict[str, Any]:
+    rec = g.inflight
+    chain = [g.chain[-1][0], g.chain[-1][1]] if g.chain else None
+    if rec is not None and g.chain and g.chain[-1][0] == rec.seq and len(g.chain) > 1:
+        chain = [g.chain[-2][0], g.chain[-2][1]]  # the hash up to the last call before the one in flight
+    return {
+        "seq": rec.seq if rec is not None else None,
+        "sig": list(rec.signature) if rec is not None else None,
+        "last": g.last_completed,
+        "chain": chain,
+    }
+
+
+def roll_call(store: Any, g: ProcessGroup) -> Dict[int, Dict[str, Any]]:
+    """Every member's last published state (global rank -> state); members that never published are absent."""
+    keys = [_key(g.gid, r) for r in g.ranks]
+    out: Dict[int, Dict[str, Any]] = {}
+    for r, k in zip(g.ranks, keys):
+        try:
+            if store.check([k]):
+                out[r] = json.loads(store.get(k, timeout=1.0))
+        except (ProcGroupError, ValueError):
+            continue
+    return out
+
+
+def mismatch_message(g: ProcessGroup, seq: int, calls: Dict[int, tuple]) -> str:
+    by_call: Dict[tuple, List[int]] = {}
+    for r, sig in sorted(calls.items()):
+        by_call.setdefault(tuple(sig), []).append(r)
+    sides = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {format_ranks(rs)} called {describe_signature(sig)}" for sig, rs in by_call.items())
+    return (
+        f"collective mismatch in group {g.name} at seq {seq}: {sides}. Every member of a group must call the same "
+        "collectives in the same order, with the same dtype, element count, root and reduce op"
+    )
+
+
+def describe_roll_call(g: ProcessGroup, states: Dict[int, Dict[str, Any]], seq: int) -> str:
+    """'ranks [0, 2] reached seq 5; rank 1 last completed seq 4, not in a collective; rank 3 never reported'."""
+    reached, parts = [], []
+    for r in g.ranks:
+        st = states.get(r)
+        if st is None:
+            parts.append(f"rank {r} has not reported (dead, or not yet in any collective)")
+        elif st.get("seq") == seq:
+            reached.append(r)
+        elif st.get("seq") is not None:
+            parts.append(f"rank {r} is in seq {st['seq']} {describe_signature(tuple(st['sig'] or ()))}")
+        else:
+            parts.append(f"rank {r} last completed seq {st.get('last')} and is not in a collective (busy in its own code?)")
+    head = f"ranks {format_ranks(reached)} reached seq {seq}" if reached else f"no rank reported reaching seq {seq}"
+    return "; ".join([head] + parts)
+
+
+class Watchdog:
+    """One daemon thread per process; started by init_process_group, stopped by destroy."""
+
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        groups: Callable[[], List[ProcessGroup]],
+        abort: Callable[[BaseException], None],
+        interval: float = 0.5,
+        check_after: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.rank = rank
+        self.groups = groups
+        self.abort = abort
+        self.interval = interval
+        self.check_after = check_after
+        self._published: Dict[int, Dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="procgroup-watchdog", daemon=True)
+
+    def start(self) -> "Watchdog":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.tick()
+            except ProcGroupError as e:  # store gone (job ending): stop quietly
+                logger.debug("watchdog stopped: %s", e)
+                return
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        for g in list(self.groups()):
+            if not g.is_member() or g._closed or g.size() == 1:
+                continue
+            rec = g.inflight
+            waiting = rec is not None and now - rec.start >= self.check_after
+            st = _state(g)
+            changed = st != self._published.get(g.gid)
+            if changed and (waiting or rec is None):
+                self.store.set(_key(g.gid, self.rank), json.dumps(dict(st, t=time.time())).encode())
+                self._published[g.gid] = st
+            if waiting or changed:
+                self._check(g, rec)
+
+    def _check(self, g: ProcessGroup, rec: Any) -> None:
+        """Same seq in flight with a different call, or a different call history: a mismatch."""
+        states = roll_call(self.store, g)
+        if rec is not None:
+            calls = {r: tuple(st["sig"]) for r, st in states.items() if st.get("seq") == rec.seq and st.get("sig")}
+            calls[self.rank] = tuple(rec.signature)
+            if len(set(calls.values())) > 1:
+                return self._fail(g, rec.seq, mismatch_message(g, rec.seq, calls))
+        mine = dict(g.chain)
+        for r, st in states.items():
+            ch = st.get("chain")
+            if r == self.rank or not ch or int(ch[0]) not in mine:
+                continue
+            q, h = int(ch[0]), int(ch[1])
+            if mine[q] != h:
+                return self._fail(g, q, self._divergence(g, r, q))
+        return None
+
+    def _divergence(self, g: ProcessGroup, peer: int, upto: int) -> str:
+        """Find the first differing call with ``peer`` from both flight recorders (exchanged through the store)."""
+        hk = f"wd/hist/{g.gid}/{self.rank}"
+        mine = {r.seq: tuple(r.signature) for r in list(g.flight)}
+        self.store.set(hk, json.dumps([[q, list(sig)] for q, sig in mine.items()]).encode())
+        theirs: Dict[int, tuple] = {}
+        try:
+            raw = self.store.get(f"wd/hist/{g.gid}/{peer}", timeout=3.0)
+            theirs = {int(q): tuple(sig) for q, sig in json.loads(raw)}
+        except (ProcGroupError, ValueError):
+            pass
+        for q in sorted(set(mine) & set(theirs)):
+            if q <= upto and mine[q] != theirs[q]:
+                return mismatch_message(g, q, {self.rank: mine[q], peer: theirs[q]})
+        return (
+            f"collective mismatch in group {g.name}: the calls of ranks {self.rank} and {peer} diverged at or before "
+            f"seq {upto} (beyond the last {len(mine)} calls each rank remembers). Every member of a group must call the "
+            "same collectives in the same order, with the same dtype, element count, root and reduce op"
+        )
+
+    def _fail(self, g: ProcessGroup, seq: int, msg: str) -> None:
+        # recorded first, so a member that sees this rank leave reports the mismatch, not a dead peer
+        first = self.store.compare_set(abort_key(g.gid), b"", msg.encode())  # every member reports the same finding
+        self.abort(CollectiveMismatchError(first.decode(errors="replace") or msg))

@@ -1,0 +1,70 @@
+"""Mismatched collectives and deadlines across real processes: errors in seconds, naming both sides."""
+
+from __future__ import annotations
+
+import pytest
+
+from .harness import collect, report, spawn_world
+
+
+@pytest.mark.parametrize(
+    "kind, calls",
+    [
+        ("op", ["all_reduce(float32, 4, SUM)", "broadcast(float32, 4, root=0)"]),
+        ("dtype", ["all_reduce(float32, 4, SUM)", "all_reduce(float64, 4, SUM)"]),
+        ("shape", ["all_reduce(float32, 4, SUM)", "all_reduce(float32, 8, SUM)"]),
+        ("root", ["broadcast(float32, 4, root=0)", "broadcast(float32, 4, root=1)"]),
+    ],
+)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.timeout(60)
+def test_mismatched_collectives_raise_on_every_rank(kind, calls, transport):
+    results = collect(spawn_world(2, "mismatch", [kind], env={"PROCGROUP_TRANSPORT": transport}), 45)
+    for r in results:
+        assert r.returncode == 3, report(results)
+        assert "collective mismatch in group WORLD at seq" in r.stdout, report(results)
+        for c in calls:
+            assert c in r.stdout, report(results)
+        secs = float(r.stdout.split("mismatch after ")[1].split("s")[0])
+        assert secs < 10, report(results)
+
+
+@pytest.mark.timeout(60)
+def test_deadline_error_names_op_seq_and_roll_call():
+    results = collect(spawn_world(2, "timeout_rollcall"), 45)
+    r0 = results[0]
+    assert r0.returncode == 4, report(results)
+    out = r0.stdout
+    assert "all_reduce (seq 1) in group WORLD on rank 0" in out, out
+    assert "Roll call: ranks [0] reached seq 1" in out, out
+    assert "rank 1 last completed seq 0" in out, out
+    assert "PROCGROUP_TIMEOUT" in out, out
+
+
+@pytest.mark.timeout(60)
+def test_monitored_barrier_names_the_late_rank():
+    results = collect(spawn_world(3, "monitored"), 45)
+    for r in results[:2]:
+        assert r.returncode == 5, report(results)
+        assert "rank [2] did not reach monitored_barrier in group WORLD within 2.0s" in r.stdout, report(results)
+    assert "(ranks [0, 1] did)" in results[0].stdout
+
+
+@pytest.mark.timeout(60)
+def test_sigusr1_dumps_stacks_and_flight_recorder():
+    import os
+    import signal
+    import time
+
+    procs = spawn_world(2, "stuck_for_dump")
+    line = procs[0].stdout.readline()
+    assert "ready pid" in line, line
+    time.sleep(1.0)
+    os.kill(procs[0].pid, signal.SIGUSR1)
+    results = collect(procs, 40)
+    assert all(r.returncode == 0 for r in results), report(results)
+    err = results[0].stderr
+    assert "=== procgroup state: rank 0/2" in err, err
+    assert "--- thread MainThread ---" in err and "stuck_for_dump" in err, err
+    assert "seq 1 all_reduce(float32, 4, SUM) running" in err, err
+    assert "seq 0 all_reduce(float32, 4, SUM) completed" in err, err
