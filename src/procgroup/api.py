@@ -354,6 +354,14 @@ def _leave(world: World) -> None:
         n = st.add("left", 1)
         if n == world.size:
             st.set("all_left", b"1")
+        from .group import FAILURE_KEY
+
+        if st.check([FAILURE_KEY]) or st.check([f"wd/abort/{_state.default.gid if _state.default else 0}"]):
+            # a member died or the job aborted: nobody else is coming to say goodbye, but the survivors may
+            # still read the failure record from the store this rank hosts
+            if _state.store_server is not None:
+                _linger(_state.store_server)
+            return
         if _state.store_server is not None or (_state.file_path and world.rank == 0):
             st.wait(["all_left"], timeout=min(world.timeout, 30.0))
         if _state.file_path and world.rank == 0:

@@ -203,6 +203,27 @@ class _P2PWork(Work):
 
 _STOP = object()
 
+#: store key of the job's first peer failure (JSON {"peer": rank, "text": message}); first writer wins
+FAILURE_KEY = "failure"
+
+
+def _first_failure(store: Any, e: PeerFailureError) -> PeerFailureError:
+    """Record this failure if it is the job's first; return an error naming the first failed rank.
+
+    A rank that only lost a *survivor* (which raised and left) then still names the rank that really died.
+    """
+    import json
+
+    mine = json.dumps({"peer": e.peer, "text": str(e)}).encode()
+    try:
+        first = json.loads(store.compare_set(FAILURE_KEY, b"", mine))
+    except Exception:  # noqa: BLE001 - the store may be gone with the dead rank; keep the local error
+        return e
+    if first.get("peer") == e.peer or first.get("text") == str(e):
+        return e
+    return PeerFailureError(f"rank {first.get('peer')} failed first: {first.get('text')} (here: {e})", peer=first.get("peer"))
+
+
 
 class ProcessGroup:
     """An ordered set of global ranks that run collectives together."""
@@ -269,6 +290,8 @@ class ProcessGroup:
             why = recorded_abort(self.world.store, self.gid)
             if why is not None:  # the peer left because it found a mismatch: that is the cause
                 e = CollectiveMismatchError(why)
+            elif isinstance(e, PeerFailureError):
+                e = _first_failure(self.world.store, e)
         head = describe(op, seq=seq, rank=self.world.rank, group=self.name, elapsed=dl.elapsed())
         if extra:
             head += f" [{extra}]"

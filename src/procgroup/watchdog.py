@@ -26,8 +26,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from .errors import CollectiveMismatchError, ProcGroupError, format_ranks
-from .group import ProcessGroup, describe_signature
+from .errors import CollectiveMismatchError, PeerFailureError, ProcGroupError, format_ranks
+from .group import FAILURE_KEY, ProcessGroup, describe_signature
 
 __all__ = ["Watchdog", "roll_call", "mismatch_message", "recorded_abort", "abort_key"]
 
@@ -124,6 +124,7 @@ class Watchdog:
         self.interval = interval
         self.check_after = check_after
         self._published: Dict[int, Dict[str, Any]] = {}
+        self._failed = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="procgroup-watchdog", daemon=True)
 
@@ -146,6 +147,12 @@ class Watchdog:
 
     def tick(self) -> None:
         now = time.monotonic()
+        if not self._failed and self.store.check([FAILURE_KEY]):
+            # some rank saw a peer die: fail this rank's waits now, naming it, instead of at the deadline
+            self._failed = True
+            first = json.loads(self.store.get(FAILURE_KEY, timeout=1.0))
+            self.abort(PeerFailureError(f"rank {first.get('peer')} failed: {first.get('text')}", peer=first.get("peer")))
+            return
         for g in list(self.groups()):
             if not g.is_member() or g._closed or g.size() == 1:
                 continue

@@ -68,3 +68,20 @@ def test_sigusr1_dumps_stacks_and_flight_recorder():
     assert "--- thread MainThread ---" in err and "stuck_for_dump" in err, err
     assert "seq 1 all_reduce(float32, 4, SUM) running" in err, err
     assert "seq 0 all_reduce(float32, 4, SUM) completed" in err, err
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.timeout(90)
+def test_sigkilled_rank_is_named_by_every_survivor(transport):
+    import re
+
+    results = collect(spawn_world(4, "kill_loop", ["2", "25"], env={"PROCGROUP_TRANSPORT": transport}), 60)
+    assert results[2].returncode == -9, report(results)
+    for r in (0, 1, 3):
+        res = results[r]
+        assert res.returncode == 7, report(results)
+        m = re.search(r"survivor \d: ([\d.]+)s (\w+): (.*)", res.stdout)
+        assert m, report(results)
+        assert float(m.group(1)) < 5.0, report(results)
+        assert m.group(2) == "PeerFailureError", report(results)
+        assert "rank 2" in m.group(3), report(results)

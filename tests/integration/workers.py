@@ -235,5 +235,36 @@ def stuck_for_dump() -> None:
     print(f"rank {r}: done", flush=True)
 
 
+def kill_loop(victim: str = "2", after: str = "10") -> None:
+    """All ranks loop over collectives; the victim SIGKILLs itself after `after` iterations.
+
+    Every survivor must raise naming the victim within 5 s; prints 'survivor R: <secs> <error>'.
+    """
+    import signal as _signal
+
+    dist.init_process_group(timeout=60)
+    r, ws = dist.get_rank(), dist.get_world_size()
+    v, n = int(victim), int(after)
+    x = np.ones(1 << 12, np.float32)
+    i = 0
+    t_last = time.monotonic()
+    try:
+        while True:
+            if r == v and i == n:
+                os.kill(os.getpid(), _signal.SIGKILL)
+            op = i % 3
+            t_last = time.monotonic()
+            if op == 0:
+                dist.all_reduce(x)
+            elif op == 1:
+                dist.broadcast(x, src=i % ws)
+            else:
+                dist.all_gather_into_tensor(np.zeros(ws * 16, np.float32), np.ones(16, np.float32))
+            i += 1
+    except dist.ProcGroupError as e:
+        print(f"survivor {r}: {time.monotonic() - t_last:.2f}s {type(e).__name__}: {e}", flush=True)
+        sys.exit(7)
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])
