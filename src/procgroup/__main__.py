@@ -25,9 +25,9 @@ commands:
 
 
 def _run(argv: list[str]) -> int:
-    from .errors import ConfigError, PortInUseError
+    from .errors import ConfigError, ProcGroupError
     from .launcher.agent import run
-    from .launcher.cli import parse_args
+    from .launcher.cli import LaunchConfig, parse_args
 
     try:
         cfg = parse_args(argv)
@@ -35,13 +35,14 @@ def _run(argv: list[str]) -> int:
         sys.stderr.write(f"procgroup run: error: {e}\n")
         return 2
     try:
-        return run(cfg)
+        if isinstance(cfg, LaunchConfig):
+            return run(cfg)
+        from .launcher.head import run_head
+
+        return run_head(cfg)
     except KeyboardInterrupt:  # Ctrl-C before the agent's handlers were installed: nothing was started
         return 130
-    except PortInUseError as e:
-        sys.stderr.write(f"procgroup run: error: {e}\n")
-        return 1
-    except ConfigError as e:
+    except ProcGroupError as e:  # bad configuration, busy port, failed rendezvous of the nodes' agents
         sys.stderr.write(f"procgroup run: error: {e}\n")
         return 1
 
@@ -64,8 +65,12 @@ def _env(argv: list[str]) -> int:
 
 
 def _bench(argv: list[str]) -> int:
-    sys.stderr.write("procgroup bench: not yet available\n")
-    return 2
+    from .bench.cli import main as bench_main
+
+    try:
+        return bench_main(argv)
+    except KeyboardInterrupt:
+        return 130
 
 
 COMMANDS = {"run": _run, "env": _env, "bench": _bench}

@@ -184,7 +184,7 @@ def test_four_workers_get_the_env_contract(launch, workdir):  # type: ignore[no-
         f = m.group(3).split()
         rank = int(m.group(1))
         assert f[:7] == [str(rank), str(rank), "4", "4", "0", "0", "default"], line
-        assert f[7] == "127.0.0.1" and f[9:12] == ["1", "0", "1"] and f[13] == "True", line
+        assert f[7] == "127.0.0.1" and f[9:12] == ["0", "0", "1"] and f[13] == "True", line
         seen[rank] = (f[8], f[12])
         ln.pids.add(int(m.group(2)))
     assert sorted(seen) == [0, 1, 2, 3]
@@ -398,6 +398,8 @@ def test_no_python_runs_an_executable(launch, workdir):  # type: ignore[no-untyp
 
 
 def test_two_nodes_on_one_host_share_one_store(launch, workdir):  # type: ignore[no-untyped-def]
+    """Node 0's agent hosts the agents' store on --master-port; the workers get another port node 0 picked
+    (their rank 0 hosts its own store there, as torch's would)."""
     from procgroup.netutil import free_port
 
     s = script(workdir, "mn.py", """
@@ -408,12 +410,88 @@ def test_two_nodes_on_one_host_share_one_store(launch, workdir):  # type: ignore
     port = str(free_port())
     env = {"PROCGROUP_SECRET": "shared-secret"}
     common = ("--nnodes", "2", "--nproc-per-node", "2", "--master-port", port, "--prefix-format", "[n{node_rank}:{rank}] ")
+    n1 = launch(*common, "--node-rank", "1", s, env=env)  # before node 0: it waits for node 0's store
     n0 = launch(*common, "--node-rank", "0", s, env=env)
-    n1 = launch(*common, "--node-rank", "1", s, env=env)
     assert n0.finish() == 0, n0.text()
     assert n1.finish() == 0, n1.text()
-    assert sorted(n0.stdout_lines) == [f"[n0:0] 0 0 4 0 2 {port}", f"[n0:1] 1 1 4 0 2 {port}"]
-    assert sorted(n1.stdout_lines) == [f"[n1:2] 2 0 4 1 2 {port}", f"[n1:3] 3 1 4 1 2 {port}"]
+    wport = n0.stdout_lines[0].split()[-1]
+    assert wport != port
+    assert sorted(n0.stdout_lines) == [f"[n0:0] 0 0 4 0 2 {wport}", f"[n0:1] 1 1 4 0 2 {wport}"]
+    assert sorted(n1.stdout_lines) == [f"[n1:2] 2 0 4 1 2 {wport}", f"[n1:3] 3 1 4 1 2 {wport}"]
+    assert "4 worker(s) on 2 nodes" in n0.stderr and "node 0's agent prints the table" in n1.stderr
+
+
+def _gang(launch, workdir, body: str, n: int = 3, extra=()):  # type: ignore[no-untyped-def]
+    from procgroup.netutil import free_port
+
+    s = script(workdir, "gang.py", body)
+    port = str(free_port())
+    env = {"PROCGROUP_SECRET": "shared-secret"}
+    return [launch("--nnodes", str(n), "--node-rank", str(k), "--nproc-per-node", "2", "--master-port", port,
+                   *extra, s, env=env) for k in range(n)]
+
+
+GANG_SLEEPER = """
+    import os, time
+    print(f"pid={os.getpid()}", flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("victim", [0, 2])
+def test_a_killed_agent_stops_every_node(launch, workdir, victim):  # type: ignore[no-untyped-def]
+    """SIGKILL one node's agent: its workers die with it (parent-death signal); the others notice -- node 0's
+    store closing at once, another node's silence within gang.LOST_AFTER -- and stop theirs."""
+    nodes = _gang(launch, workdir, GANG_SLEEPER)
+    for ln in nodes:
+        ln.wait_lines(r"pid=(?P<pid>\d+)", 2, timeout=20)
+    t0 = time.monotonic()
+    nodes[victim].proc.kill()
+    for k, ln in enumerate(nodes):
+        if k != victim:
+            assert ln.finish(timeout=30) == 1, ln.text()
+    lag = time.monotonic() - t0
+    assert lag < (5.0 if victim == 0 else 15.0), f"took {lag:.1f}s"
+    survivors = [ln for k, ln in enumerate(nodes) if k != victim]
+    for ln in survivors:
+        if victim == 0:
+            assert "lost the connection to the agents' store" in ln.stderr, ln.text()
+        else:
+            assert "node 2 (" in ln.stderr and "no heartbeat" in ln.stderr, ln.text()
+    assert_gone(set().union(*(ln.pids for ln in nodes)), within=3.0)
+
+
+def test_signal_to_one_agent_stops_the_whole_gang(launch, workdir):  # type: ignore[no-untyped-def]
+    nodes = _gang(launch, workdir, GANG_SLEEPER)
+    for ln in nodes:
+        ln.wait_lines(r"pid=(?P<pid>\d+)", 2, timeout=20)
+    nodes[1].proc.send_signal(signal.SIGINT)
+    for ln in nodes:
+        assert ln.finish(timeout=20) == 130, ln.text()
+    assert "the agent on" in nodes[0].stderr and "received SIGINT" in nodes[0].stderr, nodes[0].text()
+    assert_gone(set().union(*(ln.pids for ln in nodes)))
+
+
+def test_gang_restart_across_nodes(launch, workdir):  # type: ignore[no-untyped-def]
+    nodes = _gang(launch, workdir, """
+        import os
+        import numpy as np
+        import procgroup as dist
+        n = os.environ["PROCGROUP_RESTART_COUNT"]
+        assert n == os.environ["TORCHELASTIC_RESTART_COUNT"]
+        if n == "0" and os.environ["RANK"] == "4":
+            raise RuntimeError("first attempt fails")
+        dist.init_process_group()
+        x = np.ones(2) * (dist.get_rank() + 1)
+        dist.all_reduce(x)
+        print("attempt", n, "sum", int(x[0]))
+        dist.destroy_process_group()
+    """, extra=("--max-restarts", "1"))
+    for ln in nodes:
+        assert ln.finish(timeout=60) == 0, ln.text()
+    assert "restarting all 6 workers on 3 nodes (restart 1 of max 1)" in nodes[0].stderr, nodes[0].text()
+    assert "RuntimeError: first attempt fails" in nodes[2].stderr
+    assert sum(ln.stdout.count("attempt 1 sum 21") for ln in nodes) == 6, "\n".join(ln.text() for ln in nodes)
 
 
 def test_missing_script_fails_fast(launch, workdir):  # type: ignore[no-untyped-def]
@@ -428,3 +506,44 @@ def test_hello_example_end_to_end(launch):  # type: ignore[no-untyped-def]
     assert ln.finish() == 0, ln.text()
     assert sorted(l.split(" says")[0] for l in ln.stdout_lines if "says hello" in l) == ["[0] rank 0/2", "[1] rank 1/2"]
     assert "[0] all 2 ranks reached the barrier" in ln.stdout_lines, ln.text()
+
+
+def test_log_dir_ranks_filter_and_uneven_nodes(launch, workdir):  # type: ignore[no-untyped-def]
+    """Two nodes with 1 and 3 workers: ranks numbered node by node; --ranks-filter picks global ranks on
+    both consoles; --log-dir gets every rank's file (from both nodes) and --tee keeps the console."""
+    from procgroup.netutil import free_port
+
+    s = script(workdir, "hi.py", """
+        import os
+        print("hi", os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_WORLD_SIZE"])
+    """)
+    logs = workdir / "logs"
+    port = str(free_port())
+    env = {"PROCGROUP_SECRET": "shared-secret"}
+    common = ("--nnodes", "2", "--master-port", port, "--log-dir", str(logs), "--tee", "--ranks-filter", "0,2")
+    n0 = launch(*common, "--node-rank", "0", "--nproc-per-node", "1", s, env=env)
+    n1 = launch(*common, "--node-rank", "1", "--nproc-per-node", "3", s, env=env)
+    assert n0.finish() == 0, n0.text()
+    assert n1.finish() == 0, n1.text()
+    host = socket.gethostname()
+    assert n0.stdout_lines == [f"[{host}:0] hi 0 0 4 1"], n0.text()
+    assert n1.stdout_lines == [f"[{host}:2] hi 2 1 4 3"], n1.text()
+    assert sorted(p.name for p in logs.glob("rank*.log")) == [f"rank{r}.log" for r in range(4)]
+    assert (logs / "rank3.log").read_text() == "hi 3 2 4 3\n"
+    assert "4 worker(s) on 2 nodes" in n0.stderr, n0.text()
+
+
+def test_sigusr1_is_passed_on_to_the_workers_not_a_stop(launch, workdir):  # type: ignore[no-untyped-def]
+    s = script(workdir, "usr1.py", """
+        import os, signal, threading
+        got = threading.Event()
+        signal.signal(signal.SIGUSR1, lambda *a: got.set())
+        print(f"pid={os.getpid()}", "tty" if os.environ.get("PROCGROUP_TTY") else "notty", flush=True)
+        assert got.wait(20), "no SIGUSR1"
+        print("got SIGUSR1", flush=True)
+    """)
+    ln = launch("--standalone", "--nproc-per-node", "2", s)
+    ln.wait_lines(r"pid=(?P<pid>\d+) notty", 2)  # no terminal here: PROCGROUP_TTY is not set
+    ln.proc.send_signal(signal.SIGUSR1)
+    assert ln.finish() == 0, ln.text()
+    assert sorted(l for l in ln.stdout_lines if "got" in l) == ["[0] got SIGUSR1", "[1] got SIGUSR1"], ln.text()

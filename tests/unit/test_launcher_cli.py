@@ -112,9 +112,25 @@ def test_bad_port():
         parse("--master-port", "70000", "x")
 
 
-def test_restarts_need_one_node_for_now():
-    with pytest.raises(ConfigError, match="multi-node agent"):
-        parse("--nnodes", "2", "--max-restarts", "1", "x")
+def test_restarts_work_across_nodes():
+    c = parse("--nnodes", "2", "--max-restarts", "1", "x")
+    assert (c.nnodes, c.max_restarts) == (2, 1)
+    with pytest.raises(ConfigError, match=">= 0"):
+        parse("--max-restarts", "-1", "x")
+
+
+def test_node_rank_omitted_on_several_nodes_is_assigned_at_the_rendezvous():
+    assert parse("--nnodes", "3", "x").node_rank is None
+    assert parse("x").node_rank == 0
+    assert parse("--nnodes", "3", "x", env={KUBEFLOW.NODE_RANK: "2"}).node_rank == 2
+
+
+def test_secret_file_and_join_timeout():
+    c = parse("--nnodes", "2", "--secret-file", "s.txt", "--join-timeout", "12", "x")
+    assert c.secret_file == os.path.abspath("s.txt") and c.join_timeout == 12.0
+    assert parse("x", env={ENV.TIMEOUT: "33"}).join_timeout == 33.0
+    with pytest.raises(ConfigError, match="--join-timeout"):
+        parse("--join-timeout", "0", "x")
 
 
 def test_tee_needs_log_dir():
@@ -208,7 +224,8 @@ def test_env_for_node_ranks(node_rank):
         assert e[ENV.TORCHELASTIC_RESTART_COUNT] == e[ENV.RESTART_COUNT] == "2"
         assert e[ENV.TORCHELASTIC_MAX_RESTARTS] == "0"
         assert e[ENV.TORCHELASTIC_ERROR_FILE] == e[ENV.ERROR_FILE] == "/e/rank.json"
-        assert e[ENV.SECRET] == "sekrit" and e[ENV.STORE_HOSTED] == "1" and e[ENV.HOSTNAME] == "h1"
+        # MASTER_PORT is the workers' rank 0's own store (torch's rank 0 binds it), not the launcher's
+        assert e[ENV.SECRET] == "sekrit" and e[ENV.STORE_HOSTED] == "0" and e[ENV.HOSTNAME] == "h1"
         assert e["PYTHONUNBUFFERED"] == "1" and e["OMP_NUM_THREADS"] == "1"
         assert set(TORCHRUN.VARS) <= set(e)
     assert ranks == list(range(node_rank * 4, node_rank * 4 + 4))
@@ -242,9 +259,10 @@ def test_procgroup_env_lists_the_table(capsys):
         assert v.name in out
 
 
-def test_procgroup_bench_not_yet(capsys):
-    assert main(["bench"]) == 2
-    assert "not yet available" in capsys.readouterr().err
+def test_procgroup_dispatches_run_env_and_bench():
+    from procgroup.__main__ import COMMANDS
+
+    assert {"run", "env", "bench"} <= set(COMMANDS)
 
 
 def test_unknown_command(capsys):
@@ -262,7 +280,20 @@ def test_multi_node_needs_shared_secret(capsys, monkeypatch, tmp_path):
     prog = tmp_path / "train.py"
     prog.write_text("")
     assert main(["run", "--nnodes", "2", "--node-rank", "1", str(prog)]) == 1
-    assert ENV.SECRET in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert ENV.SECRET in err and "--secret-file" in err and "--hostfile" in err
+
+
+def test_secret_file_is_read(tmp_path):
+    from procgroup.launcher.agent import LocalAgent
+
+    f = tmp_path / "secret"
+    f.write_text("from-file\n")
+    cfg = LaunchConfig(entrypoint="x", nnodes=2, node_rank=1, secret_file=str(f))
+    assert LocalAgent(cfg, environ={})._secret(False) == "from-file"
+    assert LocalAgent(cfg, environ={ENV.SECRET: "env"})._secret(False) == "env"
+    with pytest.raises(ConfigError, match="no such file"):
+        LocalAgent(LaunchConfig(entrypoint="x", secret_file=str(tmp_path / "nope")), environ={})._secret()
 
 
 def test_missing_script_is_reported_before_anything_starts(capsys, tmp_path):

@@ -1,12 +1,12 @@
-"""The node agent: host the store, start the workers, watch them, stop them, report.
+"""The node agent: start the workers, watch them, stop them, report -- alone or as one of a gang of nodes.
 
 One :class:`LocalAgent` runs per node (``procgroup run`` is its CLI).  Its
 state machine::
 
-    INIT --(store bound, workers spawned)--> HEALTHY
+    INIT --(rendezvous done, workers spawned)--> HEALTHY
     HEALTHY --(every worker exited 0)--> SUCCEEDED
-    HEALTHY --(a worker failed)--> STOPPING --> FAILED
-    FAILED --(restarts left)--> RESTARTING --> HEALTHY      (a new generation)
+    HEALTHY --(a worker failed, here or on another node)--> STOPPING --> FAILED
+    FAILED --(restarts left)--> RESTARTING --> HEALTHY      (a new generation, on every node)
     HEALTHY --(SIGINT/SIGTERM/SIGHUP to the agent)--> STOPPING --> INTERRUPTED
 
 STOPPING is always the same teardown: the signal (SIGTERM, or the one the
@@ -15,14 +15,34 @@ of grace, SIGKILL, reap; then every process still descending from the agent
 is killed by pid and reaped, and the ones that survive even that are
 reported.  A second SIGINT/SIGTERM during the grace period skips to SIGKILL.
 
-The store lives in the agent, not in a worker, so a rank that finishes
-early never takes it down.  Waits are event-driven: SIGCHLD and the
-forwarded signals wake the agent through ``signal.set_wakeup_fd``; each wait
-also has a timeout, so a missed wake-up costs at most a second.
+SIGUSR1 is not a stop: the agent passes it on to every worker's process
+group (procgroup's workers then print their stacks and recent collectives);
+a head node passes it on to every host's agent.
+
+Several nodes (``--nnodes M``, srun, or started by a head node): node 0's
+agent hosts the agents' store at ``--master-addr:--master-port`` and every
+agent talks to it through a :class:`~procgroup.launcher.gang.Gang` --
+rendezvous of the agents first (node ranks, global ranks, the workers' port),
+then, while the workers run, a watcher thread parked on the generation's
+abort key.  An agent whose worker fails writes a failure record there before
+it stops its own workers, so every node starts its teardown within a store
+round trip; losing the store, or a node going silent (heartbeats), stops the
+job too.  After the teardown every agent posts its results and reads
+everyone's: each prints the job's root cause (the first failure by time),
+node 0 prints the table of all ranks, and all exit with the same code.
+
+The workers' ``MASTER_ADDR:MASTER_PORT`` is *not* the agents' store: it is a
+free port (node 0 picks it each generation) where the workers' rank 0 hosts
+its own store -- procgroup's, or torch's when an unmodified torch.distributed
+script runs under ``procgroup run`` (torch's rank 0 insists on binding
+MASTER_PORT).  Waits are event-driven: SIGCHLD, the forwarded signals and the
+watcher wake the agent through ``signal.set_wakeup_fd``'s pipe.
 """
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
 import select
 import shutil
@@ -38,22 +58,36 @@ from typing import Mapping, Optional
 
 from ..config import ENV, env_str
 from ..deadline import Deadline
-from ..errors import ConfigError
+from ..errors import ConfigError, PortInUseError, RendezvousError
 from ..protocol.auth import new_secret
-from .cli import OMP_NUM_THREADS, LaunchConfig, worker_env
-from .report import RunResult, WorkerResult, format_root_cause, format_summary, load_error_file
+from .cli import OMP_NUM_THREADS, LaunchConfig, Placement, worker_env
+from .gang import AgentInfo, Assignment, Gang, GangAborted, format_mapping
+from .report import (
+    RunResult,
+    WorkerResult,
+    combine_results,
+    format_root_cause,
+    format_summary,
+    load_error_file,
+    result_to_json,
+    slim,
+    worker_to_dict,
+)
 from .workers import (
     BOOTSTRAP_PATH,
+    KILL_TIMEOUT,
     LineSink,
+    Worker,
     WorkerGroup,
     WorkerSpec,
     kill_pids,
     reap_adopted_zombies,
     scan_leftovers,
     set_child_subreaper,
+    signal_name,
 )
 
-__all__ = ["RunState", "LocalAgent", "run"]
+__all__ = ["RunState", "LocalAgent", "run", "CTL_MARK", "is_local_address"]
 
 OMP_WARNING = (
     "*****************************************\n"
@@ -66,6 +100,13 @@ DRAIN_TIMEOUT = 2.0
 #: How long killed leftovers get to disappear before they are reported as survivors.
 LEFTOVER_TIMEOUT = 2.0
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Control lines an agent started by a head node writes on its stdout: ``CTL_MARK + nonce + " " + JSON``.
+CTL_MARK = "#procgroup-ctl:"
+#: Lines of a failed worker's traceback carried in its failure record.
+TRACEBACK_TAIL = 30
+_PR_SET_PDEATHSIG = 1
+_HELLO_MAX = 1 << 16
+_HELLO_TIMEOUT = 30.0
 
 
 class RunState(str, Enum):
@@ -80,6 +121,22 @@ class RunState(str, Enum):
     INTERRUPTED = "INTERRUPTED"
 
 
+def is_local_address(host: str) -> bool:
+    """Whether ``host`` names this machine (one of its addresses binds here; 127.0.1.1 included)."""
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), 0, type=socket.SOCK_DGRAM)
+    except socket.gaierror:
+        return False
+    for fam, _t, _p, _c, sa in infos:
+        try:
+            with socket.socket(fam, socket.SOCK_DGRAM) as s:
+                s.bind((sa[0], 0))
+            return True
+        except OSError:
+            continue
+    return False
+
+
 class LocalAgent:
     """Runs one node's share of the job described by a :class:`LaunchConfig`."""
 
@@ -88,6 +145,7 @@ class LocalAgent:
         cfg: LaunchConfig,
         sink: Optional[LineSink] = None,
         environ: Optional[Mapping[str, str]] = None,
+        stdin_fd: int = 0,
     ) -> None:
         self.cfg = cfg
         self.sink = sink or LineSink()
@@ -95,15 +153,25 @@ class LocalAgent:
         self.hostname = env_str(ENV.HOSTNAME, self.environ) or socket.gethostname()
         self.state = RunState.INIT
         self.pid = os.getpid()
-        self.port: Optional[int] = None
-        self._store = None
+        self.port: Optional[int] = None  # the workers' MASTER_PORT (one node)
+        self.node_rank: Optional[int] = cfg.node_rank
+        self.gang: Optional[Gang] = None
+        self._multi = cfg.nnodes > 1 or cfg.from_head
+        self._node0 = True
+        self._stdin_fd = stdin_fd
+        self._nonce: Optional[str] = None
+        self._head_secret: Optional[str] = None
+        self._stdin_closed = False
+        self._secret_file: Optional[str] = None  # srun mode, node 0: the file it wrote
         self._signals: list[int] = []
+        self._usr1 = 0  # SIGUSR1s received (or relayed by the head) to pass on to the workers
         self._wake_r: Optional[int] = None
         self._wake_w: Optional[int] = None
         self._saved_handlers: dict[int, object] = {}
         self._saved_wakeup: Optional[int] = None
         self._tmpdir: Optional[str] = None
         self._subreaper = False
+        self._reported_nodes: list[int] = []
 
     # ------------------------------------------------------------------ public
 
@@ -115,7 +183,11 @@ class LocalAgent:
                 f"cannot open the script {os.path.abspath(cfg.entrypoint)!r}: no such file "
                 "(use -m for a module, --no-python for an executable)"
             )
-        secret = self._secret()
+        if cfg.from_head:
+            self._read_head_hello()
+        if self._multi:
+            self._node0 = cfg.node_rank == 0 or (cfg.node_rank is None and is_local_address(cfg.master_addr))
+        secret = self._secret(self._node0)
         if cfg.log_dir is not None:
             try:
                 os.makedirs(cfg.log_dir, exist_ok=True)
@@ -123,77 +195,244 @@ class LocalAgent:
                 raise ConfigError(f"--log-dir {cfg.log_dir!r}: cannot create it ({e.strerror or e}); "
                                   "choose a writable directory") from e
         self._subreaper = set_child_subreaper()
-        if cfg.hosts_store:
-            self._start_store(secret)  # PortInUseError / ConfigError before anything is spawned
-        else:
-            self.port = cfg.master_port
+        restart = 0
+        last_gen: Optional[int] = None
         try:
             self._install_signals()
-            if cfg.nproc_per_node > 1 and OMP_NUM_THREADS not in self.environ:
-                self.sink.text(OMP_WARNING)
-            restart = 0
+            if cfg.from_head:
+                threading.Thread(target=self._watch_stdin, name="procgroup-head-stdin", daemon=True).start()
+            if self._multi:
+                try:
+                    secret = self._open_gang(secret)
+                except GangAborted as e:
+                    result = self._aborted_result(str(e), 0)
+                    self._report(result)
+                    return result
+            assert secret is not None
             while True:
-                result = self._run_attempt(secret, restart)
+                try:
+                    placement, assignment = self._plan(restart)
+                except GangAborted as e:
+                    result = self._aborted_result(str(e), restart)
+                    self.state = RunState.INTERRUPTED if result.interrupted_by is not None else RunState.FAILED
+                    break
+                last_gen = restart
+                if restart == 0 and placement.local_world_size > 1 and OMP_NUM_THREADS not in self.environ \
+                        and not (cfg.from_head and placement.node_rank != 0):
+                    self.sink.text(OMP_WARNING)
+                local = self._run_attempt(secret, restart, placement, assignment)
+                result = self._conclude(local, restart, assignment)
                 if not result.is_failed():
                     self.state = RunState.SUCCEEDED
                     break
                 if result.interrupted_by is not None:
                     self.state = RunState.INTERRUPTED
                     break
-                if restart >= cfg.max_restarts or result.spawn_error is not None:
+                if restart >= cfg.max_restarts or result.spawn_error is not None or result.agent_errors:
                     self.state = RunState.FAILED
                     break
                 self.state = RunState.RESTARTING
-                report = format_root_cause(result)
-                self.sink.text(
-                    (report + "\n" if report else "")
-                    + format_summary(result, max_restarts=cfg.max_restarts)
-                    + f"\nprocgroup run: restarting all {cfg.nproc_per_node} workers "
-                      f"(restart {restart + 1} of max {cfg.max_restarts})"
-                )
+                if not (cfg.from_head and self.node_rank != 0):  # the head relays node 0's lines only once
+                    report = format_root_cause(result)
+                    if self._speaks_for_job():
+                        report = (report + "\n" if report else "") + format_summary(result, max_restarts=cfg.max_restarts)
+                    if report:
+                        self.sink.text(report)
+                    n = len(result.workers)
+                    where = f" on {result.nnodes} nodes" if result.nnodes > 1 else ""
+                    self._say(f"restarting all {n} workers{where} (restart {restart + 1} of max {cfg.max_restarts})")
                 restart += 1
-                if cfg.hosts_store:  # a fresh store: no keys of the failed generation survive
-                    self._close_store()
-                    self._start_store(secret, port=self.port)
-            report = format_root_cause(result)
-            if report:
-                self.sink.text(report)
-            self.sink.text(format_summary(result, max_restarts=cfg.max_restarts))
+            self._report(result)
             return result
         finally:
+            if self.gang is not None:
+                self.gang.close(self.node_rank, last_gen, self._reported_nodes)
+            self._remove_secret_file()
             self._restore_signals()
-            self._close_store()
             if self._tmpdir is not None:
                 shutil.rmtree(self._tmpdir, ignore_errors=True)
 
     # ------------------------------------------------------------------ setup
 
-    def _secret(self) -> str:
+    def _secret(self, node0: bool = True) -> Optional[str]:
+        """The job secret: the head's (stdin) > PROCGROUP_SECRET > --secret-file > srun's shared file > a fresh
+        one (one node).  None: an srun node other than 0, which reads node 0's file while connecting."""
+        cfg = self.cfg
+        if self._head_secret is not None:  # whatever a host's own environment says, the job's is the head's
+            return self._head_secret
         s = env_str(ENV.SECRET, self.environ)
         if s is not None:
             return s
-        if self.cfg.nnodes > 1:
+        if cfg.secret_file is not None:
+            from .slurm import read_secret_file  # noqa: PLC0415
+
+            v = read_secret_file(cfg.secret_file)
+            if v is None:
+                raise ConfigError(f"--secret-file {cfg.secret_file!r}: no such file")
+            return v
+        if cfg.slurm_step is not None and cfg.nnodes > 1:
+            from .slurm import secret_path, write_secret_file  # noqa: PLC0415
+
+            if node0:
+                self._secret_file = secret_path(cfg.slurm_step)
+                return write_secret_file(self._secret_file)
+            return None
+        if cfg.nnodes > 1:
             raise ConfigError(
                 f"--nnodes {self.cfg.nnodes}: every node must use the same job secret, and separate "
                 f"`procgroup run` invocations cannot agree on a random one; export the same {ENV.SECRET} on every "
-                f"node, e.g. {ENV.SECRET}=$(python -c 'import secrets; print(secrets.token_hex(32))')"
+                f"node, e.g. {ENV.SECRET}=$(python -c 'import secrets; print(secrets.token_hex(32))'), or pass "
+                "--secret-file FILE (on a shared filesystem, or copied to every node). The head-node mode "
+                "(--hostfile) and srun share a secret themselves"
             )
         return new_secret()
 
-    def _start_store(self, secret: str, port: Optional[int] = None) -> None:
-        from ..store import StoreServer  # noqa: PLC0415 - the launcher needs it only on node 0
-
-        bind_port = self.cfg.master_port if port is None else port
-        server = StoreServer(self.cfg.store_bind_host, bind_port, secret=secret.encode())
-        self.port = int(server.start())
-        self._store = server
-
-    def _close_store(self) -> None:
-        if self._store is not None:
+    def _remove_secret_file(self) -> None:
+        if self._secret_file is not None:
             try:
-                self._store.close()
-            finally:
-                self._store = None
+                os.unlink(self._secret_file)
+            except OSError:
+                pass
+            self._secret_file = None
+
+    def _read_head_hello(self) -> None:
+        """--from-head: one JSON line on stdin with the job secret and the control-line nonce."""
+        fd = self._stdin_fd
+        buf = b""
+        deadline = Deadline.after(_HELLO_TIMEOUT)
+        while b"\n" not in buf:
+            r, _, _ = select.select([fd], [], [], max(0.0, deadline.remaining()))
+            if not r:
+                raise ConfigError(f"--from-head: no hello line from the head node on stdin within {_HELLO_TIMEOUT:g}s "
+                                  "(--from-head is for agents the head node starts over ssh)")
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise ConfigError("--from-head: stdin closed before the head node's hello line")
+            buf += chunk
+            if len(buf) > _HELLO_MAX:
+                raise ConfigError("--from-head: the hello line on stdin is too long")
+        try:
+            hello = json.loads(buf.split(b"\n", 1)[0])
+            self._head_secret = str(hello["secret"])
+            self._nonce = str(hello["nonce"])
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError("--from-head: stdin did not start with the head node's hello line") from None
+        # Die with the ssh session even if it never closes our stdin.
+        if sys.platform.startswith("linux"):
+            try:
+                ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+            except (OSError, AttributeError):
+                pass
+            if os.getppid() == 1:
+                raise ConfigError("--from-head: the ssh session is already gone")
+
+    def _watch_stdin(self) -> None:
+        """--from-head: EOF on stdin (the head exited or closed the session) stops the job, like SIGTERM;
+        a ``usr1`` line is the head passing on a SIGUSR1."""
+        buf = b""
+        try:
+            while True:
+                chunk = os.read(self._stdin_fd, 4096)
+                if not chunk:
+                    break
+                buf = (buf + chunk)[-4096:]
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip() == b"usr1":
+                        self._usr1 += 1
+                        self._poke()
+        except OSError:
+            pass
+        self._stdin_closed = True
+        self._signals.append(signal.SIGTERM)
+        self._poke()
+
+    def _open_gang(self, secret: Optional[str]) -> str:
+        cfg = self.cfg
+        self.gang = Gang(host=self.hostname, master_addr=cfg.master_addr, port=cfg.master_port, nnodes=cfg.nnodes,
+                         node0=self._node0, join_timeout=cfg.join_timeout,
+                         interrupted=lambda: bool(self._signals), wakeup=self._poke, progress=self._say)
+        if self._node0:
+            assert secret is not None
+            try:
+                port = self.gang.serve(secret)
+            except PortInUseError as e:
+                if cfg.node_rank is None:
+                    raise PortInUseError(f"{e}; if another agent of this job runs on this host, give each agent "
+                                         "its --node-rank") from None
+                raise
+            if cfg.from_head:
+                self._ctl({"event": "port", "port": port})
+        if secret is not None:
+            fixed = secret
+            self.gang.connect(lambda: fixed)
+            return fixed
+        from .slurm import secret_path, wait_secret_file  # noqa: PLC0415
+
+        assert cfg.slurm_step is not None
+        path = secret_path(cfg.slurm_step)
+        deadline = Deadline.after(cfg.join_timeout)
+        got: list[str] = []
+
+        def read() -> str:
+            try:
+                v = wait_secret_file(path, deadline, lambda: bool(self._signals), self._wake)
+            except InterruptedError:
+                raise GangAborted("interrupted while waiting for node 0's secret file") from None
+            got.append(v)
+            return v
+
+        self.gang.connect(read, retry_auth=True)
+        return got[-1]
+
+    def _plan(self, restart: int) -> tuple[Placement, Optional[Assignment]]:
+        """Where this node's workers sit in generation ``restart`` (the agents' rendezvous on several nodes)."""
+        cfg = self.cfg
+        if self.gang is None:
+            if self.port is None:
+                self.port = self._pick_port()
+            else:
+                self._check_port(self.port)
+            return Placement.uniform(cfg, self.port), None
+        from ..netutil import free_port  # noqa: PLC0415
+
+        me = AgentInfo(host=self.hostname, pid=self.pid, nproc=cfg.nproc_per_node, nnodes=cfg.nnodes,
+                       run_id=cfg.run_id, max_restarts=cfg.max_restarts, node_rank=self.node_rank,
+                       hosts_store=self._node0, worker_port=free_port("0.0.0.0") if self._node0 else None)
+        try:
+            assignment, node = self.gang.join(restart, me)
+        except RendezvousError as e:  # the nodes' flags disagree, too many agents, a timeout: same on every node
+            raise ConfigError(str(e)) from None
+        self.node_rank = node
+        if restart == 0:
+            self._remove_secret_file()  # every agent has joined, so every agent has read it
+            if cfg.ranks_filter is not None:
+                bad = sorted(r for r in cfg.ranks_filter if not 0 <= r < assignment.world_size)
+                if bad:
+                    raise ConfigError(f"--ranks-filter names rank(s) {bad} but the job has ranks "
+                                      f"0..{assignment.world_size - 1}")
+            if node == 0 and cfg.notes:
+                self._say("derived: " + "; ".join(cfg.notes))
+        return assignment.placement(node, cfg.master_addr), assignment
+
+    def _pick_port(self) -> int:
+        cfg = self.cfg
+        if cfg.master_port == 0:
+            from ..netutil import free_port  # noqa: PLC0415
+
+            return free_port(cfg.master_addr)
+        self._check_port(cfg.master_port)
+        return cfg.master_port
+
+    def _check_port(self, port: int) -> None:
+        """The workers' rank 0 will listen on MASTER_PORT: make sure it can, naming the holder if not."""
+        from ..netutil import bind_listener, is_literal_loopback  # noqa: PLC0415
+
+        host = "127.0.0.1" if is_literal_loopback(self.cfg.master_addr) else "0.0.0.0"
+        try:
+            bind_listener(host, port).close()
+        except PortInUseError as e:
+            raise PortInUseError(str(e).replace(f"0.0.0.0:{port}", f"{self.cfg.master_addr}:{port}")) from None
 
     def _error_dir(self) -> str:
         if self.cfg.log_dir is not None:
@@ -202,20 +441,20 @@ class LocalAgent:
             self._tmpdir = tempfile.mkdtemp(prefix=f"procgroup-{self.cfg.run_id}-")
         return self._tmpdir
 
-    def _specs(self, secret: str, restart: int) -> list[WorkerSpec]:
+    def _specs(self, secret: str, restart: int, placement: Placement) -> list[WorkerSpec]:
         cfg = self.cfg
-        assert self.port is not None
         suffix = "" if restart == 0 else f".restart{restart}"
         specs = []
-        for local in cfg.local_ranks():
-            rank = cfg.global_rank(local)
+        for local in range(placement.local_world_size):
+            rank = placement.rank(local)
             error_file = os.path.join(self._error_dir(), f"rank{rank}{suffix}.error.json")
             try:
                 os.unlink(error_file)  # never mistake an earlier run's error for this one's
             except FileNotFoundError:
                 pass
-            env = worker_env(cfg, local, master_port=self.port, secret=secret, hostname=self.hostname,
-                             error_file=error_file, restart_count=restart, base=self.environ)
+            env = worker_env(cfg, local, master_port=placement.master_port, secret=secret, hostname=self.hostname,
+                             error_file=error_file, restart_count=restart, base=self.environ, placement=placement,
+                             tty=self._tty())
             argv = [sys.executable, BOOTSTRAP_PATH, "--parent-pid", str(self.pid)]
             if cfg.no_python:
                 argv += ["--exec"]
@@ -230,13 +469,46 @@ class LocalAgent:
                 local_rank=local,
                 argv=tuple(argv),
                 env=env,
-                prefix=cfg.format_prefix(local, self.hostname),
+                prefix=cfg.format_prefix(local, self.hostname, placement),
                 error_file=error_file,
                 log_file=os.path.join(cfg.log_dir, f"rank{rank}.log") if cfg.log_dir else None,
                 log_append=restart > 0,
                 to_console=cfg.shows_rank(rank),
             ))
         return specs
+
+    def _tty(self) -> Optional[str]:
+        """The terminal this agent runs on (for dist.breakpoint() in a worker), if any."""
+        if self.cfg.from_head:
+            return None
+        for fd in (0, 1, 2):
+            try:
+                if os.isatty(fd):
+                    return os.ttyname(fd)
+            except OSError:
+                continue
+        return None
+
+    # ------------------------------------------------------------------ messages
+
+    def _label(self) -> str:
+        if not self._multi:
+            return "procgroup run"
+        node = "?" if self.node_rank is None else self.node_rank
+        return f"procgroup run [{self.hostname} node {node}]"
+
+    def _say(self, msg: str) -> None:
+        self.sink.text(f"{self._label()}: {msg}")
+
+    def _ctl(self, obj: dict) -> None:
+        """A control line for the head node (--from-head), on stdout with the head's nonce."""
+        if self._nonce is None:
+            return
+        self.sink.line(f"{CTL_MARK}{self._nonce} {json.dumps(obj, separators=(',', ':'))}\n".encode(), err=False)
+
+    def _speaks_for_job(self) -> bool:
+        """Whether this agent prints the job-wide report: one node, or node 0 (the head relays node 0's)."""
+        return not self._multi or self.node_rank == 0
 
     # ------------------------------------------------------------------ signals
 
@@ -248,11 +520,13 @@ class LocalAgent:
         os.set_blocking(w, False)
         self._wake_r, self._wake_w = r, w
         self._saved_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        for sig in (*FORWARDED, signal.SIGCHLD):
+        for sig in (*FORWARDED, signal.SIGCHLD, signal.SIGUSR1):
             self._saved_handlers[sig] = signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
-        if signum != signal.SIGCHLD:
+        if signum == signal.SIGUSR1:
+            self._usr1 += 1
+        elif signum != signal.SIGCHLD:
             self._signals.append(signum)
 
     def _restore_signals(self) -> None:
@@ -266,8 +540,17 @@ class LocalAgent:
                     os.close(fd)
             self._wake_r = self._wake_w = None
 
+    def _poke(self) -> None:
+        """Wake the main loop from another thread (the gang watcher, the stdin watcher)."""
+        w = self._wake_w
+        if w is not None:
+            try:
+                os.write(w, b"\0")
+            except OSError:
+                pass
+
     def _wake(self, timeout: float) -> None:
-        """Block until a signal arrives (SIGCHLD included) or ``timeout`` seconds pass."""
+        """Block until a signal arrives (SIGCHLD included), a thread pokes us, or ``timeout`` seconds pass."""
         if self._wake_r is None:
             time.sleep(min(timeout, 0.05))
             return
@@ -284,12 +567,42 @@ class LocalAgent:
 
     # ------------------------------------------------------------------ one generation
 
-    def _run_attempt(self, secret: str, restart: int) -> RunResult:
+    def _worker_result(self, w: Worker) -> WorkerResult:
+        return WorkerResult(
+            rank=w.rank,
+            local_rank=w.spec.local_rank,
+            host=self.hostname,
+            pid=w.pid,
+            returncode=w.returncode,
+            start_time=w.start_time,
+            end_time=w.end_time,
+            signaled_by_agent=w.signaled_by_agent,
+            signaled_at=w.signaled_at,
+            error=load_error_file(w.spec.error_file, not_before=w.start_time),
+            stderr_tail=tuple(w.stderr_tail),
+        )
+
+    def _failure_record(self, w: Worker) -> dict:
+        """What the other agents learn the moment a worker of this node fails."""
+        wr = self._worker_result(w)
+        tb = str((wr.error or {}).get("traceback") or "").rstrip("\n").splitlines() or list(wr.stderr_tail)
+        return {
+            "reason": f"rank {wr.rank} on {self.hostname} failed ({wr.status()})",
+            "host": self.hostname, "node": self.node_rank, "rank": wr.rank, "local_rank": wr.local_rank,
+            "pid": wr.pid, "status": wr.status(), "returncode": wr.returncode, "timestamp": wr.failure_time,
+            "traceback_tail": tb[-TRACEBACK_TAIL:], "worker": worker_to_dict(wr),
+        }
+
+    def _run_attempt(self, secret: str, restart: int, placement: Placement,
+                     assignment: Optional[Assignment]) -> RunResult:
         cfg = self.cfg
+        gang = self.gang
+        node = placement.node_rank
         t0 = time.time()
-        group = WorkerGroup(self._specs(secret, restart), self.sink)
+        group = WorkerGroup(self._specs(secret, restart, placement), self.sink)
         spawn_error: Optional[str] = None
         interrupted: Optional[int] = None
+        errors: list[str] = []
         if restart and cfg.log_dir:
             for s in group.specs:
                 if s.log_file:
@@ -300,20 +613,54 @@ class LocalAgent:
         except OSError as e:
             spawn_error = f"{e.strerror or e} while starting {sys.executable} for {cfg.entrypoint!r}"
         self.state = RunState.HEALTHY if spawn_error is None else RunState.STOPPING
+        watcher = None
+        if gang is not None and assignment is not None:
+            gang.publish_pids(restart, node, [[w.rank, w.spec.local_rank, w.pid] for w in group.workers])
+            if spawn_error is not None:
+                gang.abort(restart, {"reason": f"could not start the workers on {self.hostname}: {spawn_error}",
+                                     "host": self.hostname, "node": node, "timestamp": time.time()})
+            watcher = gang.watch(restart, node, assignment)
+        mapping_due = gang is not None and assignment is not None and node == 0 and spawn_error is None
 
         first_signal = signal.SIGTERM
+        usr1 = self._usr1
         try:
             while spawn_error is None:
+                if self._usr1 != usr1:
+                    usr1 = self._usr1
+                    group.forward(signal.SIGUSR1)
                 finished = group.poll()
-                if any(w.failed for w in finished):
+                failed = [w for w in finished if w.failed]
+                if failed:
+                    if gang is not None:
+                        gang.report_failure(restart, node, self._failure_record(failed[0]))
                     break
                 if not group.alive():
                     break
                 if self._signals:
                     interrupted = self._signals[0]
                     first_signal = interrupted
+                    if gang is not None:
+                        gang.abort(restart, {"reason": self._interrupt_reason(interrupted), "host": self.hostname,
+                                             "node": node, "timestamp": time.time()})
                     break
-                self._wake(1.0)
+                if watcher is not None and watcher.triggered:
+                    if watcher.lost is not None:
+                        errors.append(watcher.lost)
+                    errors.extend(watcher.lost_nodes.values())
+                    rec = watcher.abort_record
+                    if rec is not None and "worker" not in rec and rec.get("node") != node:
+                        why = str(rec.get("reason") or "another agent stopped the job")
+                        if why not in errors:
+                            errors.append(why)
+                    break
+                if mapping_due:
+                    assert gang is not None and assignment is not None
+                    pids = gang.pids_if_ready(restart)
+                    if pids is not None:
+                        self.sink.text(format_mapping(assignment, pids, run_id=cfg.run_id, restart=restart))
+                        mapping_due = False
+                self._wake(0.25 if mapping_due else 1.0)
         except BaseException:  # a bug in the agent itself: never leave the workers behind
             group.stop(signal.SIGKILL, 0.0)
             group.close()
@@ -325,35 +672,20 @@ class LocalAgent:
         # signal to the agent during the grace period means "now": skip straight to SIGKILL.
         stuck = group.stop(first_signal, cfg.term_timeout, self._wake, abort=lambda: len(self._signals) > seen)
         if stuck:
-            self.sink.text("procgroup run: warning: " + ", ".join(f"rank {w.rank} (pid {w.pid})" for w in stuck)
-                           + " did not exit within 5 s of SIGKILL (uninterruptible sleep in the kernel?)")
+            self._say("warning: " + ", ".join(f"rank {w.rank} (pid {w.pid})" for w in stuck)
+                      + " did not exit within 5 s of SIGKILL (uninterruptible sleep in the kernel?)")
 
         killed, survivors = self._kill_leftovers(group)
         if not group.pump.drain(Deadline.after(DRAIN_TIMEOUT)):
-            self.sink.text("procgroup run: warning: worker output pipes still open after teardown; "
-                           "some output may be missing")
+            self._say("warning: worker output pipes still open after teardown; some output may be missing")
         group.close()
         if interrupted is None and self._signals:
             interrupted = self._signals[0]  # arrived during teardown of a failure: still report it
+        if interrupted is not None and self._multi:
+            errors.insert(0, self._interrupt_reason(interrupted))
 
-        results = tuple(
-            WorkerResult(
-                rank=w.rank,
-                local_rank=w.spec.local_rank,
-                host=self.hostname,
-                pid=w.pid,
-                returncode=w.returncode,
-                start_time=w.start_time,
-                end_time=w.end_time,
-                signaled_by_agent=w.signaled_by_agent,
-                signaled_at=w.signaled_at,
-                error=load_error_file(w.spec.error_file, not_before=w.start_time),
-                stderr_tail=tuple(w.stderr_tail),
-            )
-            for w in group.workers
-        )
         return RunResult(
-            workers=results,
+            workers=tuple(self._worker_result(w) for w in group.workers),
             run_id=cfg.run_id,
             host=self.hostname,
             restart_count=restart,
@@ -363,7 +695,60 @@ class LocalAgent:
             spawn_error=spawn_error,
             start_time=t0,
             end_time=time.time(),
+            agent_errors=tuple(errors),
         )
+
+    def _interrupt_reason(self, sig: int) -> str:
+        if self._stdin_closed or (self.cfg.from_head and sig == signal.SIGTERM and os.getppid() == 1):
+            return f"the ssh session of the agent on {self.hostname} ended (the head node exited, was stopped, " \
+                   "or lost the connection)"
+        return f"the agent on {self.hostname} received {signal_name(sig)}"
+
+    def _conclude(self, local: RunResult, gen: int, assignment: Optional[Assignment]) -> RunResult:
+        """One node: its own result.  Several: post ours, collect everyone's, combine (the same on every node)."""
+        gang = self.gang
+        if gang is None or assignment is None or self.node_rank is None:
+            return local
+        gang.post_result(gen, self.node_rank, slim(local))
+        settle = self.cfg.term_timeout + KILL_TIMEOUT + DRAIN_TIMEOUT + 2 * LEFTOVER_TIMEOUT + 5.0
+        got, errors = gang.collect(gen, assignment, settle)
+        if gang.watcher is not None:
+            gang.watcher.stop()
+        if self._signals and local.interrupted_by is None:
+            errors.append(f"the agent on {self.hostname} received {signal_name(self._signals[0])} "
+                          "while waiting for the other nodes")
+            gang.abort(gen, {"reason": errors[-1], "host": self.hostname, "node": self.node_rank,
+                             "timestamp": time.time()})
+        self._reported_nodes = sorted(got)
+        return combine_results([got[n] for n in sorted(got)], hosts=assignment.hosts, run_id=self.cfg.run_id,
+                               restart_count=gen, extra_errors=errors)
+
+    def _aborted_result(self, why: str, gen: int) -> RunResult:
+        interrupted = self._signals[0] if self._signals else None
+        errors = () if interrupted is not None else (why,)
+        return RunResult(workers=(), run_id=self.cfg.run_id, host=self.hostname, restart_count=gen,
+                         interrupted_by=interrupted, agent_errors=errors)
+
+    def _report(self, result: RunResult) -> None:
+        cfg = self.cfg
+        if not result.workers and not cfg.from_head:  # stopped before any worker started
+            if result.interrupted_by is not None:
+                self._say(f"interrupted by {signal_name(result.interrupted_by)} before the workers started")
+            for e in result.agent_errors:
+                self._say(f"error: {e}")
+            return
+        if cfg.from_head:
+            self._ctl({"event": "report", "node": self.node_rank, "host": self.hostname,
+                       "exit_code": result.exit_code, "result": json.loads(result_to_json(slim(result)))})
+            return
+        report = format_root_cause(result)
+        if report:
+            self.sink.text(report)
+        if self._speaks_for_job():
+            self.sink.text(format_summary(result, max_restarts=cfg.max_restarts))
+        else:
+            state = "FAILED" if result.is_failed() else "succeeded"
+            self._say(f"the job {state} (exit code {result.exit_code}); node 0's agent prints the table of all ranks")
 
     def _kill_leftovers(self, group: WorkerGroup):  # type: ignore[no-untyped-def]
         """Kill every process still descending from the agent; returns (killed, survivors)."""

@@ -10,6 +10,19 @@ environment variable (Kubeflow's torchrun defaults, see
 (:class:`procgroup.config.ENV`): the exact variables one worker receives.
 It is a pure function so that every rank/node combination is unit-tested
 without starting a process.
+
+Modes (chosen here, from the flags and the environment):
+
+* one node (default; ``--standalone`` picks a free port);
+* per-node multi-node (``--nnodes M``; one ``procgroup run`` per node, torchrun's
+  static rendezvous): the agents rendezvous through a store that node 0's
+  agent hosts at ``--master-addr:--master-port``; ``--node-rank`` omitted
+  means "by host name, the master host first" (see :mod:`.gang`);
+* srun (inside an ``srun --ntasks-per-node=1`` step, with none of
+  ``--nnodes/--node-rank/--master-addr/--master-port/--standalone``): the
+  same, with every value derived from Slurm's variables (:mod:`.slurm`);
+* head node (``--hostfile``): :class:`procgroup.launcher.hosts.HeadConfig`,
+  one agent per host started over ssh (:mod:`.hosts`).
 """
 
 from __future__ import annotations
@@ -19,13 +32,17 @@ import os
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Union
 
-from ..config import ENV, KUBEFLOW, env_str
+from ..config import ENV, KUBEFLOW, default_timeout, env_str
 from ..errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .hosts import HeadConfig
 
 __all__ = [
     "LaunchConfig",
+    "Placement",
     "build_parser",
     "parse_args",
     "worker_env",
@@ -54,14 +71,16 @@ PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
 class LaunchConfig:
     """Everything one node's agent needs; validated on construction.
 
-    ``master_port == 0`` means "pick a free port" (``--standalone``).
+    ``master_port == 0`` means "pick a free port" (``--standalone``, or node 0
+    of a head-node job, which then tells the head).  ``node_rank is None``
+    (several nodes, ``--node-rank`` omitted): the agents' rendezvous assigns it.
     """
 
     entrypoint: str
     args: tuple[str, ...] = ()
     nproc_per_node: int = 1
     nnodes: int = 1
-    node_rank: int = 0
+    node_rank: Optional[int] = 0
     master_addr: str = DEFAULT_MASTER_ADDR
     master_port: int = DEFAULT_MASTER_PORT
     standalone: bool = False
@@ -74,6 +93,16 @@ class LaunchConfig:
     prefix_format: str = SINGLE_NODE_PREFIX  # "" = no prefix
     module: bool = False
     no_python: bool = False
+    #: file holding the job secret (--secret-file); PROCGROUP_SECRET wins over it
+    secret_file: Optional[str] = None
+    #: how long the agents of a multi-node job wait for each other (seconds)
+    join_timeout: float = 300.0
+    #: started by a head node over ssh (hidden --from-head): secret on stdin, stdin EOF = stop, JSON report
+    from_head: bool = False
+    #: "JOBID.STEPID" when the node rank, node count and master were derived from srun's variables
+    slurm_step: Optional[str] = None
+    #: how values were derived ("node rank 1 from SLURM_NODEID=1"), printed once by node 0
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.entrypoint:
@@ -82,14 +111,17 @@ class LaunchConfig:
             raise ConfigError(f"--nproc-per-node {self.nproc_per_node} must be >= 1")
         if self.nnodes < 1:
             raise ConfigError(f"--nnodes {self.nnodes} must be >= 1")
-        if not 0 <= self.node_rank < self.nnodes:
+        if self.node_rank is None:
+            if self.nnodes == 1:
+                raise ConfigError("node_rank=None (assigned at the rendezvous) needs --nnodes > 1")
+        elif not 0 <= self.node_rank < self.nnodes:
             raise ConfigError(
                 f"--node-rank {self.node_rank} is out of range for --nnodes {self.nnodes}: "
                 f"use 0..{self.nnodes - 1} (node 0 runs on --master-addr and hosts the store)"
             )
         if not 0 <= self.master_port <= 65535:
             raise ConfigError(f"--master-port {self.master_port} is not a TCP port (0..65535)")
-        if self.master_port == 0 and not self.standalone:
+        if self.master_port == 0 and not self.standalone and not (self.from_head and self.node_rank == 0):
             raise ConfigError("--master-port 0 is only meaningful with --standalone; give a fixed port every node can reach")
         if self.standalone and self.nnodes != 1:
             raise ConfigError(
@@ -98,18 +130,15 @@ class LaunchConfig:
             )
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts {self.max_restarts} must be >= 0")
-        if self.max_restarts > 0 and self.nnodes > 1:
-            raise ConfigError(
-                f"--max-restarts {self.max_restarts} with --nnodes {self.nnodes}: restarting the gang across nodes needs "
-                "the multi-node agent (not available yet); use --max-restarts 0 or run on one node"
-            )
         if not self.term_timeout >= 0:
             raise ConfigError(f"--term-timeout {self.term_timeout} must be >= 0 seconds")
         if self.module and self.no_python:
             raise ConfigError("-m/--module and --no-python exclude each other: -m runs a Python module, --no-python an executable")
         if not self.run_id or any(c in self.run_id for c in "/\0"):
             raise ConfigError(f"--run-id {self.run_id!r} must be non-empty and contain no '/'")
-        if self.ranks_filter is not None:
+        if not self.join_timeout > 0:
+            raise ConfigError(f"--join-timeout {self.join_timeout} must be > 0 seconds")
+        if self.ranks_filter is not None and self.nnodes == 1:  # several nodes: checked after the rendezvous
             bad = sorted(r for r in self.ranks_filter if not 0 <= r < self.world_size)
             if bad:
                 raise ConfigError(
@@ -120,30 +149,20 @@ class LaunchConfig:
 
     @property
     def world_size(self) -> int:
+        """nnodes x nproc_per_node: the world size when every node runs as many workers as this one."""
         return self.nnodes * self.nproc_per_node
 
-    @property
-    def hosts_store(self) -> bool:
-        """Node 0's agent hosts the store; other nodes' workers dial it."""
-        return self.node_rank == 0
-
-    @property
-    def store_bind_host(self) -> str:
-        """Where node 0 listens: the master address on one node, every interface on several."""
-        return self.master_addr if self.nnodes == 1 else "0.0.0.0"
-
     def global_rank(self, local_rank: int) -> int:
-        return self.node_rank * self.nproc_per_node + local_rank
+        """The global rank when every node runs ``nproc_per_node`` workers (see :class:`Placement`)."""
+        return (self.node_rank or 0) * self.nproc_per_node + local_rank
 
-    def local_ranks(self) -> range:
-        return range(self.nproc_per_node)
-
-    def format_prefix(self, local_rank: int, host: str) -> str:
+    def format_prefix(self, local_rank: int, host: str, placement: Optional["Placement"] = None) -> str:
         if not self.prefix_format:
             return ""
+        pl = placement or Placement.uniform(self, self.master_port)
         return self.prefix_format.format(
-            rank=self.global_rank(local_rank), local_rank=local_rank, node_rank=self.node_rank,
-            host=host, world_size=self.world_size,
+            rank=pl.rank(local_rank), local_rank=local_rank, node_rank=pl.node_rank,
+            host=host, world_size=pl.world_size,
         )
 
     def shows_rank(self, rank: int) -> bool:
@@ -151,6 +170,31 @@ class LaunchConfig:
         if self.log_dir is not None and not self.tee:
             return False
         return self.ranks_filter is None or rank in self.ranks_filter
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this node's workers sit in the job: decided by the agents' rendezvous (several nodes)
+    or by the configuration alone (one node).  Nodes may run different numbers of workers
+    (a hostfile's ``slots``): global ranks are numbered node by node, in node-rank order."""
+
+    node_rank: int
+    nnodes: int
+    rank_offset: int
+    world_size: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+    @classmethod
+    def uniform(cls, cfg: LaunchConfig, master_port: int) -> "Placement":
+        node = cfg.node_rank or 0
+        return cls(node_rank=node, nnodes=cfg.nnodes, rank_offset=node * cfg.nproc_per_node,
+                   world_size=cfg.world_size, local_world_size=cfg.nproc_per_node,
+                   master_addr=cfg.master_addr, master_port=master_port)
+
+    def rank(self, local_rank: int) -> int:
+        return self.rank_offset + local_rank
 
 
 def _check_prefix_format(fmt: str) -> None:
@@ -173,37 +217,51 @@ def worker_env(
     error_file: str,
     restart_count: int = 0,
     base: Optional[Mapping[str, str]] = None,
+    placement: Optional[Placement] = None,
+    tty: Optional[str] = None,
 ) -> dict[str, str]:
-    """The complete environment of worker ``local_rank`` (``base`` plus the contract variables)."""
-    if not 0 <= local_rank < cfg.nproc_per_node:
-        raise ConfigError(f"local rank {local_rank} out of range 0..{cfg.nproc_per_node - 1}")
+    """The complete environment of worker ``local_rank`` (``base`` plus the contract variables).
+
+    ``MASTER_ADDR:MASTER_PORT`` is where rank 0 of the *workers* hosts its
+    store (``procgroup`` rank 0, or torch's: an unmodified torch.distributed
+    script binds it), never the launcher's own store: the agents of a
+    multi-node job rendezvous on ``--master-port`` and give the workers a
+    port node 0 picked.  Hence ``PROCGROUP_STORE_HOSTED=0``.
+    """
+    pl = placement or Placement.uniform(cfg, master_port)
+    if not 0 <= local_rank < pl.local_world_size:
+        raise ConfigError(f"local rank {local_rank} out of range 0..{pl.local_world_size - 1}")
     env = dict(os.environ if base is None else base)
-    rank = cfg.global_rank(local_rank)
+    rank = pl.rank(local_rank)
     env.update({
         ENV.RANK: str(rank),
         ENV.LOCAL_RANK: str(local_rank),
-        ENV.WORLD_SIZE: str(cfg.world_size),
-        ENV.LOCAL_WORLD_SIZE: str(cfg.nproc_per_node),
-        ENV.GROUP_RANK: str(cfg.node_rank),
-        ENV.NODE_RANK: str(cfg.node_rank),
-        ENV.GROUP_WORLD_SIZE: str(cfg.nnodes),
+        ENV.WORLD_SIZE: str(pl.world_size),
+        ENV.LOCAL_WORLD_SIZE: str(pl.local_world_size),
+        ENV.GROUP_RANK: str(pl.node_rank),
+        ENV.NODE_RANK: str(pl.node_rank),
+        ENV.GROUP_WORLD_SIZE: str(pl.nnodes),
         ENV.ROLE_RANK: str(rank),
-        ENV.ROLE_WORLD_SIZE: str(cfg.world_size),
+        ENV.ROLE_WORLD_SIZE: str(pl.world_size),
         ENV.ROLE_NAME: ROLE_NAME,
-        ENV.MASTER_ADDR: cfg.master_addr,
-        ENV.MASTER_PORT: str(master_port),
+        ENV.MASTER_ADDR: pl.master_addr,
+        ENV.MASTER_PORT: str(pl.master_port),
         ENV.TORCHELASTIC_RUN_ID: cfg.run_id,
         ENV.TORCHELASTIC_RESTART_COUNT: str(restart_count),
         ENV.TORCHELASTIC_MAX_RESTARTS: str(cfg.max_restarts),
         ENV.TORCHELASTIC_ERROR_FILE: error_file,
         ENV.SECRET: secret,
-        ENV.STORE_HOSTED: "1",
+        ENV.STORE_HOSTED: "0",
         ENV.ERROR_FILE: error_file,
         ENV.RUN_ID: cfg.run_id,
         ENV.RESTART_COUNT: str(restart_count),
         ENV.HOSTNAME: hostname,
         PYTHONUNBUFFERED: "1",
     })
+    if tty:  # the launcher's terminal: dist.breakpoint() runs pdb there (workers have none of their own)
+        env[ENV.TTY] = tty
+    else:
+        env.pop(ENV.TTY, None)
     if OMP_NUM_THREADS not in env:
         env[OMP_NUM_THREADS] = "1"
     return env
@@ -224,11 +282,16 @@ def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
         allow_abbrev=False,
         description=(
             "Start NPROC copies of a Python program on this node as one process group "
-            f"(the torchrun equivalent). Each worker gets {ENV.RANK}, {ENV.WORLD_SIZE}, {ENV.LOCAL_RANK}, "
+            f"(the torchrun equivalent; with --nnodes, --hostfile or under srun, on several nodes). Each worker gets {ENV.RANK}, {ENV.WORLD_SIZE}, {ENV.LOCAL_RANK}, "
             f"{ENV.MASTER_ADDR}, {ENV.MASTER_PORT}, {ENV.SECRET} ... (see `procgroup env`). If any worker fails, the others are "
             "stopped and the first failure is reported with its traceback."
         ),
-        epilog="Example: procgroup run --nproc-per-node 4 train.py --epochs 3",
+        epilog=(
+            "Examples: one node: procgroup run --nproc-per-node 4 train.py --epochs 3 | "
+            "one per node: PROCGROUP_SECRET=... procgroup run --nnodes 3 --node-rank K --master-addr h1 "
+            "--nproc-per-node 2 train.py | head node: procgroup run --hostfile hosts train.py (lines 'HOST slots=N') | "
+            "Slurm: srun -N3 --ntasks-per-node=1 procgroup run --nproc-per-node 2 train.py"
+        ),
     )
 
     def alias(*names: str, dest: str, **kw: object) -> None:
@@ -242,21 +305,47 @@ def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
     g.add_argument("--nnodes", dest="nnodes", metavar="M", default=None,
                    help=f"number of nodes, each running one `procgroup run` (default 1, or ${KUBEFLOW.NNODES})")
     g.add_argument("--node-rank", dest="node_rank", metavar="K", default=None,
-                   help=f"rank of this node, 0..M-1; node 0 hosts the store (default 0, or ${KUBEFLOW.NODE_RANK})")
+                   help="rank of this node, 0..M-1; node 0 hosts the agents' store (default: 0 on one node; with "
+                        f"several, ${KUBEFLOW.NODE_RANK}, else assigned at the rendezvous: the master host first, "
+                        "then by host name)")
     alias("--node_rank", dest="node_rank")
+    g.add_argument("--hostfile", dest="hostfile", metavar="FILE", default=None,
+                   help="head-node mode: start one agent per host of FILE over ssh; lines 'HOST [slots=N]' "
+                        "(slots default: --nproc-per-node, else 1)")
 
     g = p.add_argument_group("rendezvous")
     g.add_argument("--standalone", action="store_true",
-                   help="single-node job: host the store on a free port of 127.0.0.1")
+                   help="single-node job on 127.0.0.1 with a free MASTER_PORT")
     g.add_argument("--master-addr", dest="master_addr", metavar="ADDR", default=None,
                    help=f"address of node 0 (default {DEFAULT_MASTER_ADDR}, or ${KUBEFLOW.MASTER_ADDR})")
     alias("--master_addr", dest="master_addr")
     g.add_argument("--master-port", dest="master_port", metavar="PORT", default=None,
-                   help=f"port of the store on node 0 (default {DEFAULT_MASTER_PORT}, or ${KUBEFLOW.MASTER_PORT})")
+                   help="one node: the workers' MASTER_PORT; several: where node 0's agent hosts the agents' store "
+                        f"(the workers then get a free port node 0 picks) (default {DEFAULT_MASTER_PORT}, "
+                        f"or ${KUBEFLOW.MASTER_PORT})")
     alias("--master_port", dest="master_port")
     g.add_argument("--run-id", dest="run_id", metavar="ID", default=None,
                    help="job id, the same on every node (default: random on one node, 'none' on several)")
     alias("--run_id", dest="run_id")
+    g.add_argument("--secret-file", dest="secret_file", metavar="FILE", default=None,
+                   help=f"read the job secret from FILE (several nodes need a shared one; ${ENV.SECRET} wins)")
+    g.add_argument("--join-timeout", dest="join_timeout", metavar="SECONDS", type=float, default=None,
+                   help=f"how long the nodes' agents wait for each other (default ${ENV.TIMEOUT} or 300)")
+    p.add_argument("--from-head", dest="from_head", action="store_true", help=argparse.SUPPRESS)
+
+    g = p.add_argument_group("head node (--hostfile)")
+    g.add_argument("--ssh-command", dest="ssh_command", metavar="CMD", default="ssh",
+                   help="ssh client command line (split like a shell would), e.g. 'ssh -F ./ssh_config' (default ssh)")
+    g.add_argument("--ssh-port", dest="ssh_port", metavar="PORT", type=int, default=None, help="ssh port of the hosts")
+    g.add_argument("--ssh-option", dest="ssh_options", metavar="OPT", action="append", default=[],
+                   help="extra ssh -o option, repeatable (BatchMode=yes is always set)")
+    g.add_argument("--env", dest="env_names", metavar="KEY[=VALUE]", action="append", default=[],
+                   help="forward this variable to every host (repeatable)")
+    g.add_argument("--env-prefix", dest="env_prefixes", metavar="PREFIX", action="append", default=None,
+                   help="forward variables whose names start with PREFIX (repeatable; replaces the default "
+                        "PROCGROUP_, PYTHON, OMP_, MKL_, OPENBLAS_, NCCL_, GLOO_, TORCH_)")
+    g.add_argument("--env-all", dest="env_all", action="store_true",
+                   help="forward every variable except host-local ones (HOSTNAME, PWD, SSH_*, ...)")
 
     g = p.add_argument_group("failures")
     g.add_argument("--max-restarts", dest="max_restarts", metavar="R", default=None,
@@ -351,8 +440,11 @@ def parse_ranks(value: str) -> frozenset[int]:
     return frozenset(out)
 
 
-def parse_args(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> LaunchConfig:
-    """Parse ``procgroup run`` arguments.
+def parse_args(
+    argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None,
+) -> Union[LaunchConfig, "HeadConfig"]:
+    """Parse ``procgroup run`` arguments: a :class:`LaunchConfig` (this node's agent) or, with
+    ``--hostfile``, a :class:`~procgroup.launcher.hosts.HeadConfig`.
 
     argparse usage errors exit with status 2 (argparse's convention); bad
     values raise :class:`ConfigError` naming the flag, the value and its source.
@@ -362,13 +454,48 @@ def parse_args(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[s
     return config_from_namespace(ns, env)
 
 
-def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> LaunchConfig:
+def _explicit(ns: argparse.Namespace, environ: Mapping[str, str], dest: str) -> bool:
+    return getattr(ns, dest, None) is not None or _pet(dest, environ) is not None
+
+
+def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> Union[LaunchConfig, "HeadConfig"]:
     nproc_v, src = _resolve(ns, "nproc_per_node", environ, "1")
     nproc = parse_nproc(nproc_v, src)
     nnodes_v, src = _resolve(ns, "nnodes", environ, "1")
     nnodes = parse_nnodes(nnodes_v, src)
-    node_rank_v, src = _resolve(ns, "node_rank", environ, 0)
-    node_rank = _int("--node-rank", node_rank_v, src)
+    node_rank_v, src = _resolve(ns, "node_rank", environ, None)
+    node_rank = None if node_rank_v is None else _int("--node-rank", node_rank_v, src)
+    if node_rank is None and nnodes == 1:
+        node_rank = 0
+
+    if ns.join_timeout is not None:
+        join_timeout = float(ns.join_timeout)
+    else:
+        join_timeout = default_timeout(environ)
+
+    if ns.hostfile is not None:
+        return _head_config(ns, environ, nproc_given=_explicit(ns, environ, "nproc_per_node"), nproc=nproc,
+                            join_timeout=join_timeout)
+    if ns.ssh_options or ns.env_names or ns.env_prefixes is not None or ns.env_all or ns.ssh_port is not None \
+            or ns.ssh_command != "ssh":
+        raise ConfigError("--ssh-command/--ssh-port/--ssh-option/--env/--env-prefix/--env-all configure the head "
+                          "node: use them with --hostfile")
+
+    slurm_step = None
+    notes: tuple[str, ...] = ()
+    if not ns.standalone and not ns.from_head and not any(
+            _explicit(ns, environ, d) for d in ("nnodes", "node_rank", "master_addr", "master_port")):
+        from .slurm import detect_srun_step  # noqa: PLC0415
+
+        step = detect_srun_step(environ)
+        if step is not None:
+            if step.nnodes == 1:
+                ns.standalone = True  # one node of a step: nothing to agree on
+            else:
+                nnodes, node_rank, slurm_step, notes = step.nnodes, step.node_rank, step.run_id, step.notes
+                ns.master_addr, ns.master_port = step.master_addr, step.master_port
+                if ns.run_id is None:
+                    ns.run_id = step.run_id
 
     standalone = bool(ns.standalone)
     if standalone:
@@ -390,7 +517,7 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
             raise ConfigError("--master-addr is empty; give node 0's host name or address")
         port_v, src = _resolve(ns, "master_port", environ, DEFAULT_MASTER_PORT)
         master_port = _int("--master-port", port_v, src)
-        if master_port < 1:
+        if master_port < 1 and not (ns.from_head and master_port == 0):  # node 0 of a head-node job: any free port
             raise ConfigError(f"--master-port {master_port} (from {src}) must be 1..65535; use --standalone to pick a free port")
 
     restarts_v, src = _resolve(ns, "max_restarts", environ, 0)
@@ -430,4 +557,70 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
         prefix_format=prefix,
         module=bool(ns.module),
         no_python=bool(ns.no_python),
+        secret_file=os.path.abspath(ns.secret_file) if ns.secret_file is not None else None,
+        join_timeout=join_timeout,
+        from_head=bool(ns.from_head),
+        slurm_step=slurm_step,
+        notes=notes,
     )
+
+
+def _head_config(ns: argparse.Namespace, environ: Mapping[str, str], *, nproc_given: bool, nproc: int,
+                 join_timeout: float) -> "HeadConfig":
+    import shlex  # noqa: PLC0415
+
+    from .hosts import DEFAULT_ENV_PREFIXES, EnvPolicy, HeadConfig, parse_hostfile  # noqa: PLC0415
+
+    for dest, flag in (("node_rank", "--node-rank"), ("standalone", "--standalone"), ("from_head", "--from-head")):
+        if getattr(ns, dest, None):
+            raise ConfigError(f"{flag} does not go with --hostfile: the head node numbers the hosts in hostfile order")
+    try:
+        with open(ns.hostfile, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(f"--hostfile {ns.hostfile!r}: cannot read it ({e.strerror or e})") from e
+    hosts = parse_hostfile(text, nproc if nproc_given else 1, source=ns.hostfile)
+    nnodes = len(hosts)
+    if ns.nnodes is not None and parse_nnodes(ns.nnodes) != nnodes:
+        raise ConfigError(f"--nnodes {ns.nnodes} but {ns.hostfile} lists {nnodes} host(s); drop --nnodes")
+    port = 0
+    if ns.master_port is not None:
+        port = _int("--master-port", ns.master_port, "--master-port")
+        if not 0 < port < 65536:
+            raise ConfigError(f"--master-port {port} must be 1..65535 (omit it: node 0 then picks a free port)")
+    if ns.no_prefix and ns.prefix_format is not None:
+        raise ConfigError("--no-prefix and --prefix-format exclude each other; keep one")
+    prefix = "" if ns.no_prefix else (ns.prefix_format if ns.prefix_format is not None else MULTI_NODE_PREFIX)
+    if ns.tee and ns.log_dir is None:
+        raise ConfigError("--tee copies the --log-dir files to the console; without --log-dir output already goes there")
+    try:
+        ssh_command = tuple(shlex.split(ns.ssh_command))
+    except ValueError as e:
+        raise ConfigError(f"--ssh-command {ns.ssh_command!r}: {e}") from None
+    agent = LaunchConfig(
+        entrypoint=ns.entrypoint,
+        args=tuple(ns.args),
+        nproc_per_node=hosts[0].slots,
+        nnodes=nnodes,
+        node_rank=0,
+        master_addr=str(ns.master_addr or hosts[0].name),
+        master_port=port,
+        run_id=str(ns.run_id) if ns.run_id is not None else uuid.uuid4().hex[:12],
+        max_restarts=_int("--max-restarts", ns.max_restarts if ns.max_restarts is not None else 0, "--max-restarts"),
+        term_timeout=ns.term_timeout,
+        log_dir=os.path.abspath(ns.log_dir) if ns.log_dir is not None else None,
+        tee=bool(ns.tee),
+        ranks_filter=parse_ranks(ns.ranks_filter) if ns.ranks_filter is not None else None,
+        prefix_format=prefix,
+        module=bool(ns.module),
+        no_python=bool(ns.no_python),
+        secret_file=os.path.abspath(ns.secret_file) if ns.secret_file is not None else None,
+        join_timeout=join_timeout,
+        from_head=True,
+    )
+    env = EnvPolicy(names=tuple(ns.env_names),
+                    prefixes=tuple(ns.env_prefixes) if ns.env_prefixes is not None else DEFAULT_ENV_PREFIXES,
+                    everything=bool(ns.env_all))
+    return HeadConfig(agent=agent, hostfile=os.path.abspath(ns.hostfile), hosts=hosts,
+                      ssh_command=ssh_command, ssh_port=ns.ssh_port, ssh_options=tuple(ns.ssh_options), env=env,
+                      master_addr=str(ns.master_addr or hosts[0].name), master_port=port)

@@ -9,6 +9,7 @@ not those the launcher stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,12 @@ __all__ = [
     "exit_code_for",
     "format_root_cause",
     "format_summary",
+    "combine_results",
+    "slim",
+    "result_to_json",
+    "result_from_json",
+    "worker_to_dict",
+    "worker_from_dict",
 ]
 
 TAIL_LINES = 20
@@ -118,6 +125,11 @@ class RunResult:
     spawn_error: Optional[str] = None
     start_time: float = field(default_factory=time.time)
     end_time: float = field(default_factory=time.time)
+    #: failures of the launcher itself, not of a worker: "lost the connection to the store at h1:29500",
+    #: "node 2 (h3) stopped sending heartbeats" ... (multi-node); each makes the run failed
+    agent_errors: tuple[str, ...] = ()
+    #: number of nodes whose results this holds (1 for one agent's own view)
+    nnodes: int = 1
 
     @property
     def failures(self) -> list[WorkerResult]:
@@ -133,6 +145,7 @@ class RunResult:
             self.root_cause is not None
             or self.interrupted_by is not None
             or self.spawn_error is not None
+            or bool(self.agent_errors)
             or any(w.outcome is Outcome.STUCK for w in self.workers)
         )
 
@@ -229,10 +242,19 @@ def format_root_cause(run: RunResult) -> str:
     if root is None:
         if run.interrupted_by is not None:
             n = sum(1 for w in run.workers if w.outcome is Outcome.TERMINATED)
-            lines.append(f"### The launcher received {signal_name(run.interrupted_by)}: "
-                         f"forwarded it to the workers and stopped {n} of them")
+            if run.nnodes > 1 and run.agent_errors:
+                lines.append(f"### Stopped: {run.agent_errors[0]}; the agents stopped {n} worker(s)")
+            else:
+                lines.append(f"### The launcher received {signal_name(run.interrupted_by)}: "
+                             f"forwarded it to the workers and stopped {n} of them")
         elif run.spawn_error:
             lines.append(f"### Root cause: could not start the workers: {run.spawn_error}")
+        elif run.agent_errors:
+            lines.append(f"### Root cause: {run.agent_errors[0]}")
+        first_shown = (run.interrupted_by is None and not run.spawn_error) or (
+            run.interrupted_by is not None and run.nnodes > 1)
+        rest = run.agent_errors[1:] if first_shown else run.agent_errors
+        lines.extend(f"    also: {e}" for e in rest)
         stuck = [w for w in run.workers if w.outcome is Outcome.STUCK]
         if stuck:
             lines.append("### Workers that did not exit even after SIGKILL: "
@@ -265,8 +287,15 @@ def format_root_cause(run: RunResult) -> str:
                          "with this code?)")
 
     others = [w for w in run.workers if w is not root and w.outcome is not Outcome.SUCCEEDED]
+    stopped = [w for w in others if w.outcome is Outcome.TERMINATED and w.end_time is not None]
     if others:
-        lines.append("### Other ranks:")
+        head = "### Other ranks:"
+        if stopped:
+            lag = max(w.end_time or 0.0 for w in stopped) - root.failure_time
+            where = f" on {len({w.host for w in stopped})} host(s)" if run.nnodes > 1 else ""
+            head = (f"### Other ranks: the launcher stopped {len(stopped)} worker(s){where} "
+                    f"{max(0.0, lag):.2f}s after the root cause")
+        lines.append(head)
         for w in sorted(others, key=lambda w: w.rank):
             if w.outcome is Outcome.TERMINATED:
                 sent = signal_name(w.signaled_by_agent or 0)
@@ -279,7 +308,11 @@ def format_root_cause(run: RunResult) -> str:
                 what = f"failed on its own {when:.2f}s after the root cause: {w.own_failure_status()}"
                 if w.error and w.error.get("exc_type"):
                     what += f" ({w.error['exc_type']}: {_first_line(w.error.get('message', ''))})"
-            lines.append(f"    rank {w.rank} (local {w.local_rank}) pid {w.pid}: {what}")
+            where = f" on {w.host}" if run.nnodes > 1 else ""
+            lines.append(f"    rank {w.rank} (local {w.local_rank}){where} pid {w.pid}: {what}")
+    if run.agent_errors:
+        lines.append("### Launcher errors:")
+        lines.extend(f"    {e}" for e in run.agent_errors)
     return "\n".join(lines)
 
 
@@ -328,3 +361,84 @@ def format_summary(run: RunResult, *, max_restarts: int = 0) -> str:
 def results_table_rows(results: Sequence[WorkerResult]) -> list[tuple[int, str, int, str, Optional[float]]]:
     """(rank, host, pid, status, duration) rows, for programmatic use and tests."""
     return [(w.rank, w.host, w.pid, w.status(), w.duration) for w in sorted(results, key=lambda w: w.rank)]
+
+
+# --------------------------------------------------------------------------- several nodes
+
+
+def worker_to_dict(w: WorkerResult) -> dict:
+    d = dataclasses.asdict(w)
+    d["stderr_tail"] = list(w.stderr_tail)
+    return d
+
+
+def worker_from_dict(d: dict) -> WorkerResult:
+    names = {f.name for f in dataclasses.fields(WorkerResult)}
+    kw = {k: v for k, v in d.items() if k in names}
+    kw["stderr_tail"] = tuple(kw.get("stderr_tail") or ())
+    return WorkerResult(**kw)
+
+
+def slim(run: RunResult) -> RunResult:
+    """``run`` without the stderr tails no report shows (those of workers that did not fail): what travels
+    between nodes stays small however many ranks a node runs."""
+    keep = (Outcome.FAILED, Outcome.STUCK)
+    return dataclasses.replace(run, workers=tuple(
+        w if w.outcome in keep or not w.stderr_tail else dataclasses.replace(w, stderr_tail=()) for w in run.workers))
+
+
+def result_to_json(run: RunResult) -> str:
+    """One agent's :class:`RunResult` as JSON (sent through the store and to the head node)."""
+    d = dataclasses.asdict(run)
+    d["workers"] = [worker_to_dict(w) for w in run.workers]
+    for k in ("leftovers_killed", "still_alive", "agent_errors"):
+        d[k] = list(d[k])
+    return json.dumps(d, separators=(",", ":"))
+
+
+def result_from_json(data: "str | bytes") -> RunResult:
+    """Inverse of :func:`result_to_json`; ValueError for anything that is not one."""
+    d = json.loads(data)
+    if not isinstance(d, dict) or not isinstance(d.get("workers"), list):
+        raise ValueError("not a procgroup run result")
+    names = {f.name for f in dataclasses.fields(RunResult)}
+    kw = {k: v for k, v in d.items() if k in names}
+    kw["workers"] = tuple(worker_from_dict(w) for w in d["workers"])
+    for k in ("leftovers_killed", "still_alive", "agent_errors"):
+        kw[k] = tuple(kw.get(k) or ())
+    return RunResult(**kw)
+
+
+def combine_results(parts: Sequence[RunResult], *, hosts: Sequence[str], run_id: str, restart_count: int,
+                    extra_errors: Sequence[str] = ()) -> RunResult:
+    """The whole job's result from every node's own (``parts``; missing nodes are in ``extra_errors``).
+
+    The root cause is then the first failure over all nodes, by the time in the
+    worker's error file or the time its agent saw it exit (hosts' clocks are
+    assumed to agree to well under a second, as NTP keeps them).
+    """
+    workers = tuple(sorted((w for p in parts for w in p.workers), key=lambda w: w.rank))
+    interrupted = next((p for p in parts if p.interrupted_by is not None), None)
+    errors: list[str] = []
+    if interrupted is not None and len(parts) > 1:
+        errors.append(interrupted.agent_errors[0] if interrupted.agent_errors else
+                      f"the agent on {interrupted.host} received {signal_name(interrupted.interrupted_by or 0)}")
+    for p in parts:
+        errors.extend(e for e in p.agent_errors if e not in errors)
+    errors.extend(e for e in extra_errors if e not in errors)
+    spawn = next((f"on {p.host}: {p.spawn_error}" for p in parts if p.spawn_error), None)
+    label = hosts[0] if len(hosts) == 1 else f"{len(hosts)} nodes ({', '.join(hosts)})"
+    return RunResult(
+        workers=workers,
+        run_id=run_id,
+        host=label,
+        restart_count=restart_count,
+        interrupted_by=interrupted.interrupted_by if interrupted is not None else None,
+        leftovers_killed=tuple(f"{p.host}: {x}" for p in parts for x in p.leftovers_killed),
+        still_alive=tuple(f"{p.host}: {x}" for p in parts for x in p.still_alive),
+        spawn_error=spawn,
+        start_time=min((p.start_time for p in parts), default=time.time()),
+        end_time=max((p.end_time for p in parts), default=time.time()),
+        agent_errors=tuple(errors),
+        nnodes=len(hosts),
+    )

@@ -183,8 +183,10 @@ class OutputPump:
     line is flushed with a newline at EOF.
     """
 
-    def __init__(self, sink: LineSink) -> None:
+    def __init__(self, sink: LineSink, intercept: Optional[Callable[["Worker", bytes], bool]] = None) -> None:
         self.sink = sink
+        #: called with each complete stdout line; True = consumed (not logged or shown): the head node's control lines
+        self.intercept = intercept
         self.sel = selectors.DefaultSelector()
         self._logs: list[IO[bytes]] = []
         self._thread: Optional[threading.Thread] = None
@@ -213,6 +215,8 @@ class OutputPump:
 
     def _emit(self, st: _Stream, lines: list[bytes]) -> None:
         """Route complete lines (each ending in a newline): tail, log file, console in one write."""
+        if self.intercept is not None and not st.is_err:
+            lines = [ln for ln in lines if not self.intercept(st.worker, ln)]
         if not lines:
             return
         if st.is_err:
@@ -365,6 +369,13 @@ class WorkerGroup:
                 w.signaled_by_agent = sig
                 w.signaled_at = time.time()
             _killpg(w.pid, sig)
+
+    def forward(self, sig: int) -> None:
+        """Pass ``sig`` (SIGUSR1: dump stacks) to every live worker's process group; not a stop."""
+        self.poll()
+        for w in self.workers:
+            if w.returncode is None:
+                _killpg(w.pid, sig)
 
     def wait(
         self,
