@@ -95,9 +95,8 @@ def _missing_msg(g: Any, missing: List[int], arrived_ranks: Optional[List[int]],
 def _debugger_io() -> tuple:
     path = env_str(ENV.TTY)
     for p in ([path] if path else []) + ["/dev/tty"]:
-        try:
-            f = open(p, "r+", buffering=1)
-            return f, f
+        try:  # a terminal is not seekable, so one "r+" file object cannot serve both ways
+            return open(p, "r"), open(p, "w", buffering=1)
         except OSError:
             continue
     return sys.stdin, sys.stdout
@@ -108,19 +107,37 @@ def breakpoint(rank: int = 0, skip: int = 0) -> None:  # noqa: A001 - torch's na
     g = resolve_group(None, "breakpoint")
     if not 0 <= rank < g.size():
         raise ConfigError(f"breakpoint(rank={rank}): rank is outside [0, {g.size()})")
-    if g.rank() == rank:
-        import pdb
+    from . import algorithms as alg
 
-        fin, fout = _debugger_io()
-        dbg = pdb.Pdb(stdin=fin, stdout=fout, skip=None)
-        dbg.use_rawinput = False
-        fout.write(f"\n--- procgroup: rank {rank} stopped at a breakpoint; the other ranks wait. 'c' continues. ---\n")
-        fout.flush()
-        frame = sys._getframe(1 + skip)
-        dbg.set_trace(frame)
-    else:
+    if g.rank() != rank:
         sys.stderr.write(f"procgroup: rank {g.rank()} waiting for the debugger on rank {rank}\n")
-    g.run("breakpoint", lambda c: __import__("procgroup.algorithms", fromlist=["barrier"]).barrier(c), timeout=BREAKPOINT_WAIT, signature=("barrier",))
+        g.run("breakpoint", alg.barrier, timeout=BREAKPOINT_WAIT, signature=("breakpoint",))
+        return
+    import pdb
+
+    resumed = threading.Event()
+
+    class _Pdb(pdb.Pdb):
+        def set_continue(self) -> None:
+            resumed.set()
+            super().set_continue()
+
+        def set_quit(self) -> None:
+            resumed.set()
+            super().set_quit()
+
+    def release(c: Any) -> None:  # on the group's worker thread: the others pass once the user continues
+        resumed.wait(BREAKPOINT_WAIT)
+        alg.barrier(c)
+
+    # async: ordered before this rank's next collective, which waits for it
+    g.run("breakpoint", release, async_op=True, timeout=BREAKPOINT_WAIT, signature=("breakpoint",))
+    fin, fout = _debugger_io()
+    dbg = _Pdb(stdin=fin, stdout=fout)
+    dbg.use_rawinput = False
+    fout.write(f"\n--- procgroup: rank {rank} stopped at a breakpoint; the other ranks wait. 'c' continues. ---\n")
+    fout.flush()
+    dbg.set_trace(sys._getframe(1 + skip))  # stops at the caller's next line
 
 
 def dump_state(out: Optional[TextIO] = None) -> str:
