@@ -65,7 +65,10 @@ WORKER = textwrap.dedent(
         def add(self, k, n):
             with open(os.path.join(self.d, ".lock"), "a+b") as lk:
                 fcntl.flock(lk, fcntl.LOCK_EX)
-                v = int(open(self._p(k), "rb").read()) if os.path.exists(self._p(k)) else 0
+                v = 0
+                if os.path.exists(self._p(k)):
+                    with open(self._p(k), "rb") as f:
+                        v = int(f.read())
                 self.set(k, str(v + n).encode())
                 return v + n
 

@@ -61,6 +61,10 @@ class DictStore:
         with self._c:
             return all(k in self._d for k in keys)
 
+    def delete_key(self, key: str) -> bool:
+        with self._c:
+            return self._d.pop(key, None) is not None
+
 
 def _segments(job: str) -> List[str]:
     pre = segment_prefix(job)
@@ -742,3 +746,20 @@ def test_waiting_on_one_transport_keeps_the_other_progressing(real_world: Any) -
         return None
 
     assert run_ranks(ts, body)[0] == b"ok"
+
+
+def test_send_completes_although_the_receiver_closes_at_once(real_world: Any) -> None:
+    """Every byte was handed over: a peer that receives and closes at once must not fail the send."""
+    big = pattern(8 << 20, 9)
+    for _ in range(3):
+        ts = real_world(2)
+
+        def body(t: Transport) -> Any:
+            if t.rank == 1:
+                return t.isend(0, TAG, big).wait(dl()).nbytes
+            out = np.empty_like(big)
+            t.recv(1, TAG, out, dl())
+            t.close()
+            return bool(np.array_equal(out, big))
+
+        assert run_ranks(ts, body) == [True, big.nbytes]

@@ -31,6 +31,7 @@ request completed or a message arrived.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from typing import Callable, Deque, Dict, Iterable, List, Optional
@@ -39,7 +40,7 @@ from ..deadline import Deadline, as_deadline
 from ..errors import ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError
 from .base import ANY_SOURCE, TAG_LIMIT, Buffer, CompletedRequest, Request, Status, Transport, as_bytes_view, as_writable_view
 
-__all__ = ["EngineTransport", "RecvReq", "SendReq", "Unexpected", "ClaimGroup", "LoopbackTransport", "timeout_error"]
+__all__ = ["delete_key_quiet", "EngineTransport", "RecvReq", "SendReq", "Unexpected", "ClaimGroup", "LoopbackTransport", "timeout_error"]
 
 
 class ClaimGroup:
@@ -121,6 +122,16 @@ class Unexpected:
         self.nbytes = nbytes
         self.complete = complete
         self.waiter: Optional[RecvReq] = None
+
+
+def delete_key_quiet(store: object, key: str) -> None:
+    """Best effort: drop a store key nobody will read again (stores without ``delete_key`` keep it)."""
+    fn = getattr(store, "delete_key", None)
+    if fn is not None:
+        try:
+            fn(key)
+        except Exception as e:  # noqa: BLE001 - housekeeping only
+            logging.getLogger("procgroup.transport").debug("could not delete store key %s: %s", key, e)
 
 
 def _src_name(src: int) -> str:

@@ -91,7 +91,7 @@ from typing import Any, Deque, Dict, List, Optional, Sequence
 from ..deadline import Deadline, as_deadline
 from ..errors import BrokenError, ClosedError, ConfigError, DistTimeoutError, PeerFailureError
 from . import _futex
-from ._engine import EngineTransport, RecvReq, SendReq, Unexpected, timeout_error
+from ._engine import EngineTransport, RecvReq, SendReq, Unexpected, delete_key_quiet as _delete_key, timeout_error
 from .base import CompletedRequest, Request, Status
 
 __all__ = ["ShmTransport", "shm_supported", "cleanup_job_segments", "SHM_DIR", "segment_prefix"]
@@ -428,6 +428,7 @@ class ShmTransport(EngineTransport):
             if peers:
                 self._store_wait(store, [f"{prefix}/attached/{p}" for p in peers], "every local rank to attach to the shared memory segments")
             ok = True
+            _delete_key(store, f"{prefix}/seg/{me}")  # every peer attached, so every peer read it
         finally:
             for n in learned:  # attach-then-unlink: nothing of ours stays in /dev/shm
                 _unlink_quiet(n)

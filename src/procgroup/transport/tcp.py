@@ -43,7 +43,7 @@ from ..errors import (AuthenticationError, BrokenError, ClosedError, ConfigError
                       PeerFailureError, ProtocolError)
 from ..protocol.auth import client_handshake, recv_exact, server_handshake
 from ..protocol.frames import DEFAULT_MAX_FRAME_SIZE, FLAG_MORE, HEADER, HEADER_SIZE, MAGIC, VERSION, decode_header
-from ._engine import EngineTransport, RecvReq, SendReq, Unexpected, timeout_error
+from ._engine import EngineTransport, RecvReq, SendReq, Unexpected, delete_key_quiet as _delete_key, timeout_error
 from .base import CompletedRequest, Request, Status
 
 __all__ = ["TcpTransport"]
@@ -158,6 +158,8 @@ class TcpTransport(EngineTransport):
                             "and can they reach this address? (set PROCGROUP_SOCKET_ADDR / PROCGROUP_SOCKET_IFNAME)"
                         )
                     self._form_cv.wait(min(rem, 0.5))
+            if lower:
+                _delete_key(store, f"{prefix}/addr/{me}")  # every rank that needed it has connected
         finally:
             self._stop_accept = True
             if self._listener is not None:
@@ -338,18 +340,25 @@ class TcpTransport(EngineTransport):
             with c.send_lock:
                 while not c.queue and c.broken is None and not self._closed:
                     c.send_cv.wait()
-                if c.broken is not None or self._closed:
+                if not c.queue:
                     return
                 req = c.queue[0]
+                stop = c.broken is not None or self._closed
+            if stop:
+                self._fail_queue(c, c.broken or "the transport was closed")
+                return
             parts, done = req.extra  # type: ignore[misc]
             try:
                 self._send_parts(c.sock, parts, done)
             except BaseException as e:  # noqa: BLE001 - OSError usually; never die silently
+                if not self._closed and not isinstance(e, OSError):
+                    logger.exception("rank %d: writer to rank %d failed", self.rank, c.peer)
+                reason = self._lost_reason(c, e)
                 if not self._closed:
-                    if not isinstance(e, OSError):
-                        logger.exception("rank %d: writer to rank %d failed", self.rank, c.peer)
-                    self._conn_lost(c, self._lost_reason(c, e))
+                    self._conn_lost(c, reason)
+                self._fail_queue(c, c.broken or reason)
                 return
+            # every byte is in the kernel: the send succeeded, even if the peer closes right now
             with c.send_lock:
                 if c.queue and c.queue[0] is req:
                     c.queue.pop(0)
@@ -360,6 +369,19 @@ class TcpTransport(EngineTransport):
                 if req.error is None:
                     req.status = Status(c.peer, req.nbytes)
                 self._notify_locked()
+
+    def _fail_queue(self, c: _Conn, reason: str) -> None:
+        """The writer gives up: every send still queued on ``c`` fails."""
+        with self._lock:
+            with c.send_lock:
+                for s in c.queue:
+                    if s.status is None and s.error is None:
+                        s.error = (ClosedError(f"rank {self.rank}: the tcp transport was closed while this send was pending")
+                                   if self._closed else self._peer_error(s, c.peer, reason))
+                    s.extra = None
+                    s.view = None  # type: ignore[assignment]
+                c.queue.clear()
+            self._notify_locked()
 
     @staticmethod
     def _send_parts(sock: socket.socket, parts: List[Any], done: int) -> None:
@@ -405,6 +427,26 @@ class TcpTransport(EngineTransport):
                 tag, length, flags = decode_header(rbuf, start, maxf)
                 start += HEADER_SIZE
                 more = flags & FLAG_MORE
+                if cont is None and not more and end - start >= length:
+                    # fast path (small messages): the whole payload is buffered, one lock section
+                    with lock:
+                        if self._closed:
+                            return
+                        req = self._match_locked(src, tag)
+                        if req is not None:
+                            if length > req.out.nbytes:
+                                req.error = self._size_error(req, src, length)
+                            else:
+                                if length:
+                                    req.out[:length] = mv[start:start + length]
+                                req.status = Status(src, length)
+                            req.out = None  # type: ignore[assignment]
+                        else:
+                            self._add_unexpected_locked(tag, Unexpected(src, bytearray(mv[start:start + length]), length, True))
+                        self._notify_locked()
+                    start += length
+                    req = None
+                    continue
                 with lock:
                     if self._closed:
                         return
@@ -518,10 +560,12 @@ class TcpTransport(EngineTransport):
         if c is not None:
             with c.send_lock:
                 c.broken = reason
-                for s in c.queue:
+                # the head of the queue may be fully handed to the kernel already: its writer decides
+                keep = 1 if c.writer is not None and c.queue else 0
+                for s in c.queue[keep:]:
                     if s.error is None and s.status is None:
                         s.error = self._peer_error(s, peer, reason)
-                c.queue.clear()
+                del c.queue[keep:]
                 c.send_cv.notify_all()
             try:
                 c.sock.shutdown(socket.SHUT_RDWR)
@@ -534,6 +578,11 @@ class TcpTransport(EngineTransport):
         self._cond.notify_all()
         for fn in self._hooks:
             fn()
+
+    def _test_req(self, req: Any) -> bool:
+        if req.status is None and req.error is None:
+            time.sleep(0)  # release the GIL: the reader thread that completes requests needs it
+        return req.status is not None or req.error is not None
 
     def _wait_req(self, req: Any, deadline: Optional[Deadline]) -> Status:
         with self._cond:
