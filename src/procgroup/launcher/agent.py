@@ -245,12 +245,23 @@ class LocalAgent:
             self._report(result)
             return result
         finally:
+            self._cleanup_shm(last_gen)
             if self.gang is not None:
                 self.gang.close(self.node_rank, last_gen, self._reported_nodes)
             self._remove_secret_file()
             self._restore_signals()
             if self._tmpdir is not None:
                 shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+    def _cleanup_shm(self, last_gen: Optional[int]) -> None:
+        """Unlink shared-memory segments of this job that workers could not (all SIGKILLed while forming)."""
+        if last_gen is None:
+            return
+        from ..transport.shm import cleanup_job_segments  # noqa: PLC0415 - the launcher may use the library
+
+        for gen in range(last_gen + 1):
+            for name in cleanup_job_segments(f"{self.cfg.run_id}/{gen}"):
+                self._say(f"removed leftover shared-memory segment /dev/shm/{name}")
 
     # ------------------------------------------------------------------ setup
 

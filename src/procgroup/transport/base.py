@@ -93,7 +93,7 @@ class CompletedRequest(Request):
 class Transport(abc.ABC):
     """Tagged point-to-point messages among the ranks of one world."""
 
-    #: "memory" | "shm" | "tcp" | "router"
+    #: "memory" | "loopback" | "shm" | "tcp" | "router"
     kind: str = "abstract"
     rank: int
     world_size: int
