@@ -257,6 +257,7 @@ def init_process_group(
                 secret=secret, job_id=f"{job_id}/{restart}",
             )
             world.timeout = tmo
+            world.store_host = 0 if master is not None and not env_bool(ENV.STORE_HOSTED) else None
         except BaseException as e:
             _close_quietly(base)
             if server is not None:
@@ -271,10 +272,14 @@ def init_process_group(
         _start_watchdog(world, base, master, secret, restart, tmo)
 
 
-def _linger(server: Any, grace: float = 5.0) -> None:
-    """Keep serving until every client has disconnected, at most ``grace`` seconds."""
+#: store connections of the process hosting the store: its client and the watchdog's
+_OWN_STORE_CONNECTIONS = 2
+
+
+def _linger(server: Any, grace: float = 5.0, own: int = 0) -> None:
+    """Keep serving until every other client has disconnected (``own``: this process's connections), at most ``grace`` s."""
     dl = Deadline.after(grace)
-    while not dl.expired() and getattr(server, "num_connections", 0) > 0:
+    while not dl.expired() and getattr(server, "num_connections", 0) > own:
         time.sleep(0.05)
 
 
@@ -360,7 +365,7 @@ def _leave(world: World) -> None:
             # a member died or the job aborted: nobody else is coming to say goodbye, but the survivors may
             # still read the failure record from the store this rank hosts
             if _state.store_server is not None:
-                _linger(_state.store_server)
+                _linger(_state.store_server, own=_OWN_STORE_CONNECTIONS)
             return
         if _state.store_server is not None or (_state.file_path and world.rank == 0):
             st.wait(["all_left"], timeout=min(world.timeout, 30.0))

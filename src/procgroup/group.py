@@ -36,7 +36,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .algorithms.comm import Comm, ScratchPool
+from .algorithms.comm import STEP_BITS, Comm, ScratchPool
 from .deadline import Deadline
 from .errors import BrokenError, ClosedError, CollectiveMismatchError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError, describe
 from .transport.base import Request, Transport
@@ -50,11 +50,21 @@ P2P_TAG_LIMIT = 1 << 40
 _P2P_BIT = 1 << 62
 FLIGHT_RECORDS = 64
 CHAIN_WINDOW = 4096
+_FP_BYTES = [fp.to_bytes(2, "little") for fp in range(FP_MASK + 1)]
+
+
+_FP_CACHE: Dict[tuple, int] = {}
 
 
 def fingerprint(signature: tuple) -> int:
-    """16-bit hash of what every member of a collective must agree on."""
-    return zlib.crc32(repr(signature).encode()) & FP_MASK
+    """16-bit hash of what every member of a collective must agree on (memoised: loops repeat signatures)."""
+    fp = _FP_CACHE.get(signature)
+    if fp is None:
+        fp = zlib.crc32(repr(signature).encode()) & FP_MASK
+        if len(_FP_CACHE) >= 4096:
+            _FP_CACHE.clear()
+        _FP_CACHE[signature] = fp
+    return fp
 
 
 def collective_tag(gid: int, seq: int, fp: int) -> int:
@@ -103,6 +113,8 @@ class World:
     node_rank: int = 0
     backend: str = "cpu"
     timeout: float = 300.0
+    #: global rank whose process hosts the store (None: the launcher or a file): if it is unreachable, it died
+    store_host: Optional[int] = None
     on_close: List[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
@@ -207,17 +219,23 @@ _STOP = object()
 FAILURE_KEY = "failure"
 
 
-def _first_failure(store: Any, e: PeerFailureError) -> PeerFailureError:
+def _first_failure(store: Any, e: PeerFailureError, store_host: Optional[int] = None) -> PeerFailureError:
     """Record this failure if it is the job's first; return an error naming the first failed rank.
 
     A rank that only lost a *survivor* (which raised and left) then still names the rank that really died.
+    When the store itself is unreachable and a rank hosts it (``store_host``), that rank is the one that died.
     """
     import json
 
     mine = json.dumps({"peer": e.peer, "text": str(e)}).encode()
     try:
         first = json.loads(store.compare_set(FAILURE_KEY, b"", mine))
-    except Exception:  # noqa: BLE001 - the store may be gone with the dead rank; keep the local error
+    except Exception as se:  # noqa: BLE001 - the store may be gone with the dead rank
+        if store_host is not None and e.peer != store_host:
+            return PeerFailureError(
+                f"rank {store_host}, which hosts the store, is unreachable ({se}): it most likely failed first "
+                f"(here: {e})", peer=store_host,
+            )
         return e
     if first.get("peer") == e.peer or first.get("text") == str(e):
         return e
@@ -246,6 +264,8 @@ class ProcessGroup:
         self.chain: "collections.deque[Tuple[int, int]]" = collections.deque(maxlen=CHAIN_WINDOW)
         self.inflight: Optional[FlightRecord] = None
         self._scratch = ScratchPool()
+        self._comm: Optional[Comm] = None  # reused by blocking calls (one at a time: async ones get their own)
+        self._comm_busy = False
         self._lock = threading.Lock()
         self._pending: List[Work] = []
         self._queue: Optional["queue.Queue[Any]"] = None
@@ -284,14 +304,14 @@ class ProcessGroup:
 
     def _context(self, e: BaseException, op: str, seq: Optional[int], dl: Deadline, extra: str = "") -> BaseException:
         """Same exception type, message prefixed with op/seq/rank/group/elapsed and the fix."""
-        if isinstance(e, BrokenError) and seq is not None and self.world.store is not None:
+        if isinstance(e, BrokenError) and self.world.store is not None:
             from .watchdog import recorded_abort
 
             why = recorded_abort(self.world.store, self.gid)
             if why is not None:  # the peer left because it found a mismatch: that is the cause
                 e = CollectiveMismatchError(why)
-            elif isinstance(e, PeerFailureError):
-                e = _first_failure(self.world.store, e)
+            elif isinstance(e, PeerFailureError):  # collectives and point-to-point alike
+                e = _first_failure(self.world.store, e, self.world.store_host)
         head = describe(op, seq=seq, rank=self.world.rank, group=self.name, elapsed=dl.elapsed())
         if extra:
             head += f" [{extra}]"
@@ -341,9 +361,51 @@ class ProcessGroup:
         with self._lock:
             seq = self._seq
             self._seq += 1
-            self._chain = zlib.crc32(fp.to_bytes(2, "little"), self._chain)
+            self._chain = zlib.crc32(_FP_BYTES[fp], self._chain)
             self.chain.append((seq, self._chain))
-        tag = collective_tag(self.gid, seq, fp)
+            mine = False
+            if not async_op and not self._comm_busy:
+                self._comm_busy = mine = True  # reuse the group's Comm (a nested or concurrent call builds its own)
+        tag = (self.gid << 32) | ((seq & SEQ_MASK) << 16) | fp  # collective_tag(), inlined: the hot path
+
+        if not async_op:
+            try:
+                if self._pending:
+                    self._drain_async()
+                # execute(), inlined: a small collective's cost is mostly this bookkeeping
+                if timeout is None:
+                    now = time.monotonic()
+                    dl = Deadline(now + self.timeout, now)
+                else:
+                    dl = self._deadline(timeout)
+                    now = time.monotonic()
+                rec = FlightRecord(seq, op, sig, now)
+                self.flight.append(rec)
+                self.inflight = rec
+                comm = self._comm if mine else None
+                if comm is None:
+                    comm = Comm(self.world.transport, self.ranks, self._rank, 0, dl, self._hosts, self._scratch)
+                    if mine:
+                        self._comm = comm
+                comm.tag = tag << STEP_BITS
+                comm.deadline = dl
+                try:
+                    result = fn(comm)
+                except ProcGroupError as e:
+                    rec.state, rec.end = "failed", time.monotonic()
+                    self.inflight = None
+                    raise self._context(e, op, seq, dl, describe_signature(sig))
+                except BaseException:
+                    rec.state, rec.end = "failed", time.monotonic()
+                    self.inflight = None
+                    raise
+                rec.state, rec.end = "completed", time.monotonic()
+                self.last_completed = seq
+                self.inflight = None
+                return result
+            finally:
+                if mine:
+                    self._comm_busy = False
 
         def execute() -> Any:
             dl = self._deadline(timeout)
@@ -366,10 +428,6 @@ class ProcessGroup:
             self.inflight = None
             return result
 
-        if not async_op:
-            if self._pending:
-                self._drain_async()
-            return execute()
         work = Work(op, self)
         self._pending = [w for w in self._pending if not w.is_completed()]
         self._pending.append(work)

@@ -163,6 +163,11 @@ class Watchdog:
             if changed and (waiting or rec is None):
                 self.store.set(_key(g.gid, self.rank), json.dumps(dict(st, t=time.time())).encode())
                 self._published[g.gid] = st
+            if rec is not None and now - rec.start >= self.interval:
+                why = recorded_abort(self.store, g.gid)
+                if why is not None:  # a member already found a mismatch in this group: fail now, same words
+                    self.abort(CollectiveMismatchError(why))
+                    return
             if waiting or changed:
                 self._check(g, rec)
 

@@ -79,6 +79,11 @@ class WorkerResult:
             and ts < self.signaled_at
         )
 
+    def is_echo(self) -> bool:
+        """It failed only because a peer died (its error is a PeerFailureError)."""
+        t = str((self.error or {}).get("exc_type", ""))
+        return t.endswith("PeerFailureError")
+
     @property
     def failure_time(self) -> float:
         """When it failed: the error file's timestamp if any, else when the agent saw it exit."""
@@ -133,7 +138,11 @@ class RunResult:
 
     @property
     def failures(self) -> list[WorkerResult]:
-        return sorted((w for w in self.workers if w.outcome is Outcome.FAILED), key=lambda w: w.failure_time)
+        """Failed workers, the root cause first: by time, except that a worker which only reported losing a
+        peer (PeerFailureError) comes after the failures that are not such echoes -- a rank SIGKILLed leaves no
+        error file, so its survivors' reports can carry an earlier timestamp than the agent's view of its exit."""
+        failed = [w for w in self.workers if w.outcome is Outcome.FAILED]
+        return sorted(failed, key=lambda w: (w.is_echo(), w.failure_time))
 
     @property
     def root_cause(self) -> Optional[WorkerResult]:
