@@ -243,12 +243,18 @@ def new_nonce() -> str:
 
 
 def setup_logging() -> None:
-    """A stderr handler for procgroup's own messages unless the application configured one."""
-    if logger.handlers:
+    """A stderr handler for procgroup's own messages unless the application configured logging.
+
+    Records still propagate, so an application's (or pytest's) root handlers see them too; our handler is
+    only added when the root logger has none, so nothing is printed twice.
+    """
+    level = os.environ.get(ENV.LOG_LEVEL)
+    if level:
+        logger.setLevel(getattr(logging, level.upper(), logging.WARNING))
+    if logger.handlers or logging.getLogger().handlers:
         return
-    level = os.environ.get(ENV.LOG_LEVEL, "WARNING").upper()
     h = logging.StreamHandler(sys.stderr)
     h.setFormatter(logging.Formatter("procgroup %(levelname)s: %(message)s"))
     logger.addHandler(h)
-    logger.setLevel(getattr(logging, level, logging.WARNING))
-    logger.propagate = False
+    if not level:
+        logger.setLevel(logging.WARNING)
