@@ -1,0 +1,8 @@
+"""``python -m procgroup.bench ...`` == ``procgroup bench ...``."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
