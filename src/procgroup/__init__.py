@@ -11,76 +11,89 @@ below it are:
 * ``launcher/``   ``procgroup run`` (beside the library, never imported by it)
 """
 
-from .api import (
-    Backend,
-    GroupMember,
-    destroy_process_group,
-    get_backend,
-    get_global_rank,
-    get_group_rank,
-    get_local_rank,
-    get_local_world_size,
-    get_node_rank,
-    get_process_group_ranks,
-    get_rank,
-    get_world_size,
-    group,
-    init_process_group,
-    is_available,
-    is_gloo_available,
-    is_initialized,
-    is_mpi_available,
-    is_nccl_available,
-    is_torchelastic_launched,
-    new_group,
-    new_subgroups,
-    split_group,
-)
-from .collectives import (
-    P2POp,
-    all_gather,
-    all_gather_into_tensor,
-    all_reduce,
-    all_to_all,
-    all_to_all_single,
-    barrier,
-    batch_isend_irecv,
-    broadcast,
-    gather,
-    irecv,
-    isend,
-    recv,
-    reduce,
-    reduce_scatter,
-    reduce_scatter_tensor,
-    scatter,
-    send,
-)
-from .debug import breakpoint, dump_state, monitored_barrier
-from .errors import (
-    CollectiveMismatchError,
-    ConfigError,
-    DistTimeoutError,
-    PeerFailureError,
-    ProcGroupError,
-    RendezvousError,
-    RendezvousTimeoutError,
-)
-from .group import ProcessGroup, Work
-from .objects import (
-    all_gather_object,
-    broadcast_object_list,
-    gather_object,
-    recv_object_list,
-    scatter_object_list,
-    send_object_list,
-)
-from .ops import ReduceOp
+# The API is imported on first use (PEP 562), so that `import procgroup.launcher` (the launcher) and
+# `procgroup env` do not pay for numpy and the collective machinery.
+_LAZY = {
+    "Backend": "api",
+    "CollectiveMismatchError": "errors",
+    "ConfigError": "errors",
+    "DistTimeoutError": "errors",
+    "GroupMember": "api",
+    "P2POp": "collectives",
+    "PeerFailureError": "errors",
+    "ProcGroupError": "errors",
+    "ProcessGroup": "group",
+    "ReduceOp": "ops",
+    "RendezvousError": "errors",
+    "RendezvousTimeoutError": "errors",
+    "Work": "group",
+    "all_gather": "collectives",
+    "all_gather_into_tensor": "collectives",
+    "all_gather_object": "objects",
+    "all_reduce": "collectives",
+    "all_to_all": "collectives",
+    "all_to_all_single": "collectives",
+    "barrier": "collectives",
+    "batch_isend_irecv": "collectives",
+    "breakpoint": "debug",
+    "broadcast": "collectives",
+    "broadcast_object_list": "objects",
+    "destroy_process_group": "api",
+    "dump_state": "debug",
+    "gather": "collectives",
+    "gather_object": "objects",
+    "get_backend": "api",
+    "get_global_rank": "api",
+    "get_group_rank": "api",
+    "get_local_rank": "api",
+    "get_local_world_size": "api",
+    "get_node_rank": "api",
+    "get_process_group_ranks": "api",
+    "get_rank": "api",
+    "get_world_size": "api",
+    "group": "api",
+    "init_process_group": "api",
+    "irecv": "collectives",
+    "is_available": "api",
+    "is_gloo_available": "api",
+    "is_initialized": "api",
+    "is_mpi_available": "api",
+    "is_nccl_available": "api",
+    "is_torchelastic_launched": "api",
+    "isend": "collectives",
+    "monitored_barrier": "debug",
+    "new_group": "api",
+    "new_subgroups": "api",
+    "recv": "collectives",
+    "recv_object_list": "objects",
+    "reduce": "collectives",
+    "reduce_scatter": "collectives",
+    "reduce_scatter_tensor": "collectives",
+    "scatter": "collectives",
+    "scatter_object_list": "objects",
+    "send": "collectives",
+    "send_object_list": "objects",
+    "split_group": "api",
+}
 
-#: torch.distributed spelling of the error raised on a deadline
-DistBackendError = ProcGroupError
-DistError = ProcGroupError
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'procgroup' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+_LAZY.update(DistBackendError="errors", DistError="errors")  # torch.distributed spellings
 
 __version__ = "0.1.0"
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+__all__ = sorted(_LAZY) + ["__version__"]

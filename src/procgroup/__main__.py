@@ -18,7 +18,7 @@ commands:
   run     start N workers of a Python program as one process group (the torchrun equivalent)
           e.g. procgroup run --nproc-per-node 4 train.py --epochs 3
   env     list the environment variables procgroup's launcher sets and its library reads
-  bench    benchmark collectives against torch gloo and Open MPI (see README)
+  bench   benchmark collectives against torch gloo and Open MPI (see README)
 
 `procgroup <command> --help` describes a command.
 """

@@ -603,3 +603,10 @@ def split_group(
         else:
             result = g
     return result
+
+
+# torch's ``dist.group.WORLD`` must find the class above, not the ``procgroup.group`` submodule that the
+# import system sets as the package attribute of the same name (already imported at the top of this file).
+import sys as _sys  # noqa: E402
+
+setattr(_sys.modules[__name__.rpartition(".")[0]], "group", group)

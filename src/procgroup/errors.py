@@ -180,3 +180,8 @@ def describe(
     if elapsed is not None:
         s += f" after {elapsed:.2f}s"
     return s
+
+
+#: torch.distributed's names for the errors a backend raises
+DistBackendError = ProcGroupError
+DistError = ProcGroupError
