@@ -61,3 +61,9 @@ def test_duplicate_rank_is_an_immediate_error():
     results = collect(procs, 30)
     assert all(r.returncode != 0 for r in results), report(results)
     assert all("duplicate rank 1" in r.stderr for r in results), report(results)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_subgroups(transport):
+    results = run_world(4, "subgroups", env={"PROCGROUP_TRANSPORT": transport})
+    assert all("subgroups ok" in r.stdout for r in results)

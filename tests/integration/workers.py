@@ -266,5 +266,38 @@ def kill_loop(victim: str = "2", after: str = "10") -> None:
         sys.exit(7)
 
 
+def subgroups() -> None:
+    """new_group, new_subgroups (per host and by size), split_group by colour/key and by rank lists."""
+    dist.init_process_group()
+    r, ws = dist.get_rank(), dist.get_world_size()
+    g01 = dist.new_group([0, 1])
+    x = np.array([r + 1], np.int64)
+    dist.all_reduce(x, group=g01)
+    check(x[0] == (3 if r < 2 else r + 1), f"new_group all_reduce {x}")
+    mine, allg = dist.new_subgroups()  # one host: one group of everyone
+    check(dist.get_process_group_ranks(mine) == list(range(ws)) and len(allg) == 1, "new_subgroups per host")
+    pair, pairs = dist.new_subgroups(group_size=2)
+    y = np.array([r], np.int64)
+    dist.all_reduce(y, group=pair)
+    check(y[0] == (r // 2) * 4 + 1, f"pair all_reduce {y}")
+    # MPI-style split: colour = parity, key = -rank (reverse order inside each colour)
+    half = dist.split_group(color=r % 2, key=-r)
+    ranks = dist.get_process_group_ranks(half)
+    check(ranks == sorted([q for q in range(ws) if q % 2 == r % 2], reverse=True), f"split by colour {ranks}")
+    z = np.array([r], np.int64)
+    dist.all_reduce(z, group=half)
+    check(z[0] == sum(q for q in range(ws) if q % 2 == r % 2), f"colour all_reduce {z}")
+    check(dist.get_rank(half) == ranks.index(r), "group rank follows key order")
+    blocks = dist.split_group(split_ranks=[[0, 1], [2, 3]])
+    w = np.array([1], np.int64)
+    dist.all_reduce(w, group=blocks)
+    check(w[0] == 2, f"split_ranks all_reduce {w}")
+    objs = [None, None]
+    dist.all_gather_object(objs, r, group=blocks)
+    check(objs == [r - r % 2, r - r % 2 + 1], f"all_gather_object in a subgroup {objs}")
+    print(f"rank {r}: subgroups ok")
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])
