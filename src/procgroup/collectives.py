@@ -84,7 +84,22 @@ def _same(op: str, a: Flat, b: Flat, what_a: str, what_b: str, factor: int = 1) 
         )
 
 
+_DNAMES: dict = {}
+
+
+def _dname(dt: Any) -> str:
+    """``str(dt)``, memoised (numpy's dtype __str__ costs several microseconds)."""
+    name = _DNAMES.get(dt)
+    if name is None:
+        name = str(dt)
+        if len(_DNAMES) < 256:
+            _DNAMES[dt] = name
+    return name
+
+
 def _avg_or_none(op: Any) -> ReduceOp:
+    if type(op) is ReduceOp:
+        return op
     if not isinstance(op, ReduceOp):
         try:
             op = ReduceOp[str(op).split(".")[-1].upper()]
@@ -100,7 +115,7 @@ def broadcast(tensor: Any, src: Optional[int] = None, group: Any = None, async_o
         return None
     root = _root(g, "broadcast", src, group_src, "src")
     f = as_flat(tensor, "broadcast tensor")
-    return g.run("broadcast", lambda c: alg.broadcast(c, f.array, root), async_op=async_op, timeout=timeout, signature=("broadcast", str(f.dtype), f.numel, f"root={root}"))
+    return g.run("broadcast", lambda c: alg.broadcast(c, f.array, root), async_op=async_op, timeout=timeout, signature=("broadcast", _dname(f.dtype), f.numel, f"root={root}"))
 
 
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:
@@ -115,7 +130,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
         alg.all_reduce(c, f.array, kern)
         finalize(op, f.array, c.size, f.dtype)
 
-    return g.run("all_reduce", run, async_op=async_op, timeout=timeout, signature=("all_reduce", str(f.dtype), f.numel, op.name))
+    return g.run("all_reduce", run, async_op=async_op, timeout=timeout, signature=("all_reduce", _dname(f.dtype), f.numel, op.name))
 
 
 def reduce(tensor: Any, dst: Optional[int] = None, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, group_dst: Optional[int] = None, timeout: Any = None) -> Optional[Work]:
@@ -132,7 +147,7 @@ def reduce(tensor: Any, dst: Optional[int] = None, op: Any = ReduceOp.SUM, group
         if c.rank == root:
             finalize(op, f.array, c.size, f.dtype)
 
-    return g.run("reduce", run, async_op=async_op, timeout=timeout, signature=("reduce", str(f.dtype), f.numel, op.name, f"root={root}"))
+    return g.run("reduce", run, async_op=async_op, timeout=timeout, signature=("reduce", _dname(f.dtype), f.numel, op.name, f"root={root}"))
 
 
 def all_gather(tensor_list: List[Any], tensor: Any, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:
@@ -153,7 +168,7 @@ def all_gather(tensor_list: List[Any], tensor: Any, group: Any = None, async_op:
         for i, o in enumerate(outs):
             o.array[...] = buf[i * n:(i + 1) * n]
 
-    return g.run("all_gather", run, async_op=async_op, timeout=timeout, signature=("all_gather", str(src.dtype), src.numel))
+    return g.run("all_gather", run, async_op=async_op, timeout=timeout, signature=("all_gather", _dname(src.dtype), src.numel))
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:
@@ -163,7 +178,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     src = as_flat(input_tensor, "all_gather_into_tensor input", writable=False)
     out = as_flat(output_tensor, "all_gather_into_tensor output")
     _same("all_gather_into_tensor", src, out, "the input", "the output", g.size())
-    return g.run("all_gather_into_tensor", lambda c: alg.all_gather(c, src.array, out.array), async_op=async_op, timeout=timeout, signature=("all_gather", str(src.dtype), src.numel))
+    return g.run("all_gather_into_tensor", lambda c: alg.all_gather(c, src.array, out.array), async_op=async_op, timeout=timeout, signature=("all_gather", _dname(src.dtype), src.numel))
 
 
 def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[int] = None, group: Any = None, async_op: bool = False, group_dst: Optional[int] = None, timeout: Any = None) -> Optional[Work]:
@@ -190,7 +205,7 @@ def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[i
             for i, o in enumerate(outs):
                 o.array[...] = buf[i * n:(i + 1) * n]
 
-    return g.run("gather", run, async_op=async_op, timeout=timeout, signature=("gather", str(src.dtype), src.numel, f"root={root}"))
+    return g.run("gather", run, async_op=async_op, timeout=timeout, signature=("gather", _dname(src.dtype), src.numel, f"root={root}"))
 
 
 def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional[int] = None, group: Any = None, async_op: bool = False, group_src: Optional[int] = None, timeout: Any = None) -> Optional[Work]:
@@ -218,7 +233,7 @@ def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional
                 buf[i * n:(i + 1) * n] = x.array
         alg.scatter(c, buf, out.array, root)
 
-    return g.run("scatter", run, async_op=async_op, timeout=timeout, signature=("scatter", str(out.dtype), out.numel, f"root={root}"))
+    return g.run("scatter", run, async_op=async_op, timeout=timeout, signature=("scatter", _dname(out.dtype), out.numel, f"root={root}"))
 
 
 def reduce_scatter(output: Any, input_list: List[Any], op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:
@@ -242,7 +257,7 @@ def reduce_scatter(output: Any, input_list: List[Any], op: Any = ReduceOp.SUM, g
         alg.reduce_scatter(c, buf, out.array, kern)
         finalize(op, out.array, c.size, out.dtype)
 
-    return g.run("reduce_scatter", run, async_op=async_op, timeout=timeout, signature=("reduce_scatter", str(out.dtype), out.numel, op.name))
+    return g.run("reduce_scatter", run, async_op=async_op, timeout=timeout, signature=("reduce_scatter", _dname(out.dtype), out.numel, op.name))
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:  # noqa: A002 - torch's name
@@ -259,7 +274,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group
         alg.reduce_scatter(c, src.array, out.array, kern)
         finalize(op, out.array, c.size, out.dtype)
 
-    return g.run("reduce_scatter_tensor", run, async_op=async_op, timeout=timeout, signature=("reduce_scatter", str(out.dtype), out.numel, op.name))
+    return g.run("reduce_scatter_tensor", run, async_op=async_op, timeout=timeout, signature=("reduce_scatter", _dname(out.dtype), out.numel, op.name))
 
 
 def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any], group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:
@@ -292,7 +307,7 @@ def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any], grou
             f.array[...] = rbuf[pos:pos + f.numel]
             pos += f.numel
 
-    return g.run("all_to_all", run, async_op=async_op, timeout=timeout, signature=("all_to_all", str(dt)))
+    return g.run("all_to_all", run, async_op=async_op, timeout=timeout, signature=("all_to_all", _dname(dt)))
 
 
 def _splits(op: str, f: Flat, sizes: Optional[Sequence[int]], n: int, what: str) -> List[int]:
@@ -318,7 +333,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[Sequ
         raise ConfigError(f"all_to_all_single: output dtype {out.dtype} differs from input dtype {src.dtype}")
     sc = _splits("all_to_all_single", src, input_split_sizes, g.size(), "input")
     rc = _splits("all_to_all_single", out, output_split_sizes, g.size(), "output")
-    return g.run("all_to_all_single", lambda c: alg.all_to_all(c, src.array, sc, out.array, rc), async_op=async_op, timeout=timeout, signature=("all_to_all", str(src.dtype)))
+    return g.run("all_to_all_single", lambda c: alg.all_to_all(c, src.array, sc, out.array, rc), async_op=async_op, timeout=timeout, signature=("all_to_all", _dname(src.dtype)))
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: Any = None) -> Optional[Work]:

@@ -86,6 +86,8 @@ class ENV:
     LOG_LEVEL = "PROCGROUP_LOG_LEVEL"
     PROGRESS_INTERVAL = "PROCGROUP_PROGRESS_INTERVAL"  # seconds between "3/4 joined" lines
     TTY = "PROCGROUP_TTY"  # the launcher's terminal, for dist.breakpoint() in a worker
+    SHM_CMA = "PROCGROUP_SHM_CMA"  # "0": no single-copy (process_vm_readv) path for large shm messages
+    SHM_SPIN_US = "PROCGROUP_SHM_SPIN_US"  # how long a shm wait spins before sleeping on a futex
 
     @classmethod
     def table(cls) -> list[EnvVar]:
@@ -123,6 +125,8 @@ _TABLE = (
     EnvVar(ENV.LOG_LEVEL, "DEBUG|INFO|WARNING: procgroup's log level", "user"),
     EnvVar(ENV.PROGRESS_INTERVAL, "seconds between rendezvous progress lines", "user"),
     EnvVar(ENV.TTY, "path of the launcher's terminal; dist.breakpoint() runs pdb there"),
+    EnvVar(ENV.SHM_CMA, "0 turns off the single-copy (process_vm_readv) path for shm messages >= 1 MiB", "user"),
+    EnvVar(ENV.SHM_SPIN_US, "microseconds a shm wait spins before it sleeps on a futex (default 50)", "user"),
 )
 
 

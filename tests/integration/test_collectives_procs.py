@@ -67,3 +67,11 @@ def test_duplicate_rank_is_an_immediate_error():
 def test_subgroups(transport):
     results = run_world(4, "subgroups", env={"PROCGROUP_TRANSPORT": transport})
     assert all("subgroups ok" in r.stdout for r in results)
+
+
+@pytest.mark.parametrize("cma", ["1", "0"])
+@pytest.mark.timeout(180)
+def test_64_mib_shm_with_and_without_single_copy(cma):
+    """Large shm messages go by process_vm_readv (one copy) or, with PROCGROUP_SHM_CMA=0, through the rings."""
+    results = run_world(3, "big", ["64"], env={"PROCGROUP_TRANSPORT": "shm", "PROCGROUP_SHM_CMA": cma}, timeout=170)
+    assert all("big ok" in r.stdout for r in results)

@@ -27,6 +27,8 @@ __all__ = [
 
 Kernel = Callable[[np.ndarray, np.ndarray], None]
 
+_RD0 = step(P_RD, 0)
+
 
 def allreduce_recursive_doubling(comm: Any, buf: np.ndarray, reduce: Kernel) -> None:
     """log2 rounds of full-buffer exchanges; latency-optimal for small buffers.
@@ -38,6 +40,11 @@ def allreduce_recursive_doubling(comm: Any, buf: np.ndarray, reduce: Kernel) -> 
     p, r = comm.size, comm.rank
     n = buf.shape[0]
     if p == 1 or n == 0:
+        return
+    if p == 2:  # one exchange: the common small case, without the general bookkeeping
+        tmp = comm.scratch(buf.nbytes, SLOT_TMP)
+        comm.sendrecv(1 - r, u8(buf), 1 - r, tmp, _RD0)
+        reduce(buf, tmp.view(buf.dtype))
         return
     pof2 = 1
     while pof2 * 2 <= p:

@@ -154,11 +154,21 @@ def choose_all_reduce_flat(p: int, nbytes: int, nelems: int) -> Callable[..., No
     return allreduce_ring
 
 
+_HIER_CACHE: Dict[tuple, bool] = {}
+
+
 def _hierarchical_applies(hosts: Sequence[str], p: int) -> bool:
     if not HIERARCHICAL or p <= 2:
         return False
-    layout = host_layout(list(hosts), p)
-    return len(layout) > 1 and any(len(h) > 1 for h in layout)
+    key = tuple(hosts)
+    ok = _HIER_CACHE.get(key)
+    if ok is None or len(key) != p:
+        layout = host_layout(list(hosts), p)
+        ok = len(layout) > 1 and any(len(h) > 1 for h in layout)
+        if len(_HIER_CACHE) >= 256:
+            _HIER_CACHE.clear()
+        _HIER_CACHE[key] = ok
+    return ok
 
 
 def choose_all_reduce(comm: Any, nbytes: int, nelems: int) -> Callable[..., None]:

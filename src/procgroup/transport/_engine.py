@@ -275,6 +275,7 @@ class EngineTransport(Transport):
                         self._deliver_from(req, entry)
                     else:
                         entry.waiter = req
+                        self._entry_matched_locked(entry)
                     return True
         if req.group is not None and req.group.winner is not None:
             return False
@@ -337,6 +338,9 @@ class EngineTransport(Transport):
             req.out[:n] = memoryview(entry.buf)[:n]
         req.status = Status(entry.src, n)
         req.out = None  # type: ignore[assignment]  # drop the buffer export (a bytearray may be resized again)
+
+    def _entry_matched_locked(self, entry: Unexpected) -> None:
+        """A receive became the waiter of the incomplete ``entry`` (subclasses: e.g. start a rendezvous read)."""
 
     def _entry_done_locked(self, entry: Unexpected) -> None:
         entry.complete = True

@@ -15,11 +15,15 @@ skipping the owner)::
       16   4  world size        20  4  owner rank
       24   8  owner pid         32  8  ring capacity C (power of two, >= 4096)
       40   4  number of slots S
+      48   8  address of this segment in the owner's address space (the CMA probe)
       64   4  doorbell (futex word, own cache line)
+      72   4  sleep flag: 1 while an owner thread may be asleep on the doorbell
       128  4*S slot table: the source rank of each slot
     4096                 S * 128       ring control blocks, per slot:
       +0   8  head  (bytes ever written; written by the producer only)
       +8   4  want-space flag (written by the producer only)
+      +16  4  CMA flag: the owner can process_vm_readv the producer's memory
+               (written by the consumer at formation, before the attach barrier)
       +64  8  tail  (bytes ever consumed; written by the consumer only)
     align(4096)          S * C         ring data, slot i at data + i*C
 
@@ -27,6 +31,17 @@ The ring carries a byte stream of records: a 16-byte header ``(tag u64,
 length u64)`` at a 16-byte aligned stream position (so it never wraps),
 then ``length`` payload bytes, which may wrap and which stream through the
 ring in chunks when the message is larger than the ring.
+
+Large messages (>= ``RNDV_MIN``, 1 MiB) to a peer whose CMA flag is set go by
+*rendezvous*: the record's length field is ``2**62 | n`` and its 16-byte
+payload is ``(address of the sender's buffer, id)``; the receiver copies the
+``n`` bytes with one ``process_vm_readv`` (see ``_cma``) straight into the
+matched receive buffer (or, for an unexpected message, when the receive is
+posted), then sends back an acknowledgement record (length field ``2**63``,
+tag = id), which completes the send.  One copy instead of two, no ring-space
+ping-pong, and the sender's core is free meanwhile.  A peer we cannot read
+(other uid, Yama ptrace_scope, seccomp, ``PROCGROUP_SHM_CMA=0``) gets every
+message through the ring.
 
 Memory ordering
 ---------------
@@ -45,17 +60,22 @@ Waiting
 -------
 Progress happens in the calling thread inside ``wait``/``test`` (under the
 transport lock, so other threads may use the transport too): drain every
-incoming ring, push every pending send.  A waiter polls for ``spin`` (~50
-us, restarted whenever bytes moved, so a streaming message never sleeps;
-each poll ``sched_yield``-s so that on an oversubscribed host the peer gets
-the core), then sleeps on its own doorbell futex in slices of ~50 ms,
+incoming ring, push every pending send.  A waiter polls for ``spin`` (50
+us, ``PROCGROUP_SHM_SPIN_US`` overrides; restarted whenever bytes moved, so a
+streaming message never sleeps; each poll ``sched_yield``-s so that on an
+oversubscribed host -- by our ranks or by other work -- the peer gets the
+core instead of waiting for our whole time slice), then sleeps on its own
+doorbell futex in slices of ~50 ms,
 checking at every slice that its peers are alive (pidfd, else
 /proc/<pid>/stat) and have not closed: a dead peer fails the requests that
 depend on it with :class:`PeerFailureError` within one slice, after what it
 wrote before dying has been drained.  A producer always rings the
-consumer's doorbell after publishing (a unique value + FUTEX_WAKE), so a
-sleeping consumer cannot miss data; a consumer rings the producer only when
-the producer's want-space flag is set.
+consumer's doorbell after publishing (a unique value), and makes the
+FUTEX_WAKE syscall only when the consumer's sleep flag is set: the sleeper
+raises the flag, fences, then futex_wait compares the doorbell; the ringer
+writes the doorbell, fences, then reads the flag (Dekker), so a sleeping
+consumer cannot miss data, and a spinning one costs no syscall.  A consumer
+rings the producer only when the producer's want-space flag is set.
 
 Matching: a header arriving for a posted receive gets its payload copied
 straight from the ring into the receive buffer (one copy); any other
@@ -90,7 +110,7 @@ from typing import Any, Deque, Dict, List, Optional, Sequence
 
 from ..deadline import Deadline, as_deadline
 from ..errors import BrokenError, ClosedError, ConfigError, DistTimeoutError, PeerFailureError
-from . import _futex
+from . import _cma, _futex
 from ._engine import EngineTransport, RecvReq, SendReq, Unexpected, delete_key_quiet as _delete_key, timeout_error
 from .base import CompletedRequest, Request, Status
 
@@ -103,13 +123,20 @@ _MAGIC = b"PGSHM\x00\x01\x00"
 _VERSION = 1
 _ST_INIT, _ST_READY, _ST_CLOSED = 0, 1, 2
 _HDR_SIZE = 4096
-_OFF_STATE, _OFF_WS, _OFF_OWNER, _OFF_PID, _OFF_CAP, _OFF_NSLOTS = 12, 16, 20, 24, 32, 40
+_OFF_STATE, _OFF_WS, _OFF_OWNER, _OFF_PID, _OFF_CAP, _OFF_NSLOTS, _OFF_ADDR = 12, 16, 20, 24, 32, 40, 48
 _OFF_BELL = 64
+_OFF_SLEEP = 72  # 1 while the owner has a thread asleep on its doorbell (ringers skip the wake syscall otherwise)
 _OFF_SLOTS = 128
 _CTRL = 128  # control block per slot
-_C_HEAD, _C_WANT, _C_TAIL = 0, 8, 64
+_C_HEAD, _C_WANT, _C_CMA, _C_TAIL = 0, 8, 16, 64
 _REC = struct.Struct("<QQ")  # tag, length
 _REC_SIZE = 16
+#: record length field flags: a rendezvous descriptor (payload: address u64, id u64) and its acknowledgement
+_RNDV_BIT = 1 << 62
+_ACK = 1 << 63
+_LEN_MASK = _RNDV_BIT - 1
+#: messages of at least this many bytes go by rendezvous (one process_vm_readv) when the peer can read us
+RNDV_MIN = 1 << 20
 
 #: default ring capacity per (producer, consumer) pair
 DEFAULT_RING_SIZE = 4 << 20
@@ -341,7 +368,7 @@ class _InRing:
 class _OutRing:
     """Producer side of the ring me -> dst (lives in dst's segment)."""
 
-    __slots__ = ("dst", "seg", "data", "cap", "mask", "head_i", "tail_i", "want_i", "head", "pending", "wanting")
+    __slots__ = ("dst", "seg", "data", "cap", "mask", "head_i", "tail_i", "want_i", "head", "pending", "wanting", "cma")
 
     def __init__(self, dst: int, seg: _Segment, slot: int) -> None:
         base = _HDR_SIZE + slot * _CTRL
@@ -356,6 +383,18 @@ class _OutRing:
         self.head = seg.q[self.head_i]
         self.pending: Deque[SendReq] = deque()
         self.wanting = False
+        self.cma = bool(seg.i[(base + _C_CMA) // 4])  # dst probed that it can process_vm_readv our memory
+
+
+class _RndvEntry(Unexpected):
+    """A rendezvous message that arrived before its receive: the payload is still in the sender's memory."""
+
+    __slots__ = ("addr", "rid")
+
+    def __init__(self, src: int, nbytes: int, addr: int, rid: int) -> None:
+        super().__init__(src, bytearray(), nbytes, False)
+        self.addr = addr
+        self.rid = rid
 
 
 class ShmTransport(EngineTransport):
@@ -391,7 +430,17 @@ class ShmTransport(EngineTransport):
             logger.warning("shm transport on %s: its lock-free rings assume x86 memory ordering", platform.machine())
         self._deadline = as_deadline(deadline)
         self._spin = spin
-        self._yield = True  # sched_yield while spinning: on an oversubscribed host the peer needs our core
+        from ..config import ENV
+
+        env_spin = os.environ.get(ENV.SHM_SPIN_US, "").strip()
+        if env_spin:
+            try:
+                self._spin = max(0.0, float(env_spin) * 1e-6)
+            except ValueError:
+                raise ConfigError(f"{ENV.SHM_SPIN_US}={env_spin!r} is not a number of microseconds") from None
+        # sched_yield while spinning: when the host is oversubscribed -- by our ranks or by anything else -- the
+        # peer we wait for may be queued behind us; without the yield it waits for our whole time slice (~0.75 ms)
+        self._yield = True
         self._slice = slice_s
         self._seq = 0
         self._moved = 0  # bumped whenever bytes move through a ring: a waiter keeps spinning while they do
@@ -399,6 +448,8 @@ class ShmTransport(EngineTransport):
         self._idle = threading.Condition(self._lock)
         self._next_live = 0.0
         self._watch = _PeerWatch()
+        self._rndv: Dict[int, SendReq] = {}  # rendezvous id -> send waiting for the receiver's acknowledgement
+        self._rid = 0
         self._in: Dict[int, _InRing] = {}
         self._out: Dict[int, _OutRing] = {}
         self._in_list: List[_InRing] = []
@@ -424,6 +475,8 @@ class ShmTransport(EngineTransport):
                 learned.append(info["name"])
                 self._watch.add(p, int(info["pid"]), info.get("pidns") == pidns)
                 self._peer_segs[p] = self._attach(info["name"], p, int(info["pid"]))
+                if info.get("pidns") == pidns and self._probe_cma(int(info["pid"]), self._peer_segs[p]):
+                    self._seg.i[(_HDR_SIZE + self._seg.slot_of(p) * _CTRL + _C_CMA) // 4] = 1
             store.set(f"{prefix}/attached/{me}", b"1")
             if peers:
                 self._store_wait(store, [f"{prefix}/attached/{p}" for p in peers], "every local rank to attach to the shared memory segments")
@@ -442,6 +495,22 @@ class ShmTransport(EngineTransport):
             self._in[p] = ir
             self._out[p] = _OutRing(p, pseg, pseg.slot_of(me))
         self._in_list = [self._in[p] for p in peers]
+
+    @staticmethod
+    def _probe_cma(pid: int, pseg: _Segment) -> bool:
+        """Can we process_vm_readv the memory of ``pid``?  Read its segment's magic through its own address."""
+        if not _cma.enabled() or pid <= 0:
+            return False
+        addr = pseg.q[_OFF_ADDR // 8]
+        if not addr:
+            return False
+        buf = bytearray(8)
+        try:
+            _cma.read(pid, _futex.buffer_address(buf), addr, 8)
+        except OSError as e:
+            logger.debug("shm: no cross-memory attach to pid %d (%s): large messages go through the ring", pid, e)
+            return False
+        return bytes(buf) == _MAGIC
 
     def _choose_ring_size(self, npeers: int, ring_size: Optional[int]) -> int:
         if ring_size is not None:
@@ -486,6 +555,7 @@ class ShmTransport(EngineTransport):
         q[_OFF_PID // 8] = os.getpid()
         q[_OFF_CAP // 8] = cap
         i[_OFF_NSLOTS // 4] = len(peers)
+        q[_OFF_ADDR // 8] = seg.addr  # where this segment lives in the owner's address space (the CMA probe)
         for s, p in enumerate(peers):
             i[_OFF_SLOTS // 4 + s] = p
         seg.layout()
@@ -570,10 +640,20 @@ class ShmTransport(EngineTransport):
         self._watch.close()
 
     # -- doorbells ------------------------------------------------------------------------
-    def _ring(self, seg: _Segment) -> None:
-        """Write a value no other ringer writes into ``seg``'s doorbell, then wake its sleepers."""
+    def _ring(self, seg: _Segment, force: bool = False) -> None:
+        """Write a value no other ringer writes into ``seg``'s doorbell, then wake its sleepers.
+
+        The wake syscall is skipped when the owner has no thread asleep: it raises its sleep flag,
+        fences and only then compares the doorbell in futex_wait; we write the doorbell, fence and
+        only then read the flag, so one of us sees the other's write.
+        """
         self._seq += 1
-        seg.i[_OFF_BELL // 4] = (self._seq * self.world_size + self.rank + 1) & 0xFFFFFFFF
+        i = seg.i
+        i[_OFF_BELL // 4] = (self._seq * self.world_size + self.rank + 1) & 0xFFFFFFFF
+        if not force:
+            _fence()
+            if not i[_OFF_SLEEP // 4]:
+                return
         w = _RAW_WAKE
         if w is not None:
             w[0](w[1], seg.addr + _OFF_BELL, 1, _INT_MAX)
@@ -596,6 +676,13 @@ class ShmTransport(EngineTransport):
             if self._closed:
                 raise ClosedError(f"rank {self.rank}: send to rank {dst} on a closed shm transport")
             o = self._out[dst]
+            if n >= RNDV_MIN and o.cma:
+                # rendezvous: the receiver copies straight from our buffer, then acknowledges
+                s = SendReq(self, dst, tag, view)
+                self._rid += 1
+                self._rndv[self._rid] = s
+                self._post_ctl_locked(o, tag, _RNDV_BIT | n, _REC.pack(_cma.address_of(view), self._rid))
+                return s
             if not o.pending:
                 # fast path: the whole message fits now
                 seg = o.seg
@@ -625,6 +712,45 @@ class ShmTransport(EngineTransport):
                     self._notify_locked()
         return s
 
+    def _post_ctl_locked(self, o: _OutRing, tag: int, length_field: int, payload: bytes) -> None:
+        """Queue a record whose length field is ``length_field`` (rendezvous descriptor, acknowledgement). Lock held."""
+        c = SendReq(self, o.dst, tag, memoryview(payload))
+        c.extra = length_field
+        o.pending.append(c)
+        if len(o.pending) == 1:
+            self._pending_out.append(o)
+            self._push(o)
+
+    def _rndv_read_locked(self, req: RecvReq, src: int, addr: int, n: int, rid: int) -> None:
+        """Copy a rendezvous message of ``src`` into ``req`` (one process_vm_readv), then acknowledge. Lock held."""
+        if req.error is None:
+            if n > req.out.nbytes:
+                req.error = self._size_error(req, src, n)
+            else:
+                try:
+                    if n:
+                        _cma.read(self._watch.pids.get(src, 0), _cma.address_of(req.out), addr, n)
+                except OSError as e:
+                    if e.errno == errno.ESRCH:
+                        req.error = self._peer_error(req, src, f"rank {src} died (its memory is gone)")
+                    else:
+                        req.error = BrokenError(
+                            f"rank {self.rank}: reading a {n}-byte message of rank {src} (tag {req.tag}) through "
+                            f"process_vm_readv failed: {e}; set PROCGROUP_SHM_CMA=0 to send large messages through the rings"
+                        )
+                else:
+                    req.status = Status(src, n)
+        req.out = None  # type: ignore[assignment]
+        o = self._out.get(src)
+        if o is not None and src not in self._failed:
+            self._post_ctl_locked(o, rid, _ACK, b"")
+
+    def _entry_matched_locked(self, entry: Unexpected) -> None:
+        if isinstance(entry, _RndvEntry) and entry.waiter is not None:
+            req = entry.waiter
+            entry.waiter = None
+            self._rndv_read_locked(req, entry.src, entry.addr, entry.nbytes, entry.rid)
+
     def _push(self, o: _OutRing) -> bool:
         """Write as much of ``o``'s pending sends as fits; True if one completed. Lock held."""
         seg = o.seg
@@ -643,7 +769,7 @@ class ShmTransport(EngineTransport):
                     if h + _REC_SIZE - tail > cap:
                         blocked = True
                         break
-                    _REC.pack_into(data, h & mask, s.tag, s.nbytes)
+                    _REC.pack_into(data, h & mask, s.tag, s.nbytes if s.extra is None else s.extra)
                     head = h + _REC_SIZE
                     s.hdr_done = True
                 view = s.view
@@ -732,6 +858,28 @@ class ShmTransport(EngineTransport):
                 if head < t + _REC_SIZE:
                     break
                 tag, length = _REC.unpack_from(data, t & mask)
+                if length > _LEN_MASK:  # a control record
+                    if length == _ACK:
+                        tail = t + _REC_SIZE
+                        s = self._rndv.pop(tag, None)
+                        if s is not None:
+                            if s.error is None:
+                                s.status = Status(s.peer, s.nbytes)
+                            s.view = None  # type: ignore[assignment]
+                        progressed = True
+                        continue
+                    if head < t + 2 * _REC_SIZE:
+                        break  # the descriptor is not all there yet
+                    addr, rid = _REC.unpack_from(data, (t + _REC_SIZE) & mask)
+                    tail = t + 2 * _REC_SIZE
+                    length &= _LEN_MASK
+                    req = self._match_locked(src, tag)
+                    if req is not None:
+                        self._rndv_read_locked(req, src, addr, length, rid)
+                    else:
+                        self._add_unexpected_locked(tag, _RndvEntry(src, length, addr, rid))
+                    progressed = True
+                    continue
                 tail = t + _REC_SIZE
                 req = self._match_locked(src, tag)
                 if req is not None:
@@ -849,6 +997,12 @@ class ShmTransport(EngineTransport):
                     self._fail_entry_locked(e, self._peer_error(e.waiter, peer, reason))
                 else:
                     self._fail_entry_locked(e, PeerFailureError(reason, peer=peer))
+        for rid, s in list(self._rndv.items()):
+            if s.peer == peer:
+                del self._rndv[rid]
+                if s.status is None and s.error is None:
+                    s.error = self._peer_error(s, peer, reason)
+                s.view = None  # type: ignore[assignment]
         o = self._out.get(peer)
         if o is not None and o.pending:
             for s in o.pending:
@@ -906,11 +1060,13 @@ class ShmTransport(EngineTransport):
                     if req.status is None and req.error is None:
                         spinning = False
                         self._sleepers += 1
+                        self._seg.i[_OFF_SLEEP // 4] = 1  # type: ignore[union-attr]
                         addr = self._seg.addr + _OFF_BELL  # type: ignore[union-attr]
             if spinning:
                 if self._yield:
                     _sched_yield()  # an oversubscribed host: let the peer we wait for run
                 continue
+            _fence()  # the sleep flag before the doorbell compare (Dekker with _ring)
             try:
                 t = self._slice
                 if deadline is not None:
@@ -920,6 +1076,7 @@ class ShmTransport(EngineTransport):
                 with lock:
                     self._sleepers -= 1
                     if not self._sleepers:
+                        self._clear_sleep_flag()
                         self._idle.notify_all()
 
     # -- router support ------------------------------------------------------------------------
@@ -934,14 +1091,25 @@ class ShmTransport(EngineTransport):
                 return
             self._maybe_check_peers_locked(time.monotonic())
             self._sleepers += 1
+            self._seg.i[_OFF_SLEEP // 4] = 1  # type: ignore[union-attr]
             addr = self._seg.addr + _OFF_BELL  # type: ignore[union-attr]
+        _fence()
         try:
             _futex.futex_wait(addr, snapshot, min(timeout, self._slice))
         finally:
             with self._lock:
                 self._sleepers -= 1
                 if not self._sleepers:
+                    self._clear_sleep_flag()
                     self._idle.notify_all()
+
+    def _clear_sleep_flag(self) -> None:
+        seg = self._seg
+        if seg is not None:
+            try:
+                seg.i[_OFF_SLEEP // 4] = 0
+            except ValueError:  # released during close
+                pass
 
     def _poke(self) -> None:
         """Ring our own doorbell (another transport's reader thread saw activity); lock held or not."""
@@ -955,6 +1123,11 @@ class ShmTransport(EngineTransport):
 
     # -- closing ---------------------------------------------------------------------------------
     def _fail_inflight_locked(self, err: BaseException) -> None:
+        for s in self._rndv.values():
+            if s.status is None and s.error is None:
+                s.error = err
+            s.view = None  # type: ignore[assignment]
+        self._rndv.clear()
         for r in self._in.values():
             cur = r.cur
             if cur is not None:
@@ -984,10 +1157,10 @@ class ShmTransport(EngineTransport):
         seg = self._seg
         if seg is not None:
             seg.i[_OFF_STATE // 4] = _ST_CLOSED
-            self._ring(seg)
+            self._ring(seg, force=True)
             for p, pseg in self._peer_segs.items():  # let blocked peers notice now rather than at their next slice
                 if p not in self._failed:
-                    self._ring(pseg)
+                    self._ring(pseg, force=True)
 
     def _after_close(self) -> None:
         with self._idle:
