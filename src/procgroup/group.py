@@ -389,20 +389,7 @@ class ProcessGroup:
                         self._comm = comm
                 comm.tag = tag << STEP_BITS
                 comm.deadline = dl
-                try:
-                    result = fn(comm)
-                except ProcGroupError as e:
-                    rec.state, rec.end = "failed", time.monotonic()
-                    self.inflight = None
-                    raise self._context(e, op, seq, dl, describe_signature(sig))
-                except BaseException:
-                    rec.state, rec.end = "failed", time.monotonic()
-                    self.inflight = None
-                    raise
-                rec.state, rec.end = "completed", time.monotonic()
-                self.last_completed = seq
-                self.inflight = None
-                return result
+                return self._recorded(fn, comm, rec, op, dl)
             finally:
                 if mine:
                     self._comm_busy = False
@@ -413,26 +400,30 @@ class ProcessGroup:
             self.flight.append(rec)
             self.inflight = rec
             comm = Comm(self.world.transport, self.ranks, self._rank, tag, dl, self._hosts, self._scratch)
-            try:
-                result = fn(comm)
-            except ProcGroupError as e:
-                rec.state, rec.end = "failed", time.monotonic()
-                self.inflight = None
-                raise self._context(e, op, seq, dl, describe_signature(sig))
-            except BaseException:
-                rec.state, rec.end = "failed", time.monotonic()
-                self.inflight = None
-                raise
-            rec.state, rec.end = "completed", time.monotonic()
-            self.last_completed = seq
-            self.inflight = None
-            return result
+            return self._recorded(fn, comm, rec, op, dl)
 
         work = Work(op, self)
         self._pending = [w for w in self._pending if not w.is_completed()]
         self._pending.append(work)
         self._submit(work, execute)
         return work
+
+    def _recorded(self, fn: Callable[[Comm], Any], comm: Comm, rec: FlightRecord, op: str, dl: Deadline) -> Any:
+        """Run ``fn(comm)``, keeping the flight record and the group's progress; errors get their context."""
+        try:
+            result = fn(comm)
+        except ProcGroupError as e:
+            rec.state, rec.end = "failed", time.monotonic()
+            self.inflight = None
+            raise self._context(e, op, rec.seq, dl, describe_signature(rec.signature))
+        except BaseException:
+            rec.state, rec.end = "failed", time.monotonic()
+            self.inflight = None
+            raise
+        rec.state, rec.end = "completed", time.monotonic()
+        self.last_completed = rec.seq
+        self.inflight = None
+        return result
 
     def _submit(self, work: Work, fn: Callable[[], Any]) -> None:
         if self._thread is None:
