@@ -25,7 +25,8 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from ..transport.base import Request, Status
+from ..transport.base import Request
+from .comm import Messaging
 
 __all__ = [
     "SLOT_TMP",
@@ -150,7 +151,7 @@ def exchange(comm: Any, dst: int, sendbuf: np.ndarray, src: int, recvbuf: np.nda
         s.wait(comm.deadline)
 
 
-class SubComm:
+class SubComm(Messaging):
     """A sub-group of a Comm (by parent group ranks) with its own range of steps.
 
     Presents the part of the Comm interface the algorithms use, so any
@@ -177,23 +178,6 @@ class SubComm:
 
     def irecv(self, peer: int, out: Any, step: int = 0) -> Request:
         return self.parent.irecv(self.members[peer], out, self.step_base + step)
-
-    def send(self, peer: int, buf: Any, step: int = 0) -> None:
-        self.isend(peer, buf, step).wait(self.deadline)
-
-    def recv(self, peer: int, out: Any, step: int = 0) -> Status:
-        return self.irecv(peer, out, step).wait(self.deadline)
-
-    def sendrecv(self, dst: int, sendbuf: Any, src: int, recvbuf: Any, step: int = 0) -> Status:
-        r = self.irecv(src, recvbuf, step)
-        s = self.isend(dst, sendbuf, step)
-        st = r.wait(self.deadline)
-        s.wait(self.deadline)
-        return st
-
-    def wait_all(self, reqs: Sequence[Request]) -> None:
-        for r in reqs:
-            r.wait(self.deadline)
 
     def scratch(self, nbytes: int, slot: int = 0) -> np.ndarray:
         return self.parent.scratch(nbytes, slot)

@@ -25,7 +25,7 @@ import numpy as np
 from ..deadline import Deadline
 from ..transport.base import Buffer, Request, Status, Transport
 
-__all__ = ["Comm", "ScratchPool", "STEP_BITS"]
+__all__ = ["Comm", "Messaging", "ScratchPool", "STEP_BITS"]
 
 STEP_BITS = 16
 _STEP_LIMIT = 1 << STEP_BITS
@@ -50,7 +50,41 @@ class ScratchPool:
         self._bufs.clear()
 
 
-class Comm:
+class Messaging:
+    """Blocking and paired operations in terms of ``isend``/``irecv`` and ``deadline``.
+
+    Shared by :class:`Comm` and the algorithms' sub-group views (``algorithms._util.SubComm``).
+    """
+
+    __slots__ = ()
+    deadline: Deadline
+
+    def isend(self, peer: int, buf: Buffer, step: int = 0) -> Request:
+        raise NotImplementedError
+
+    def irecv(self, peer: int, out: Buffer, step: int = 0) -> Request:
+        raise NotImplementedError
+
+    def send(self, peer: int, buf: Buffer, step: int = 0) -> None:
+        self.isend(peer, buf, step).wait(self.deadline)
+
+    def recv(self, peer: int, out: Buffer, step: int = 0) -> Status:
+        return self.irecv(peer, out, step).wait(self.deadline)
+
+    def sendrecv(self, dst: int, sendbuf: Buffer, src: int, recvbuf: Buffer, step: int = 0) -> Status:
+        """Send to ``dst`` and receive from ``src`` concurrently (deadlock-free ring step)."""
+        r = self.irecv(src, recvbuf, step)
+        s = self.isend(dst, sendbuf, step)
+        st = r.wait(self.deadline)
+        s.wait(self.deadline)
+        return st
+
+    def wait_all(self, reqs: Sequence[Request]) -> None:
+        for r in reqs:
+            r.wait(self.deadline)
+
+
+class Comm(Messaging):
     __slots__ = ("transport", "ranks", "rank", "size", "tag", "deadline", "hosts", "_scratch")
 
     def __init__(
@@ -83,24 +117,6 @@ class Comm:
 
     def irecv(self, peer: int, out: Buffer, step: int = 0) -> Request:
         return self.transport.irecv(self.ranks[peer], self._t(step), out)
-
-    def send(self, peer: int, buf: Buffer, step: int = 0) -> None:
-        self.isend(peer, buf, step).wait(self.deadline)
-
-    def recv(self, peer: int, out: Buffer, step: int = 0) -> Status:
-        return self.irecv(peer, out, step).wait(self.deadline)
-
-    def sendrecv(self, dst: int, sendbuf: Buffer, src: int, recvbuf: Buffer, step: int = 0) -> Status:
-        """Send to ``dst`` and receive from ``src`` concurrently (deadlock-free ring step)."""
-        r = self.irecv(src, recvbuf, step)
-        s = self.isend(dst, sendbuf, step)
-        st = r.wait(self.deadline)
-        s.wait(self.deadline)
-        return st
-
-    def wait_all(self, reqs: Sequence[Request]) -> None:
-        for r in reqs:
-            r.wait(self.deadline)
 
     # -- resources ----------------------------------------------------------------
     def scratch(self, nbytes: int, slot: int = 0) -> np.ndarray:
