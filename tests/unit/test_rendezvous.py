@@ -114,3 +114,13 @@ def test_rank_out_of_range_fails_others():
 
     run_ranks(2, body, timeout=8)
     assert len(errs) == 2 and all("outside [0, 2)" in e for e in errs)
+
+
+def test_progress_lines_while_waiting(caplog):
+    store = HashStore()
+    with caplog.at_level("WARNING", logger="procgroup"):
+        with pytest.raises(RendezvousTimeoutError):
+            rendezvous(store, info(0, 3), Deadline.after(1.5), where="h1:29500", progress_interval=0.3)
+    lines = [r.getMessage() for r in caplog.records if "joined at h1:29500" in r.getMessage()]
+    assert lines, caplog.text
+    assert "1/3 joined at h1:29500; waiting for ranks [1, 2]" in lines[0]
