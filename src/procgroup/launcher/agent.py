@@ -53,7 +53,6 @@ import tempfile
 import threading
 import time
 from enum import Enum
-from types import FrameType
 from typing import Mapping, Optional
 
 from ..config import ENV, env_str
@@ -73,6 +72,7 @@ from .report import (
     slim,
     worker_to_dict,
 )
+from .signals import SignalWaiter
 from .workers import (
     BOOTSTRAP_PATH,
     KILL_TIMEOUT,
@@ -99,7 +99,6 @@ OMP_WARNING = (
 DRAIN_TIMEOUT = 2.0
 #: How long killed leftovers get to disappear before they are reported as survivors.
 LEFTOVER_TIMEOUT = 2.0
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: Control lines an agent started by a head node writes on its stdout: ``CTL_MARK + nonce + " " + JSON``.
 CTL_MARK = "#procgroup-ctl:"
 #: Lines of a failed worker's traceback carried in its failure record.
@@ -137,7 +136,7 @@ def is_local_address(host: str) -> bool:
     return False
 
 
-class LocalAgent:
+class LocalAgent(SignalWaiter):
     """Runs one node's share of the job described by a :class:`LaunchConfig`."""
 
     def __init__(
@@ -163,12 +162,7 @@ class LocalAgent:
         self._head_secret: Optional[str] = None
         self._stdin_closed = False
         self._secret_file: Optional[str] = None  # srun mode, node 0: the file it wrote
-        self._signals: list[int] = []
-        self._usr1 = 0  # SIGUSR1s received (or relayed by the head) to pass on to the workers
-        self._wake_r: Optional[int] = None
-        self._wake_w: Optional[int] = None
-        self._saved_handlers: dict[int, object] = {}
-        self._saved_wakeup: Optional[int] = None
+        self._init_signals()
         self._tmpdir: Optional[str] = None
         self._subreaper = False
         self._reported_nodes: list[int] = []
@@ -522,59 +516,6 @@ class LocalAgent:
         return not self._multi or self.node_rank == 0
 
     # ------------------------------------------------------------------ signals
-
-    def _install_signals(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # embedded use: no handlers; waits fall back to short timeouts
-        r, w = os.pipe()
-        os.set_blocking(r, False)
-        os.set_blocking(w, False)
-        self._wake_r, self._wake_w = r, w
-        self._saved_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        for sig in (*FORWARDED, signal.SIGCHLD, signal.SIGUSR1):
-            self._saved_handlers[sig] = signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
-        if signum == signal.SIGUSR1:
-            self._usr1 += 1
-        elif signum != signal.SIGCHLD:
-            self._signals.append(signum)
-
-    def _restore_signals(self) -> None:
-        for sig, h in self._saved_handlers.items():
-            signal.signal(sig, h)  # type: ignore[arg-type]
-        self._saved_handlers.clear()
-        if self._wake_w is not None:
-            signal.set_wakeup_fd(self._saved_wakeup if self._saved_wakeup is not None else -1)
-            for fd in (self._wake_r, self._wake_w):
-                if fd is not None:
-                    os.close(fd)
-            self._wake_r = self._wake_w = None
-
-    def _poke(self) -> None:
-        """Wake the main loop from another thread (the gang watcher, the stdin watcher)."""
-        w = self._wake_w
-        if w is not None:
-            try:
-                os.write(w, b"\0")
-            except OSError:
-                pass
-
-    def _wake(self, timeout: float) -> None:
-        """Block until a signal arrives (SIGCHLD included), a thread pokes us, or ``timeout`` seconds pass."""
-        if self._wake_r is None:
-            time.sleep(min(timeout, 0.05))
-            return
-        try:
-            ready, _, _ = select.select([self._wake_r], [], [], max(0.0, timeout))
-        except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for safety
-            return
-        if ready:
-            try:
-                while os.read(self._wake_r, 4096):
-                    pass
-            except BlockingIOError:
-                pass
 
     # ------------------------------------------------------------------ one generation
 

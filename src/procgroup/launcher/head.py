@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import select
 import signal
 import subprocess
 import sys
@@ -43,11 +42,11 @@ from ..protocol.auth import new_secret
 from .agent import CTL_MARK, DRAIN_TIMEOUT, LEFTOVER_TIMEOUT
 from .hosts import HeadConfig, agent_argv, remote_command, ssh_argv
 from .report import RunResult, format_root_cause, format_summary, result_from_json
+from .signals import SignalWaiter
 from .workers import KILL_TIMEOUT, LineSink, OutputPump, Worker, WorkerSpec, signal_name
 
 __all__ = ["HeadNode", "run_head"]
 
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: after the head closed the sessions' stdin, how long the agents get to stop and report (beyond their grace)
 REPORT_GRACE = 15.0
 #: after one session ended without a report, how long the others get before the head stops them
@@ -73,7 +72,7 @@ class Session:
         return self.proc.returncode
 
 
-class HeadNode:
+class HeadNode(SignalWaiter):
     def __init__(self, cfg: HeadConfig, sink: Optional[LineSink] = None,
                  environ: Optional[Mapping[str, str]] = None) -> None:
         self.cfg = cfg
@@ -82,12 +81,7 @@ class HeadNode:
         self.sessions: list[Session] = []
         self._nonce = secrets.token_hex(8)
         self._mark = f"{CTL_MARK}{self._nonce} ".encode()
-        self._signals: list[int] = []
-        self._usr1 = 0
-        self._wake_r: Optional[int] = None
-        self._wake_w: Optional[int] = None
-        self._saved: dict[int, object] = {}
-        self._saved_wakeup: Optional[int] = None
+        self._init_signals()
         self._lock = threading.Lock()
         self.pump = OutputPump(self.sink, intercept=self._intercept)
 
@@ -125,23 +119,6 @@ class HeadNode:
         self._poke()
         return True
 
-    def _install_signals(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        r, w = os.pipe()
-        os.set_blocking(r, False)
-        os.set_blocking(w, False)
-        self._wake_r, self._wake_w = r, w
-        self._saved_wakeup = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        for sig in (*FORWARDED, signal.SIGCHLD, signal.SIGUSR1):
-            self._saved[sig] = signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        if signum == signal.SIGUSR1:
-            self._usr1 += 1
-        elif signum != signal.SIGCHLD:
-            self._signals.append(signum)
-
     def _relay_usr1(self) -> None:
         """SIGUSR1 on the head: every host's agent passes it on to its workers (a line on the session's stdin)."""
         for s in self.sessions:
@@ -151,36 +128,6 @@ class HeadNode:
                     s.proc.stdin.flush()
                 except OSError:
                     pass
-
-    def _restore_signals(self) -> None:
-        for sig, h in self._saved.items():
-            signal.signal(sig, h)  # type: ignore[arg-type]
-        self._saved.clear()
-        if self._wake_w is not None:
-            signal.set_wakeup_fd(self._saved_wakeup if self._saved_wakeup is not None else -1)
-            for fd in (self._wake_r, self._wake_w):
-                if fd is not None:
-                    os.close(fd)
-            self._wake_r = self._wake_w = None
-
-    def _poke(self) -> None:
-        if self._wake_w is not None:
-            try:
-                os.write(self._wake_w, b"\0")
-            except OSError:
-                pass
-
-    def _wake(self, timeout: float) -> None:
-        if self._wake_r is None:
-            time.sleep(min(timeout, 0.05))
-            return
-        ready, _, _ = select.select([self._wake_r], [], [], max(0.0, timeout))
-        if ready:
-            try:
-                while os.read(self._wake_r, 4096):
-                    pass
-            except BlockingIOError:
-                pass
 
     # ------------------------------------------------------------------ sessions
 
