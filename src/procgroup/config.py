@@ -88,6 +88,7 @@ class ENV:
     TTY = "PROCGROUP_TTY"  # the launcher's terminal, for dist.breakpoint() in a worker
     SHM_CMA = "PROCGROUP_SHM_CMA"  # "0": no single-copy (process_vm_readv) path for large shm messages
     SHM_SPIN_US = "PROCGROUP_SHM_SPIN_US"  # how long a shm wait spins before sleeping on a futex
+    SHM_ARENA = "PROCGROUP_SHM_ARENA"  # "0": small collectives within a host use messages, not the shared slots
 
     @classmethod
     def table(cls) -> list[EnvVar]:
@@ -126,7 +127,10 @@ _TABLE = (
     EnvVar(ENV.PROGRESS_INTERVAL, "seconds between rendezvous progress lines", "user"),
     EnvVar(ENV.TTY, "path of the launcher's terminal; dist.breakpoint() runs pdb there"),
     EnvVar(ENV.SHM_CMA, "0 turns off the single-copy (process_vm_readv) path for shm messages >= 1 MiB", "user"),
-    EnvVar(ENV.SHM_SPIN_US, "microseconds a shm wait spins before it sleeps on a futex (default 50)", "user"),
+    EnvVar(ENV.SHM_SPIN_US, "microseconds a shm wait spins before it sleeps on a futex (default 50; "
+           "shared-slot waits do not spin when the host has fewer CPUs than local ranks)", "user"),
+    EnvVar(ENV.SHM_ARENA, "0 sends small collectives among the ranks of one host as messages instead of through "
+           "shared slots (the arena)", "user"),
 )
 
 

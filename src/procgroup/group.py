@@ -214,6 +214,7 @@ class _P2PWork(Work):
 
 
 _STOP = object()
+_UNSET = object()
 
 #: store key of the job's first peer failure (JSON {"peer": rank, "text": message}); first writer wins
 FAILURE_KEY = "failure"
@@ -272,6 +273,7 @@ class ProcessGroup:
         self._thread: Optional[threading.Thread] = None
         self._closed = False
         self._child_groups = 0  # groups created with this one as parent (for consistent ids)
+        self._arena: Any = _UNSET  # the transport's shared slots for this group (None: it has none), made on first use
 
     # -- queries -------------------------------------------------------------------
     def rank(self) -> int:
@@ -384,7 +386,7 @@ class ProcessGroup:
                 self.inflight = rec
                 comm = self._comm if mine else None
                 if comm is None:
-                    comm = Comm(self.world.transport, self.ranks, self._rank, 0, dl, self._hosts, self._scratch)
+                    comm = Comm(self.world.transport, self.ranks, self._rank, 0, dl, self._hosts, self._scratch, self.arena())
                     if mine:
                         self._comm = comm
                 comm.tag = tag << STEP_BITS
@@ -399,7 +401,7 @@ class ProcessGroup:
             rec = FlightRecord(seq, op, sig, time.monotonic())
             self.flight.append(rec)
             self.inflight = rec
-            comm = Comm(self.world.transport, self.ranks, self._rank, tag, dl, self._hosts, self._scratch)
+            comm = Comm(self.world.transport, self.ranks, self._rank, tag, dl, self._hosts, self._scratch, self.arena())
             return self._recorded(fn, comm, rec, op, dl)
 
         work = Work(op, self)
@@ -407,6 +409,14 @@ class ProcessGroup:
         self._pending.append(work)
         self._submit(work, execute)
         return work
+
+    def arena(self) -> Any:
+        """The transport's :class:`~procgroup.transport.base.Arena` for this group, or None (asked once)."""
+        a = self._arena
+        if a is _UNSET:
+            one_host = len(set(self._hosts)) == 1  # as the shm transport decides, whatever the transport
+            a = self._arena = self.world.transport.arena(self.gid, self.ranks) if self._rank >= 0 and one_host else None
+        return a
 
     def _recorded(self, fn: Callable[[Comm], Any], comm: Comm, rec: FlightRecord, op: str, dl: Deadline) -> Any:
         """Run ``fn(comm)``, keeping the flight record and the group's progress; errors get their context."""

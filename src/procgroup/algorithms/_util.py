@@ -159,6 +159,7 @@ class SubComm(Messaging):
     """
 
     __slots__ = ("parent", "members", "rank", "size", "hosts", "deadline", "step_base")
+    arena = None  # a sub-group has no shared slots of its own: its algorithms use messages
 
     def __init__(self, parent: Any, members: Sequence[int], step_base: int) -> None:
         self.parent = parent

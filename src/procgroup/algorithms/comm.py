@@ -14,6 +14,9 @@ ranks as threads or as processes.
   group: scratch is not allocated per call.
 * ``comm.hosts[i]`` is a host key of group rank ``i`` (ranks with the same key
   share memory), used by hierarchical algorithms.
+* ``comm.arena`` is the group's :class:`~procgroup.transport.base.Arena`
+  (shared slots, one exchange per call) or None; ``comm.check_word()`` is
+  what members of the call publish with it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from ..deadline import Deadline
-from ..transport.base import Buffer, Request, Status, Transport
+from ..transport.base import Arena, Buffer, Request, Status, Transport
 
 __all__ = ["Comm", "Messaging", "ScratchPool", "STEP_BITS"]
 
@@ -85,7 +88,7 @@ class Messaging:
 
 
 class Comm(Messaging):
-    __slots__ = ("transport", "ranks", "rank", "size", "tag", "deadline", "hosts", "_scratch")
+    __slots__ = ("transport", "ranks", "rank", "size", "tag", "deadline", "hosts", "_scratch", "arena")
 
     def __init__(
         self,
@@ -96,6 +99,7 @@ class Comm(Messaging):
         deadline: Deadline,
         hosts: Optional[Sequence[str]] = None,
         scratch: Optional[ScratchPool] = None,
+        arena: Optional[Arena] = None,
     ) -> None:
         self.transport = transport
         self.ranks: List[int] = list(ranks)
@@ -105,6 +109,12 @@ class Comm(Messaging):
         self.deadline = deadline
         self.hosts: List[str] = list(hosts) if hosts is not None else ["localhost"] * self.size
         self._scratch = scratch if scratch is not None else ScratchPool()
+        #: the group's shared slots when its ranks share a host (see ``algorithms.arena``), else None
+        self.arena = arena
+
+    def check_word(self) -> int:
+        """What the members of this call agree on (sequence number and fingerprint), as a u32 for the arena."""
+        return (self.tag >> STEP_BITS) & 0xFFFFFFFF
 
     # -- messaging (group ranks) ------------------------------------------------
     def _t(self, step: int) -> int:

@@ -28,6 +28,11 @@ all_to_all         linear (all posted at once) when total sent  pairwise exchang
 barrier            dissemination
 =================  ==========================================  ===========================================
 
+Before the table: when the group has an arena (``comm.arena``: every rank on
+one host, see ``algorithms.arena``) and one rank's bytes fit its slot
+(``ARENA_BYTES``, 32 KiB), all_reduce, broadcast, reduce, all_gather and
+barrier are a single arena exchange.  ``FORCE`` still wins.
+
 Every choice is computed from values all ranks of the call agree on (the
 group size and the per-rank message size), so all ranks pick the same
 algorithm -- except all_to_all with uneven counts, where each rank looks at
@@ -52,6 +57,7 @@ from .allreduce import (
     host_layout,
 )
 from .alltoall import alltoall_linear, alltoall_pairwise
+from .arena import allgather_arena, allreduce_arena, barrier_arena, bcast_arena, fits, reduce_arena
 from .dissemination import barrier_dissemination
 from .bcast import bcast_binomial, bcast_scatter_allgather
 from .gathering import (
@@ -121,16 +127,17 @@ ALGORITHMS: Dict[str, Dict[str, Callable[..., None]]] = {
         "ring": allreduce_ring,
         "reduce_bcast": allreduce_reduce_bcast,
         "hierarchical": allreduce_hierarchical,
+        "arena": allreduce_arena,
     },
-    "broadcast": {"binomial": bcast_binomial, "scatter_allgather": bcast_scatter_allgather},
-    "reduce": {"binomial": reduce_binomial, "reduce_scatter_gather": reduce_scatter_gather},
+    "broadcast": {"binomial": bcast_binomial, "scatter_allgather": bcast_scatter_allgather, "arena": bcast_arena},
+    "reduce": {"binomial": reduce_binomial, "reduce_scatter_gather": reduce_scatter_gather, "arena": reduce_arena},
     "reduce_scatter": {"allreduce": reduce_scatter_allreduce, "ring": reduce_scatter_ring},
-    "all_gather": {"bruck": allgather_bruck, "ring": allgather_ring},
+    "all_gather": {"bruck": allgather_bruck, "ring": allgather_ring, "arena": allgather_arena},
     "all_gatherv": {"gather_bcast": allgatherv_gather_bcast, "ring": allgatherv_ring},
     "gather": {"binomial": gather_binomial, "linear": gather_linear},
     "scatter": {"binomial": scatter_binomial, "linear": scatter_linear},
     "all_to_all": {"linear": alltoall_linear, "pairwise": alltoall_pairwise},
-    "barrier": {"dissemination": barrier_dissemination},
+    "barrier": {"dissemination": barrier_dissemination, "arena": barrier_arena},
 }
 
 
@@ -175,6 +182,8 @@ def choose_all_reduce(comm: Any, nbytes: int, nelems: int) -> Callable[..., None
     f = _forced("all_reduce")
     if f is not None:
         return f
+    if fits(comm, nbytes):
+        return allreduce_arena
     if _hierarchical_applies(comm.hosts, comm.size):
         return allreduce_hierarchical
     return choose_all_reduce_flat(comm.size, nbytes, nelems)
@@ -204,6 +213,8 @@ def broadcast(comm: Any, buf: np.ndarray, root: int) -> None:
     buf = flat(buf, "broadcast buffer")
     if comm.size == 1 or buf.nbytes == 0:
         return
+    if fits(comm, buf.nbytes) and "broadcast" not in FORCE:
+        return bcast_arena(comm, buf, root)
     choose_broadcast(comm.size, buf.nbytes)(comm, buf, root)
 
 
@@ -220,6 +231,8 @@ def reduce(comm: Any, buf: np.ndarray, reduce: Callable[[np.ndarray, np.ndarray]
     buf = flat(buf, "reduce buffer")
     if comm.size == 1 or buf.shape[0] == 0:
         return
+    if fits(comm, buf.nbytes) and "reduce" not in FORCE:
+        return reduce_arena(comm, buf, reduce, root)
     choose_reduce(comm.size, buf.nbytes, buf.shape[0])(comm, buf, reduce, root)
 
 
@@ -228,7 +241,10 @@ def all_gather(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
     sendbuf, recvbuf = flat(sendbuf, "all_gather sendbuf"), flat(recvbuf, "all_gather recvbuf")
     f = _forced("all_gather")
     if f is None:
-        f = allgather_bruck if sendbuf.nbytes * comm.size <= ALLGATHER_SMALL else allgather_ring
+        if fits(comm, sendbuf.nbytes):
+            f = allgather_arena
+        else:
+            f = allgather_bruck if sendbuf.nbytes * comm.size <= ALLGATHER_SMALL else allgather_ring
     f(comm, sendbuf, recvbuf)
 
 
@@ -285,4 +301,7 @@ def all_to_all(
 
 def barrier(comm: Any) -> None:
     """Returns once every rank has entered."""
-    barrier_dissemination(comm)
+    f = _forced("barrier")
+    if f is None:
+        f = barrier_arena if comm.arena is not None else barrier_dissemination
+    f(comm)

@@ -34,17 +34,31 @@ Semantics (MPI-like, deliberately small):
   ``send``/``recv`` as torch does, but algorithms may use it).
 * Blocking waits must not burn a core: spin briefly, then block in the
   kernel (futex, socket, condition variable).
+
+Arenas (optional).  ``arena(key, members)`` may return an :class:`Arena`: a
+set of shared slots, one per member, through which the members of a group
+exchange small payloads in one step with no tag matching (the shm transport
+gives one to groups whose ranks all share a host; the memory transport to
+any group).  ``exchange(data, check, deadline)`` publishes this member's
+bytes with a ``check`` word, waits until every member has published the same
+call (the same count of exchanges and the same ``check``) and returns a view
+of every member's bytes, in member order, valid until this member's next
+exchange.  Because every exchange waits for every member, a slot is never
+rewritten while a peer may still read it (two slots per member alternate).
+Members whose ``check`` differs never complete (the group layer's watchdog
+names the mismatch); waits honour the deadline, peer death, ``abort`` and
+``close`` like requests do.  Callers serialise exchanges of one arena.
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 from ..deadline import Deadline
 
-__all__ = ["ANY_SOURCE", "Status", "Request", "Transport", "CompletedRequest", "as_bytes_view", "as_writable_view"]
+__all__ = ["ANY_SOURCE", "Arena", "Status", "Request", "Transport", "CompletedRequest", "as_bytes_view", "as_writable_view"]
 
 #: Source wildcard for irecv/recv.
 ANY_SOURCE = -1
@@ -135,11 +149,36 @@ class Transport(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement abort()")
 
+    def arena(self, key: int, members: Sequence[int]) -> Optional["Arena"]:
+        """Shared slots for the group ``key`` of global ranks ``members`` (this rank among them), or None.
+
+        Every member gets an arena or every member gets None (the answer depends only on
+        values all members share), so algorithms may choose by it.
+        """
+        return None
+
     def __enter__(self) -> "Transport":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Arena(abc.ABC):
+    """One-step exchange of small payloads among a fixed set of members (see the module docstring)."""
+
+    #: members (global ranks) in member order, and this process's index among them
+    members: Sequence[int]
+    index: int
+    #: the most bytes one member may publish per exchange
+    max_bytes: int
+
+    @abc.abstractmethod
+    def exchange(self, data: Optional[Buffer], check: int, deadline: Optional[Deadline]) -> Sequence[memoryview]:
+        """Publish ``data`` (None: no bytes), wait for every member's, return them all (member order).
+
+        ``check`` (a u32) must be equal on every member for the same call.
+        """
 
 
 def as_bytes_view(data: Buffer) -> memoryview:

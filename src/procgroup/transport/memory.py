@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
 from ..deadline import Deadline
 from ..errors import ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError
-from .base import ANY_SOURCE, TAG_LIMIT, Buffer, CompletedRequest, Request, Status, Transport, as_bytes_view, as_writable_view
+from .base import ANY_SOURCE, TAG_LIMIT, Arena, Buffer, CompletedRequest, Request, Status, Transport, as_bytes_view, as_writable_view
 
 __all__ = ["MemoryHub", "MemoryTransport"]
 
@@ -109,6 +109,8 @@ class MemoryHub:
         self.failed: Dict[int, str] = {}
         self.closed = [False] * world_size
         self.aborted: Dict[int, BaseException] = {}  # rank -> error its requests fail with
+        #: (key, members) -> per parity, per member: [published count, check, bytearray of MEMORY_ARENA_BYTES]
+        self.arenas: Dict[Tuple[int, Tuple[int, ...]], List[List[list]]] = {}
 
     def transport(self, rank: int) -> "MemoryTransport":
         return MemoryTransport(self, rank)
@@ -119,6 +121,59 @@ class MemoryHub:
             self.failed[rank] = reason
             self.closed[rank] = True
             self.cond.notify_all()
+
+
+#: bytes per member slot of a memory arena (the same as the shm transport's, so both pick the same algorithms)
+MEMORY_ARENA_BYTES = 32 << 10
+
+
+class _MemoryArena(Arena):
+    """The reference :class:`Arena`: slots in a dict of the hub, waits on the hub's condition."""
+
+    def __init__(self, t: "MemoryTransport", key: int, members: Sequence[int]) -> None:
+        self.t = t
+        self.members = list(members)
+        self.index = self.members.index(t.rank)
+        self.max_bytes = MEMORY_ARENA_BYTES
+        with t.hub.cond:
+            self.slots = t.hub.arenas.setdefault(
+                (key, tuple(self.members)),
+                [[[0, 0, bytearray(MEMORY_ARENA_BYTES)] for _ in self.members] for _ in range(2)],
+            )
+        self.count = 0
+
+    def exchange(self, data: Optional[Buffer], check: int, deadline: Optional[Deadline]) -> Sequence[memoryview]:
+        hub, me = self.t.hub, self.t.rank
+        par = self.count & 1
+        self.count += 1
+        val = self.count
+        slots = self.slots[par]
+        with hub.cond:
+            mine = slots[self.index]
+            if data is not None:
+                v = as_bytes_view(data)
+                if v.nbytes > self.max_bytes:
+                    raise ConfigError(f"arena exchange of {v.nbytes} bytes exceeds the slot size {self.max_bytes}")
+                mine[2][:v.nbytes] = v
+            mine[0], mine[1] = val, check
+            hub.cond.notify_all()
+            while True:
+                missing = [m for i, m in enumerate(self.members) if slots[i][0] != val or slots[i][1] != check]
+                if not missing:
+                    return [memoryview(s[2]) for s in slots]
+                self.t._check(me, "arena exchange")
+                dead = [m for m in missing if m in hub.failed]
+                if dead:
+                    raise PeerFailureError(
+                        f"rank {me}: shared-slot exchange cannot complete: rank {dead[0]} failed ({hub.failed[dead[0]]})",
+                        peer=dead[0],
+                    )
+                remaining = None if deadline is None else deadline.remaining_or_none()
+                if remaining is not None and remaining <= 0:
+                    raise DistTimeoutError(
+                        f"rank {me}: shared-slot exchange: ranks {missing} did not arrive after {deadline.elapsed():.2f}s"  # type: ignore[union-attr]
+                    )
+                hub.cond.wait(remaining)
 
 
 class MemoryTransport(Transport):
@@ -180,6 +235,9 @@ class MemoryTransport(Transport):
                         return req
             box.posted.append(req)
         return req
+
+    def arena(self, key: int, members: Sequence[int]) -> Optional[Arena]:
+        return _MemoryArena(self, key, members) if self.rank in members and len(members) > 1 else None
 
     def abort(self, exc: BaseException) -> None:
         with self.hub.cond:

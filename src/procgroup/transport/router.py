@@ -26,12 +26,12 @@ instances (loopback, shm, tcp) for ANY_SOURCE to span them.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ..deadline import Deadline
 from ..errors import ClosedError, ConfigError, DistTimeoutError
 from ._engine import ClaimGroup, EngineTransport, LoopbackTransport, RecvReq
-from .base import ANY_SOURCE, Buffer, CompletedRequest, Request, Status, Transport
+from .base import ANY_SOURCE, Arena, Buffer, CompletedRequest, Request, Status, Transport
 
 __all__ = ["RouterTransport"]
 
@@ -199,6 +199,14 @@ class RouterTransport(Transport):
             if isinstance(group.winner, RecvReq):
                 break  # an unexpected message matched already: post no further members
         return _AnyRecv(self, group, members, tag)
+
+    def arena(self, key: int, members: Sequence[int]) -> Optional[Arena]:
+        """The arena of the sub-transport that reaches every other member (the shm one of this host), if any."""
+        others = [int(m) for m in members if int(m) != self.rank]
+        t = self._per_peer.get(others[0]) if others else None
+        if t is None or any(self._per_peer.get(m) is not t for m in others):
+            return None
+        return t.arena(key, members)
 
     def mark_peer_failed(self, peer: int, reason: str) -> None:
         t = self._per_peer.get(peer)

@@ -16,6 +16,7 @@ skipping the owner)::
       24   8  owner pid         32  8  ring capacity C (power of two, >= 4096)
       40   4  number of slots S
       48   8  address of this segment in the owner's address space (the CMA probe)
+      56   8  offset A of the arena region
       64   4  doorbell (futex word, own cache line)
       72   4  sleep flag: 1 while an owner thread may be asleep on the doorbell
       128  4*S slot table: the source rank of each slot
@@ -26,6 +27,11 @@ skipping the owner)::
                (written by the consumer at formation, before the attach barrier)
       +64  8  tail  (bytes ever consumed; written by the consumer only)
     align(4096)          S * C         ring data, slot i at data + i*C
+    A                    G * 2 * (64 + B)  arena slots: group index g, parity k at
+                                       A + (2g + k) * (64 + B); per slot
+      +0   4  published count (u32, 0: never; written last)
+      +4   4  check word
+      +64  B  payload (B = ``ARENA_BYTES``)
 
 The ring carries a byte stream of records: a 16-byte header ``(tag u64,
 length u64)`` at a 16-byte aligned stream position (so it never wraps),
@@ -77,6 +83,22 @@ writes the doorbell, fences, then reads the flag (Dekker), so a sleeping
 consumer cannot miss data, and a spinning one costs no syscall.  A consumer
 rings the producer only when the producer's want-space flag is set.
 
+Arena
+-----
+Groups whose ranks all share this host (and whose id is below
+``ARENA_GROUPS``) also get an :class:`~procgroup.transport.base.Arena`:
+member ``m`` publishes into its own segment's slot for the group (payload,
+then check word, then count: TSO keeps that order), fences, and reads every
+member's count and check.  Whoever sees every member there rings the
+doorbells of the others (the wake syscall only for a raised sleep flag); the
+others spin (``spin``; not when the host has fewer CPUs than local ranks:
+then a spinner only takes the core from the rank it waits for), then sleep
+on their doorbell exactly as a request waiter does -- snapshot the doorbell,
+re-check, sleep -- so a wake is never lost, and check liveness, abort,
+close and the deadline at every slice.  The small collectives of
+``algorithms.arena`` use it: one publish and one wake instead of
+log2(p) rounds of matched messages.
+
 Matching: a header arriving for a posted receive gets its payload copied
 straight from the ring into the receive buffer (one copy); any other
 message is drained into the unexpected queue so that one tag never blocks
@@ -112,7 +134,7 @@ from ..deadline import Deadline, as_deadline
 from ..errors import BrokenError, ClosedError, ConfigError, DistTimeoutError, PeerFailureError
 from . import _cma, _futex
 from ._engine import EngineTransport, RecvReq, SendReq, Unexpected, delete_key_quiet as _delete_key, timeout_error
-from .base import CompletedRequest, Request, Status
+from .base import Arena, CompletedRequest, Request, Status
 
 __all__ = ["ShmTransport", "shm_supported", "cleanup_job_segments", "SHM_DIR", "segment_prefix"]
 
@@ -120,10 +142,11 @@ logger = logging.getLogger("procgroup.transport")
 
 SHM_DIR = "/dev/shm"
 _MAGIC = b"PGSHM\x00\x01\x00"
-_VERSION = 1
+_VERSION = 2
 _ST_INIT, _ST_READY, _ST_CLOSED = 0, 1, 2
 _HDR_SIZE = 4096
 _OFF_STATE, _OFF_WS, _OFF_OWNER, _OFF_PID, _OFF_CAP, _OFF_NSLOTS, _OFF_ADDR = 12, 16, 20, 24, 32, 40, 48
+_OFF_ARENA = 56
 _OFF_BELL = 64
 _OFF_SLEEP = 72  # 1 while the owner has a thread asleep on its doorbell (ringers skip the wake syscall otherwise)
 _OFF_SLOTS = 128
@@ -137,6 +160,13 @@ _ACK = 1 << 63
 _LEN_MASK = _RNDV_BIT - 1
 #: messages of at least this many bytes go by rendezvous (one process_vm_readv) when the peer can read us
 RNDV_MIN = 1 << 20
+
+#: groups with an id below this get arena slots (the world is group 0; new_group ids count up from 1)
+ARENA_GROUPS = 16
+#: payload bytes of one arena slot: the largest small collective that goes through the arena
+ARENA_BYTES = 32 << 10
+_ARENA_HDR = 64
+_ARENA_SLOT = _ARENA_HDR + ARENA_BYTES
 
 #: default ring capacity per (producer, consumer) pair
 DEFAULT_RING_SIZE = 4 << 20
@@ -300,7 +330,7 @@ def _pidns() -> Optional[int]:
 class _Segment:
     """One mapped segment: the mmap plus u32/u64 views of it."""
 
-    __slots__ = ("name", "mm", "q", "i", "addr", "cap", "nslots", "data_off", "size")
+    __slots__ = ("name", "mm", "q", "i", "addr", "cap", "nslots", "data_off", "size", "arena_off")
 
     def __init__(self, name: str, mm: mmap.mmap) -> None:
         self.name = name
@@ -314,11 +344,13 @@ class _Segment:
         self.cap = 0
         self.nslots = 0
         self.data_off = 0
+        self.arena_off = 0
 
     def layout(self) -> None:
         self.cap = self.q[_OFF_CAP // 8]
         self.nslots = self.i[_OFF_NSLOTS // 4]
         self.data_off = _HDR_SIZE + _align(self.nslots * _CTRL, 4096)
+        self.arena_off = self.q[_OFF_ARENA // 8]
 
     def slot_of(self, src: int) -> int:
         for s in range(self.nslots):
@@ -342,8 +374,12 @@ class _Segment:
             pass
 
 
-def _segment_size(nslots: int, cap: int) -> int:
+def _rings_size(nslots: int, cap: int) -> int:
     return _HDR_SIZE + _align(nslots * _CTRL, 4096) + nslots * cap
+
+
+def _segment_size(nslots: int, cap: int) -> int:
+    return _rings_size(nslots, cap) + ARENA_GROUPS * 2 * _ARENA_SLOT
 
 
 class _InRing:
@@ -397,6 +433,104 @@ class _RndvEntry(Unexpected):
         self.rid = rid
 
 
+class _ShmArena(Arena):
+    """Arena slots of one group in the members' segments (see "Arena" in the module docstring)."""
+
+    def __init__(self, t: "ShmTransport", key: int, members: List[int]) -> None:
+        self.t = t
+        self.members = members
+        self.index = members.index(t.rank)
+        self.max_bytes = ARENA_BYTES
+        segs = [t._seg if m == t.rank else t._peer_segs[m] for m in members]
+        self._words = [seg.i for seg in segs]  # type: ignore[union-attr]
+        # per parity: the u32 index of each member's count word, and each member's payload view
+        self._cnt = [[(seg.arena_off + (2 * key + k) * _ARENA_SLOT) // 4 for seg in segs] for k in (0, 1)]  # type: ignore[union-attr]
+        self._data = [
+            [memoryview(seg.mm)[seg.arena_off + (2 * key + k) * _ARENA_SLOT + _ARENA_HDR:][:ARENA_BYTES] for seg in segs]  # type: ignore[union-attr]
+            for k in (0, 1)
+        ]
+        self._others = [seg for seg in segs if seg is not t._seg]
+        self._pairs = list(zip(self._words, range(len(members))))
+        self.count = 0
+
+    def release(self) -> None:
+        for views in self._data:
+            for v in views:
+                v.release()
+        self._words = []
+
+    def _arrived(self, k: int, val: int, check: int) -> bool:
+        cnt = self._cnt[k]
+        for w, j in self._pairs:
+            c = cnt[j]
+            if w[c] != val or w[c + 1] != check:
+                return False
+        return True
+
+    def exchange(self, data: Optional[Any], check: int, deadline: Optional[Deadline]) -> Sequence[memoryview]:
+        t = self.t
+        if t._aborted is not None:
+            raise t._aborted
+        if t._closed or not self._words:
+            raise ClosedError(f"rank {t.rank}: shared-slot exchange on a closed shm transport")
+        k = self.count & 1
+        self.count += 1
+        val = (self.count - 1) % 0xFFFFFFFF + 1  # never 0 (0: "never published")
+        me = self.index
+        views = self._data[k]
+        if data is not None:
+            n = data.nbytes
+            if n > ARENA_BYTES:
+                raise ConfigError(f"arena exchange of {n} bytes exceeds the slot size {ARENA_BYTES}")
+            if n:
+                views[me][:n] = data
+        w, c = self._words[me], self._cnt[k][me]
+        w[c + 1] = check
+        w[c] = val  # last: publishes the payload and the check (stores stay in order on x86)
+        _fence()  # our count before their counts (Dekker with the other last arriver)
+        if self._arrived(k, val, check):
+            t._wake_all(self._others)  # we completed the exchange: nobody else may see it, wake them
+            return views
+        self._wait(k, val, check, deadline)
+        return views
+
+    def _wait(self, k: int, val: int, check: int, deadline: Optional[Deadline]) -> None:
+        t = self.t
+        arrived = self._arrived
+        spin = t._arena_spin
+        if spin:
+            end = time.monotonic() + spin
+            yld = t._oversubscribed
+            while time.monotonic() < end:
+                if arrived(k, val, check):
+                    return
+                if yld:
+                    _sched_yield()  # the member we wait for may be queued behind us
+        while True:
+            seg = t._seg
+            if t._aborted is not None:
+                raise t._aborted
+            if t._closed or seg is None:
+                raise ClosedError(f"rank {t.rank}: the shm transport was closed during a shared-slot exchange")
+            snap = seg.i[_OFF_BELL // 4]  # before the re-check: a wake after it changes the doorbell
+            if arrived(k, val, check):
+                return
+            cnt = self._cnt[k]
+            missing = [m for (w, j), m in zip(self._pairs, self.members) if w[cnt[j]] != val or w[cnt[j] + 1] != check]
+            dead = [m for m in missing if m in t._failed]
+            if dead:
+                raise PeerFailureError(
+                    f"rank {t.rank}: shared-slot exchange with ranks {self.members} cannot complete: "
+                    f"{t._failed[dead[0]]}", peer=dead[0],
+                )
+            if deadline is not None and deadline.expired():
+                raise DistTimeoutError(
+                    f"rank {t.rank}: shared-slot exchange (call {self.count} of this group's arena): "
+                    f"ranks {missing} of {self.members} did not arrive within {deadline.elapsed():.2f}s"
+                )
+            t._sleep_on_bell(snap, t._slice if deadline is None else min(t._slice, max(deadline.remaining(), 1e-4)))
+
+
 class ShmTransport(EngineTransport):
     """Transport among the ranks of one host through shared-memory rings (see the module docstring).
 
@@ -441,6 +575,16 @@ class ShmTransport(EngineTransport):
         # sched_yield while spinning: when the host is oversubscribed -- by our ranks or by anything else -- the
         # peer we wait for may be queued behind us; without the yield it waits for our whole time slice (~0.75 ms)
         self._yield = True
+        # shared-slot (arena) waits spin only when every local rank can have a CPU; otherwise a spinner
+        # mostly keeps the rank it waits for off the core
+        try:
+            ncpu = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):  # pragma: no cover - not Linux
+            ncpu = os.cpu_count() or 1
+        self._oversubscribed = len(set(local_ranks)) > ncpu
+        self._arena_spin = self._spin if env_spin or not self._oversubscribed else 0.0
+        self._arena_on = os.environ.get(ENV.SHM_ARENA, "1").strip().lower() not in ("0", "false", "no", "off")
+        self._arenas: List["_ShmArena"] = []
         self._slice = slice_s
         self._seq = 0
         self._moved = 0  # bumped whenever bytes move through a ring: a waiter keeps spinning while they do
@@ -556,6 +700,7 @@ class ShmTransport(EngineTransport):
         q[_OFF_CAP // 8] = cap
         i[_OFF_NSLOTS // 4] = len(peers)
         q[_OFF_ADDR // 8] = seg.addr  # where this segment lives in the owner's address space (the CMA probe)
+        q[_OFF_ARENA // 8] = _rings_size(len(peers), cap)
         for s, p in enumerate(peers):
             i[_OFF_SLOTS // 4 + s] = p
         seg.layout()
@@ -624,6 +769,9 @@ class ShmTransport(EngineTransport):
             ) from e
 
     def _release_all(self) -> None:
+        for a in self._arenas:
+            a.release()
+        self._arenas.clear()
         for ir in self._in.values():
             ir.data.release()
         for o in self._out.values():
@@ -638,6 +786,38 @@ class ShmTransport(EngineTransport):
             self._seg.close()
             self._seg = None
         self._watch.close()
+
+    # -- arenas ---------------------------------------------------------------------------
+    def arena(self, key: int, members: Sequence[int]) -> Optional[Arena]:
+        ms = [int(m) for m in members]
+        if not self._arena_on or not 0 <= key < ARENA_GROUPS or len(ms) < 2 or self.rank not in ms:
+            return None
+        if any(m != self.rank and m not in self._peer_segs for m in ms):
+            return None  # a member on another host
+        with self._lock:
+            if self._closed or self._seg is None:
+                return None
+            a = _ShmArena(self, key, ms)
+            self._arenas.append(a)
+            return a
+
+    def _wake_all(self, segs: List[_Segment]) -> None:
+        """Ring the doorbells of ``segs`` (the rest of an arena), one fence, wake only the sleepers."""
+        with self._lock:
+            if self._closed:
+                return
+            ws, me = self.world_size, self.rank + 1
+            for seg in segs:
+                self._seq += 1
+                seg.i[_OFF_BELL // 4] = (self._seq * ws + me) & 0xFFFFFFFF
+        _fence()  # the doorbells before the sleep flags (Dekker with the sleeper)
+        w = _RAW_WAKE
+        for seg in segs:
+            if seg.i[_OFF_SLEEP // 4]:
+                if w is not None:
+                    w[0](w[1], seg.addr + _OFF_BELL, 1, _INT_MAX)
+                else:
+                    _futex.futex_wake(seg.addr + _OFF_BELL)
 
     # -- doorbells ------------------------------------------------------------------------
     def _ring(self, seg: _Segment, force: bool = False) -> None:
