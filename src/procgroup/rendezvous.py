@@ -20,7 +20,6 @@ import logging
 import os
 import socket
 import sys
-import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 from urllib.parse import parse_qs, urlparse
@@ -239,7 +238,8 @@ def rendezvous(
 
 
 def new_nonce() -> str:
-    return uuid.uuid4().hex
+    """128 random bits as 32 hex digits (``os.urandom``: ``uuid`` would add its import to every worker's start-up)."""
+    return os.urandom(16).hex()
 
 
 def setup_logging() -> None:

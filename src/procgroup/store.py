@@ -1281,6 +1281,13 @@ class StoreServer:
 _WAIT_GRACE = 2.0  # client-side slack beyond the server-side WAIT timeout
 _HANDSHAKE_MAX = 60.0
 _BACKOFF_MAX = 1.0
+#: While the store's host answers "connection refused" (it is up, but nothing listens on the port yet:
+#: the usual start-up race, rank 0 still importing), retry at least this often for the first
+#: ``_REFUSED_FAST_S`` seconds, so a client finds the store within ~25 ms of it opening instead of after a
+#: doubled backoff (up to a second).  A refusal costs a round trip and no work on the server; after the
+#: window the normal backoff bounds the retries of a store that is not coming soon.
+_REFUSED_BACKOFF_MAX = 0.025
+_REFUSED_FAST_S = 10.0
 
 
 def _oserror_str(e: BaseException) -> str:
@@ -1303,7 +1310,8 @@ class TCPStore(Store):
     """Client of a :class:`StoreServer`.
 
     Connects (retrying with backoff until ``connect_timeout``, default
-    ``timeout``) and proves the job secret.  One connection, guarded by a
+    ``timeout``; quickly while the host refuses, i.e. the store is about to
+    open) and proves the job secret.  One connection, guarded by a
     lock, so it is safe to share between threads (requests are serialised:
     a thread blocked in ``wait`` holds the connection).  Blocking calls
     (``get``, ``wait``, ``multi_get``) are parked on the server with the
@@ -1366,6 +1374,7 @@ class TCPStore(Store):
                 addrs_now: list[str] = []
             else:
                 addrs_now = addrs
+            refused_only = bool(addrs_now)  # every attempt of this round: "connection refused"
             for addr in addrs_now:
                 attempts += 1
                 fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
@@ -1378,7 +1387,9 @@ class TCPStore(Store):
                 except OSError as e:
                     s.close()
                     last = f"{format_hostport(addr, self.port)}: {_oserror_str(e)}"
+                    refused_only = refused_only and isinstance(e, ConnectionRefusedError)
                     continue
+                refused_only = False
                 try:
                     client_handshake(s, self._secret, deadline.sooner(_HANDSHAKE_MAX))
                 except AuthenticationError as e:
@@ -1397,7 +1408,10 @@ class TCPStore(Store):
             rem = deadline.remaining()
             if rem <= 0:
                 break
-            time.sleep(min(rem, delay * random.uniform(0.75, 1.25)))
+            wait = delay
+            if refused_only and deadline.elapsed() < _REFUSED_FAST_S:
+                wait = min(wait, _REFUSED_BACKOFF_MAX)
+            time.sleep(min(rem, wait * random.uniform(0.75, 1.25)))
             delay = min(delay * 2, _BACKOFF_MAX)
         resolved = ", ".join(addrs) if addrs else "did not resolve"
         raise ConnectError(

@@ -308,3 +308,35 @@ def test_secret_user_value_wins_else_fresh_per_job():
     assert LocalAgent(cfg, environ={ENV.SECRET: "mine"})._secret() == "mine"
     a, b = LocalAgent(cfg, environ={})._secret(), LocalAgent(cfg, environ={})._secret()
     assert a != b and len(a) == 64
+
+
+def test_run_id_is_random_hex_per_job():
+    a, b = parse("train.py").run_id, parse("train.py").run_id
+    assert a != b and len(a) == 12 and int(a, 16) >= 0
+
+
+def test_agent_shm_precheck_matches_the_transport_naming(tmp_path, monkeypatch):
+    """The agent skips importing the shm transport when /dev/shm holds no procgroup segment at all;
+    that test must cover every name the transport can give a segment."""
+    from procgroup.launcher import agent
+    from procgroup.transport import shm
+
+    assert agent.SHM_DIR == shm.SHM_DIR
+    for job in ("0a1b2c3d4e5f/0", "run id with spaces/3", "", "x" * 200):
+        assert shm.segment_prefix(job).startswith(agent.SHM_SEGMENT_PREFIX)
+    monkeypatch.setattr(agent, "SHM_DIR", str(tmp_path))
+    assert not agent._any_shm_segment()
+    (tmp_path / "vader_segment.1").write_bytes(b"")
+    assert not agent._any_shm_segment()
+    (tmp_path / (shm.segment_prefix("job/0") + "r0")).write_bytes(b"")
+    assert agent._any_shm_segment()
+    monkeypatch.setattr(agent, "SHM_DIR", str(tmp_path / "missing"))
+    assert not agent._any_shm_segment()
+
+
+def test_fresh_secret_has_the_protocol_format():
+    from procgroup.launcher.agent import LocalAgent
+    from procgroup.protocol.auth import new_secret
+
+    mine = LocalAgent(LaunchConfig(entrypoint="x"), environ={})._secret()
+    assert len(mine) == len(new_secret()) == 64 and int(mine, 16) >= 0

@@ -460,6 +460,50 @@ def test_tcp_connect_retries_until_server_appears():
         srv.close()
 
 
+def _record_connect_sleeps(monkeypatch) -> list[float]:
+    """Replace the client's retry sleep with a short real one, recording the requested durations."""
+    import procgroup.store as store_mod
+
+    slept: list[float] = []
+    real_sleep = time.sleep
+
+    def fake_sleep(s: float) -> None:
+        slept.append(s)
+        real_sleep(min(s, 0.002))
+
+    monkeypatch.setattr(store_mod.time, "sleep", fake_sleep)
+    return slept
+
+
+def test_tcp_connect_refused_retries_stay_fast(monkeypatch):
+    """"Connection refused" (the host is up, rank 0 not listening yet) is retried every <= ~25 ms,
+    not on a doubling backoff, so the clients find the store right after it opens."""
+    import procgroup.store as store_mod
+
+    lst = bind_listener("127.0.0.1", 0)
+    port = lst.getsockname()[1]
+    lst.close()
+    slept = _record_connect_sleeps(monkeypatch)
+    with pytest.raises(ConnectError):
+        TCPStore("127.0.0.1", port, secret=SECRET, timeout=5, connect_timeout=0.3)
+    assert len(slept) >= 10
+    assert max(slept) <= store_mod._REFUSED_BACKOFF_MAX * 1.25 + 1e-9
+
+
+def test_tcp_connect_other_errors_back_off(monkeypatch):
+    """Any other failure (here: the name does not resolve) keeps the doubling backoff."""
+    import procgroup.store as store_mod
+
+    def no_such_host(host, port):
+        raise ConfigError(f"cannot resolve {host!r}")
+
+    monkeypatch.setattr(store_mod, "resolve", no_such_host)
+    slept = _record_connect_sleeps(monkeypatch)
+    with pytest.raises(ConnectError):
+        TCPStore("nowhere.invalid", 1234, secret=SECRET, timeout=5, connect_timeout=0.3)
+    assert max(slept) > store_mod._REFUSED_BACKOFF_MAX * 1.25  # it doubled past the refused-retry cap
+
+
 def test_tcp_server_gone_mid_request_is_broken_error(connect, server):
     c = connect()
     threading.Timer(0.2, server.close).start()

@@ -53,14 +53,12 @@ import tempfile
 import threading
 import time
 from enum import Enum
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 from ..config import ENV, env_str
 from ..deadline import Deadline
 from ..errors import ConfigError, PortInUseError, RendezvousError
-from ..protocol.auth import new_secret
 from .cli import OMP_NUM_THREADS, LaunchConfig, Placement, worker_env
-from .gang import AgentInfo, Assignment, Gang, GangAborted, format_mapping
 from .report import (
     RunResult,
     WorkerResult,
@@ -81,11 +79,15 @@ from .workers import (
     WorkerGroup,
     WorkerSpec,
     kill_pids,
+    proc_table,
     reap_adopted_zombies,
     scan_leftovers,
     set_child_subreaper,
     signal_name,
 )
+
+if TYPE_CHECKING:  # pragma: no cover - the gang is imported where a job has several nodes: one node never needs it
+    from .gang import Assignment, Gang
 
 __all__ = ["RunState", "LocalAgent", "run", "CTL_MARK", "is_local_address"]
 
@@ -118,6 +120,20 @@ class RunState(str, Enum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     INTERRUPTED = "INTERRUPTED"
+
+
+#: Where the shm transport keeps its segments and how every segment's name starts
+#: (``procgroup.transport.shm.SHM_DIR`` / ``segment_prefix``; a unit test keeps them in step).
+SHM_DIR = "/dev/shm"
+SHM_SEGMENT_PREFIX = "procgroup-"
+
+
+def _any_shm_segment() -> bool:
+    """Whether any procgroup shared-memory segment (of any job) exists: a cheap test before the exact cleanup."""
+    try:
+        return any(n.startswith(SHM_SEGMENT_PREFIX) for n in os.listdir(SHM_DIR))
+    except OSError:
+        return False
 
 
 def is_local_address(host: str) -> bool:
@@ -191,14 +207,20 @@ class LocalAgent(SignalWaiter):
         self._subreaper = set_child_subreaper()
         restart = 0
         last_gen: Optional[int] = None
+        # Only the agents' protocol raises GangAborted; on one node ``except ()`` catches nothing and the
+        # gang module is not even imported.
+        aborted: tuple[type[BaseException], ...] = ()
         try:
             self._install_signals()
             if cfg.from_head:
                 threading.Thread(target=self._watch_stdin, name="procgroup-head-stdin", daemon=True).start()
             if self._multi:
+                from .gang import GangAborted  # noqa: PLC0415
+
+                aborted = (GangAborted,)
                 try:
                     secret = self._open_gang(secret)
-                except GangAborted as e:
+                except aborted as e:
                     result = self._aborted_result(str(e), 0)
                     self._report(result)
                     return result
@@ -206,7 +228,7 @@ class LocalAgent(SignalWaiter):
             while True:
                 try:
                     placement, assignment = self._plan(restart)
-                except GangAborted as e:
+                except aborted as e:
                     result = self._aborted_result(str(e), restart)
                     self.state = RunState.INTERRUPTED if result.interrupted_by is not None else RunState.FAILED
                     break
@@ -249,8 +271,8 @@ class LocalAgent(SignalWaiter):
 
     def _cleanup_shm(self, last_gen: Optional[int]) -> None:
         """Unlink shared-memory segments of this job that workers could not (all SIGKILLed while forming)."""
-        if last_gen is None:
-            return
+        if last_gen is None or not _any_shm_segment():
+            return  # the usual case: the workers unlinked their own; skip importing the transport (~25 ms)
         from ..transport.shm import cleanup_job_segments  # noqa: PLC0415 - the launcher may use the library
 
         for gen in range(last_gen + 1):
@@ -290,7 +312,9 @@ class LocalAgent(SignalWaiter):
                 "--secret-file FILE (on a shared filesystem, or copied to every node). The head-node mode "
                 "(--hostfile) and srun share a secret themselves"
             )
-        return new_secret()
+        # What protocol.auth.new_secret() returns (secrets.token_hex(32)), without importing hmac and
+        # OpenSSL's hashlib into the launcher before it spawns the workers (~5-15 ms).
+        return os.urandom(32).hex()
 
     def _remove_secret_file(self) -> None:
         if self._secret_file is not None:
@@ -353,6 +377,8 @@ class LocalAgent(SignalWaiter):
         self._poke()
 
     def _open_gang(self, secret: Optional[str]) -> str:
+        from .gang import Gang, GangAborted  # noqa: PLC0415
+
         cfg = self.cfg
         self.gang = Gang(host=self.hostname, master_addr=cfg.master_addr, port=cfg.master_port, nnodes=cfg.nnodes,
                          node0=self._node0, join_timeout=cfg.join_timeout,
@@ -400,6 +426,7 @@ class LocalAgent(SignalWaiter):
                 self._check_port(self.port)
             return Placement.uniform(cfg, self.port), None
         from ..netutil import free_port  # noqa: PLC0415
+        from .gang import AgentInfo  # noqa: PLC0415
 
         me = AgentInfo(host=self.hostname, pid=self.pid, nproc=cfg.nproc_per_node, nnodes=cfg.nnodes,
                        run_id=cfg.run_id, max_restarts=cfg.max_restarts, node_rank=self.node_rank,
@@ -610,6 +637,8 @@ class LocalAgent(SignalWaiter):
                     assert gang is not None and assignment is not None
                     pids = gang.pids_if_ready(restart)
                     if pids is not None:
+                        from .gang import format_mapping  # noqa: PLC0415
+
                         self.sink.text(format_mapping(assignment, pids, run_id=cfg.run_id, restart=restart))
                         mapping_due = False
                 self._wake(0.25 if mapping_due else 1.0)
@@ -705,8 +734,9 @@ class LocalAgent(SignalWaiter):
     def _kill_leftovers(self, group: WorkerGroup):  # type: ignore[no-untyped-def]
         """Kill every process still descending from the agent; returns (killed, survivors)."""
         known = [w.pid for w in group.workers]
-        reap_adopted_zombies(self.pid, known)
-        left = scan_leftovers(self.pid)
+        table = proc_table()  # one read of /proc answers both questions (zombies are not "left")
+        reap_adopted_zombies(self.pid, known, table)
+        left = scan_leftovers(self.pid, table=table)
         if not left:
             return [], []
         kill_pids(left, signal.SIGTERM)

@@ -45,6 +45,7 @@ __all__ = [
     "OutputPump",
     "WorkerGroup",
     "ProcInfo",
+    "proc_table",
     "scan_leftovers",
     "kill_pids",
     "reap_adopted_zombies",
@@ -470,8 +471,29 @@ def _cmdline(pid: int, limit: int = 160) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
-def scan_leftovers(agent_pid: int, exclude: Iterable[int] = ()) -> list[ProcInfo]:
-    """Live processes (not zombies) whose ancestry leads to ``agent_pid``.
+#: pid -> (state, ppid, pgid) of every process, read from /proc in one pass
+ProcTable = dict[int, tuple[str, int, int]]
+
+
+def proc_table() -> ProcTable:
+    """One pass over /proc (empty where there is none).  Pass it to :func:`reap_adopted_zombies` and
+    :func:`scan_leftovers` to answer both from the same read: the teardown of a job that left
+    nothing behind then costs a single scan of the host's processes."""
+    table: ProcTable = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return table
+    for name in names:
+        if name.isdigit():
+            st = _read_stat(int(name))
+            if st is not None:
+                table[int(name)] = st
+    return table
+
+
+def scan_leftovers(agent_pid: int, exclude: Iterable[int] = (), table: Optional[ProcTable] = None) -> list[ProcInfo]:
+    """Live processes (not zombies) whose ancestry leads to ``agent_pid`` (in ``table``, else /proc now).
 
     The agent is a child subreaper, so a worker's orphaned descendants --
     including ones that left the worker's process group or session -- are
@@ -480,20 +502,11 @@ def scan_leftovers(agent_pid: int, exclude: Iterable[int] = ()) -> list[ProcInfo
     an unrelated process on a long run.
     """
     skip = set(exclude) | {agent_pid}
-    table: dict[int, tuple[str, int, int]] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in names:
-        if name.isdigit():
-            st = _read_stat(int(name))
-            if st is not None:
-                table[int(name)] = st
+    procs = proc_table() if table is None else table
 
     def descends(pid: int) -> bool:
         for _ in range(4096):  # bounded even if /proc changed under us into a cycle
-            st = table.get(pid)
+            st = procs.get(pid)
             if st is None or st[1] <= 1:
                 return False
             pid = st[1]
@@ -503,7 +516,7 @@ def scan_leftovers(agent_pid: int, exclude: Iterable[int] = ()) -> list[ProcInfo
 
     return [
         ProcInfo(pid, ppid, pgid, state, _cmdline(pid))
-        for pid, (state, ppid, pgid) in sorted(table.items())
+        for pid, (state, ppid, pgid) in sorted(procs.items())
         if pid not in skip and state not in ("Z", "X") and descends(pid)
     ]
 
@@ -516,20 +529,16 @@ def kill_pids(procs: Iterable[ProcInfo], sig: int = signal.SIGKILL) -> None:
             pass
 
 
-def reap_adopted_zombies(agent_pid: int, known: Iterable[int]) -> None:
-    """waitpid() the zombies re-parented to us (as subreaper) that are not our Popen children."""
+def reap_adopted_zombies(agent_pid: int, known: Iterable[int], table: Optional[ProcTable] = None) -> None:
+    """waitpid() the zombies re-parented to us (as subreaper) that are not our Popen children
+    (those in ``table``, else in /proc now)."""
     skip = set(known)
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return
-    for name in names:
-        if not name.isdigit() or int(name) in skip:
+    for pid, st in (proc_table() if table is None else table).items():
+        if pid in skip:
             continue
-        st = _read_stat(int(name))
-        if st is not None and st[1] == agent_pid and st[0] == "Z":
+        if st[1] == agent_pid and st[0] == "Z":
             try:
-                os.waitpid(int(name), os.WNOHANG)
+                os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
             except OSError as e:  # pragma: no cover
