@@ -563,9 +563,14 @@ def test_hierarchical_all_reduce(hosts):
     log: list = []
     lock = threading.Lock()
 
+    # select.all_reduce picks multileader for large buffers on uniform layouts (tested below), where
+    # every rank crosses hosts: here only the one-leader-per-host algorithm
+    uniform = AR.uniform_layout(AR.host_layout(hosts, p))
+    fns = (AR.allreduce_hierarchical,) if uniform else (AR.allreduce_hierarchical, select.all_reduce)
+
     def body(r, make):
         for k, (dt, op, n) in enumerate(cases):
-            for j, f in enumerate((AR.allreduce_hierarchical, select.all_reduce)):
+            for j, f in enumerate(fns):
                 buf = contrib(dt, op, r, n)
                 f(make(2 * k + j + 1), buf, kernel(op, dt))
                 finalize(op, buf, p, dtype="bfloat16" if dt == "bfloat16" else None)
@@ -576,6 +581,55 @@ def test_hierarchical_all_reduce(hosts):
     assert cross, "no cross-host traffic at all?"
     lead = set(leaders.values())
     assert all(s in lead and d in lead for s, d in cross), f"non-leader crossed hosts: {sorted(cross)}"
+
+
+UNIFORM_LAYOUTS = [
+    ["a", "a", "b", "b"],
+    ["a", "a", "b", "b", "c", "c"],
+    ["a", "b", "c", "a", "b", "c"],  # interleaved: local rank i of host h is not rank h*L+i
+    ["x", "x", "x", "y", "y", "y"],
+]
+
+
+@pytest.mark.parametrize("hosts", UNIFORM_LAYOUTS, ids=["-".join(h) for h in UNIFORM_LAYOUTS])
+def test_multileader_all_reduce(hosts):
+    """Every rank of a host drives one slice across hosts; results are exact and identical on every rank."""
+    p = len(hosts)
+    mk = Comm(None, range(p), 0, 0, Deadline.after(1), hosts)
+    assert select.choose_all_reduce(mk, 4, 1) is AR.allreduce_hierarchical  # small: one leader per host
+    assert select.choose_all_reduce(mk, 1 << 20, 1 << 18) is AR.allreduce_multileader
+    cases = red_cases() + [("float32", ReduceOp.SUM, 100_003), ("float64", ReduceOp.MAX, 100_003), ("int32", ReduceOp.SUM, 2)]
+    log: list = []
+    lock = threading.Lock()
+    out: dict = {}
+
+    def body(r, make):
+        for k, (dt, op, n) in enumerate(cases):
+            buf = contrib(dt, op, r, n)
+            AR.allreduce_multileader(make(k + 1), buf, kernel(op, dt))
+            finalize(op, buf, p, dtype="bfloat16" if dt == "bfloat16" else None)
+            check_reduced(dt, op, p, buf, f"case {k} {dt} {op.name} n={n} rank {r}/{p}")
+            out[(r, k)] = buf.tobytes()
+
+    run_ranks(p, body, hosts=hosts, wrap=lambda t: RecordingTransport(t, log, lock))
+    for k in range(len(cases)):
+        assert len({out[(r, k)] for r in range(p)}) == 1, f"case {k}: ranks disagree bitwise"
+    crossing = {s for s, d in log if hosts[s] != hosts[d]}
+    assert crossing == set(range(p)), f"every rank should send across hosts, only {sorted(crossing)} did"
+
+
+def test_multileader_falls_back_on_uneven_hosts():
+    hosts = ["a", "a", "b", "b", "b"]
+    mk = Comm(None, range(5), 0, 0, Deadline.after(1), hosts)
+    assert select.choose_all_reduce(mk, 1 << 20, 1 << 18) is AR.allreduce_hierarchical
+    k = kernel(ReduceOp.SUM, "float32")
+
+    def body(r, make):
+        buf = np.full(1000, r + 1, dtype=np.float32)
+        AR.allreduce_multileader(make(1), buf, k)
+        assert (buf == 15).all()
+
+    run_ranks(5, body, hosts=hosts)
 
 
 def test_hierarchical_not_chosen_without_structure():

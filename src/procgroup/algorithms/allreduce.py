@@ -114,6 +114,45 @@ def host_layout(hosts: List[str], size: int) -> List[List[int]]:
     return list(by.values())
 
 
+def uniform_layout(hosts: List[List[int]]) -> bool:
+    """Every host has the same number (> 1) of ranks, and there is more than one host."""
+    return len(hosts) > 1 and len(hosts[0]) > 1 and all(len(h) == len(hosts[0]) for h in hosts)
+
+
+def allreduce_multileader(comm: Any, buf: np.ndarray, reduce: Kernel, inter_allreduce: Optional[Callable[..., None]] = None) -> None:
+    """Hierarchical all_reduce where every rank leads one slice: for L ranks on each of H hosts.
+
+    1. within each host, ring reduce-scatter: local rank i holds slice i reduced over its host;
+    2. local rank i of every host all-reduces slice i with its counterparts (L concurrent
+       all_reduces across hosts, each 1/L of the bytes);
+    3. within each host, ring all-gather of the slices.
+
+    Against :func:`allreduce_hierarchical` (whole buffer reduced to one leader, all-reduced among
+    the leaders, broadcast back) the host-local stages move half the bytes and every rank, not one
+    per host, drives the traffic between hosts.  Needs the same number of ranks on every host
+    (:func:`uniform_layout`); otherwise it runs :func:`allreduce_hierarchical`.
+    """
+    p, n = comm.size, buf.shape[0]
+    if p == 1 or n == 0:
+        return
+    from . import select  # late: select imports this module
+
+    hosts = host_layout(list(comm.hosts), p)
+    per = len(hosts[0])
+    if not uniform_layout(hosts) or n < per:
+        allreduce_hierarchical(comm, buf, reduce)
+        return
+    mine = next(h for h in hosts if comm.rank in h)
+    li = mine.index(comm.rank)
+    offs = partition(n, per)
+    ring_reduce_scatter_inplace(SubComm(comm, mine, 1 * SPAN), buf, offs, reduce)
+    part = buf[offs[li]:offs[li + 1]]
+    if part.shape[0]:
+        f = inter_allreduce or select.choose_all_reduce_flat(len(hosts), part.nbytes, part.shape[0])
+        f(SubComm(comm, [h[li] for h in hosts], 2 * SPAN), part, reduce)
+    ring_allgather_inplace(SubComm(comm, mine, 3 * SPAN), buf, offs)
+
+
 def allreduce_hierarchical(
     comm: Any,
     buf: np.ndarray,

@@ -13,7 +13,10 @@ collective         small                                       large
 all_reduce         recursive doubling (fold for p != 2^k)       ring reduce-scatter + ring all-gather
                    when n <= ALLREDUCE_SMALL or elements < p    otherwise
   (multi-host)     hierarchical when hosts has >1 key and some host has >1 rank: intra-host reduce
-                   (rows "reduce") -> all_reduce among host leaders (flat rows) -> intra-host broadcast
+                   (rows "reduce") -> all_reduce among host leaders (flat rows) -> intra-host broadcast;
+                   multileader instead above ALLREDUCE_SMALL when every host has as many ranks:
+                   intra-host ring reduce-scatter -> local rank i of every host all-reduces
+                   slice i -> intra-host ring all-gather
 broadcast          binomial tree when n <= BCAST_SMALL or p<=2  binomial scatter + ring all-gather
 reduce             binomial tree when n <= REDUCE_SMALL         ring reduce-scatter + direct gather to root
                    or elements < p
@@ -51,10 +54,12 @@ from ..errors import ConfigError
 from ._util import flat
 from .allreduce import (
     allreduce_hierarchical,
+    allreduce_multileader,
     allreduce_recursive_doubling,
     allreduce_reduce_bcast,
     allreduce_ring,
     host_layout,
+    uniform_layout,
 )
 from .alltoall import alltoall_linear, alltoall_pairwise
 from .arena import allgather_arena, allreduce_arena, barrier_arena, bcast_arena, fits, reduce_arena
@@ -127,6 +132,7 @@ ALGORITHMS: Dict[str, Dict[str, Callable[..., None]]] = {
         "ring": allreduce_ring,
         "reduce_bcast": allreduce_reduce_bcast,
         "hierarchical": allreduce_hierarchical,
+        "multileader": allreduce_multileader,
         "arena": allreduce_arena,
     },
     "broadcast": {"binomial": bcast_binomial, "scatter_allgather": bcast_scatter_allgather, "arena": bcast_arena},
@@ -161,21 +167,24 @@ def choose_all_reduce_flat(p: int, nbytes: int, nelems: int) -> Callable[..., No
     return allreduce_ring
 
 
-_HIER_CACHE: Dict[tuple, bool] = {}
+#: host keys -> (hierarchical applies, every host has as many ranks)
+_HIER_CACHE: Dict[tuple, tuple] = {}
+
+
+def _host_structure(hosts: Sequence[str], p: int) -> tuple:
+    key = tuple(hosts)
+    got = _HIER_CACHE.get(key)
+    if got is None or len(key) != p:
+        layout = host_layout(list(hosts), p)
+        got = (len(layout) > 1 and any(len(h) > 1 for h in layout), uniform_layout(layout))
+        if len(_HIER_CACHE) >= 256:
+            _HIER_CACHE.clear()
+        _HIER_CACHE[key] = got
+    return got
 
 
 def _hierarchical_applies(hosts: Sequence[str], p: int) -> bool:
-    if not HIERARCHICAL or p <= 2:
-        return False
-    key = tuple(hosts)
-    ok = _HIER_CACHE.get(key)
-    if ok is None or len(key) != p:
-        layout = host_layout(list(hosts), p)
-        ok = len(layout) > 1 and any(len(h) > 1 for h in layout)
-        if len(_HIER_CACHE) >= 256:
-            _HIER_CACHE.clear()
-        _HIER_CACHE[key] = ok
-    return ok
+    return HIERARCHICAL and p > 2 and _host_structure(hosts, p)[0]
 
 
 def choose_all_reduce(comm: Any, nbytes: int, nelems: int) -> Callable[..., None]:
@@ -185,6 +194,8 @@ def choose_all_reduce(comm: Any, nbytes: int, nelems: int) -> Callable[..., None
     if fits(comm, nbytes):
         return allreduce_arena
     if _hierarchical_applies(comm.hosts, comm.size):
+        if nbytes > ALLREDUCE_SMALL and _host_structure(comm.hosts, comm.size)[1]:
+            return allreduce_multileader
         return allreduce_hierarchical
     return choose_all_reduce_flat(comm.size, nbytes, nelems)
 
