@@ -88,6 +88,7 @@ class ENV:
     TTY = "PROCGROUP_TTY"  # the launcher's terminal, for dist.breakpoint() in a worker
     SHM_CMA = "PROCGROUP_SHM_CMA"  # "0": no single-copy (process_vm_readv) path for large shm messages
     SHM_SPIN_US = "PROCGROUP_SHM_SPIN_US"  # how long a shm wait spins before sleeping on a futex
+    SHM_SPLIT = "PROCGROUP_SHM_SPLIT"  # "0": one thread copies a large single-copy message, not two
     SHM_ARENA = "PROCGROUP_SHM_ARENA"  # "0": small collectives within a host use messages, not the shared slots
 
     @classmethod
@@ -129,6 +130,8 @@ _TABLE = (
     EnvVar(ENV.SHM_CMA, "0 turns off the single-copy (process_vm_readv) path for shm messages >= 1 MiB", "user"),
     EnvVar(ENV.SHM_SPIN_US, "microseconds a shm wait spins before it sleeps on a futex (default 50; "
            "shared-slot waits do not spin when the host has fewer CPUs than local ranks)", "user"),
+    EnvVar(ENV.SHM_SPLIT, "0: a single-copy shm message of 4 MiB or more is read by one thread instead of two "
+           "(the default uses a second core while the sender waits)", "user"),
     EnvVar(ENV.SHM_ARENA, "0 sends small collectives among the ranks of one host as messages instead of through "
            "shared slots (the arena)", "user"),
 )

@@ -206,6 +206,7 @@ def _ufunc_kernel(ufunc: np.ufunc) -> Reducer:
         ufunc(dst, src, out=dst)
 
     kernel.__name__ = ufunc.__name__
+    kernel.ufunc = ufunc  # type: ignore[attr-defined]  # for callers that combine two inputs into a third buffer
     return kernel
 
 

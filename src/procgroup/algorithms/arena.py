@@ -49,8 +49,14 @@ def _bytes(buf: np.ndarray) -> memoryview:
 
 def _reduce_into(out: np.ndarray, views: Any, reduce: Reducer) -> None:
     dt, n = out.dtype, out.shape[0]
-    out[...] = np.frombuffer(views[0], dt, n)
-    for v in views[1:]:
+    uf = getattr(reduce, "ufunc", None)  # a plain ufunc kernel: combine the first two slots straight into out
+    if uf is not None:
+        uf(np.frombuffer(views[0], dt, n), np.frombuffer(views[1], dt, n), out=out)
+        rest = views[2:]
+    else:
+        out[...] = np.frombuffer(views[0], dt, n)
+        rest = views[1:]
+    for v in rest:
         reduce(out, np.frombuffer(v, dt, n))
 
 

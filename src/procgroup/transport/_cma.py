@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import platform
 
-__all__ = ["AVAILABLE", "enabled", "read", "address_of"]
+__all__ = ["AVAILABLE", "enabled", "read", "read_parallel", "address_of", "SPLIT_MIN"]
 
 AVAILABLE = False
 _readv = None
@@ -80,3 +80,38 @@ def read(pid: int, local: int, remote: int, n: int) -> None:
         if got == 0:
             raise OSError(14, "process_vm_readv made no progress")
         done += got
+
+
+#: messages of at least this many bytes are read by two threads at once (``read_parallel``)
+SPLIT_MIN = 4 << 20
+
+
+def read_parallel(pid: int, local: int, remote: int, n: int) -> None:
+    """:func:`read` with the second half copied by a helper thread meanwhile (the call releases the GIL).
+
+    One core copying through process_vm_readv reaches about one memcpy's bandwidth; two reach more
+    where the memory system has headroom (a rooted collective's sender is idle meanwhile).  Joins
+    the helper before returning or raising, so nothing writes into ``local`` afterwards.
+    """
+    half = (n // 2) & ~4095
+    if n < SPLIT_MIN or half <= 0:
+        read(pid, local, remote, n)
+        return
+    import threading
+
+    err: list = []
+
+    def tail() -> None:
+        try:
+            read(pid, local + half, remote + half, n - half)
+        except OSError as e:
+            err.append(e)
+
+    th = threading.Thread(target=tail, name="procgroup-cma", daemon=True)
+    th.start()
+    try:
+        read(pid, local, remote, half)
+    finally:
+        th.join()
+    if err:
+        raise err[0]

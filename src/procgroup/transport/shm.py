@@ -41,7 +41,8 @@ ring in chunks when the message is larger than the ring.
 Large messages (>= ``RNDV_MIN``, 1 MiB) to a peer whose CMA flag is set go by
 *rendezvous*: the record's length field is ``2**62 | n`` and its 16-byte
 payload is ``(address of the sender's buffer, id)``; the receiver copies the
-``n`` bytes with one ``process_vm_readv`` (see ``_cma``) straight into the
+``n`` bytes with ``process_vm_readv`` (see ``_cma``; from 4 MiB on, two
+threads each copy half, since the sender's core is idle) straight into the
 matched receive buffer (or, for an unexpected message, when the receive is
 posted), then sends back an acknowledgement record (length field ``2**63``,
 tag = id), which completes the send.  One copy instead of two, no ring-space
@@ -90,11 +91,11 @@ Groups whose ranks all share this host (and whose id is below
 member ``m`` publishes into its own segment's slot for the group (payload,
 then check word, then count: TSO keeps that order), fences, and reads every
 member's count and check.  Whoever sees every member there rings the
-doorbells of the others (the wake syscall only for a raised sleep flag); the
-others spin (``spin``; not when the host has fewer CPUs than local ranks:
-then a spinner only takes the core from the rank it waits for), then sleep
-on their doorbell exactly as a request waiter does -- snapshot the doorbell,
-re-check, sleep -- so a wake is never lost, and check liveness, abort,
+doorbells of the members whose sleep flag is up.  The others poll
+(``ARENA_SPIN``; on a host with fewer CPUs than local ranks they
+``sched_yield`` at every poll, so the members they wait for run instead),
+then raise their sleep flag, fence, re-check and sleep on their doorbell
+(Dekker with the completer's count-fence-flag), and check liveness, abort,
 close and the deadline at every slice.  The small collectives of
 ``algorithms.arena`` use it: one publish and one wake instead of
 log2(p) rounds of matched messages.
@@ -166,6 +167,9 @@ ARENA_GROUPS = 16
 #: payload bytes of one arena slot: the largest small collective that goes through the arena
 ARENA_BYTES = 32 << 10
 _ARENA_HDR = 64
+#: how long an arena wait polls before it sleeps (s): every local rank has a CPU / the host is oversubscribed
+ARENA_SPIN = 200e-6
+ARENA_SPIN_OVERSUBSCRIBED = 300e-6
 _ARENA_SLOT = _ARENA_HDR + ARENA_BYTES
 
 #: default ring capacity per (producer, consumer) pair
@@ -442,27 +446,23 @@ class _ShmArena(Arena):
         self.index = members.index(t.rank)
         self.max_bytes = ARENA_BYTES
         segs = [t._seg if m == t.rank else t._peer_segs[m] for m in members]
-        self._words = [seg.i for seg in segs]  # type: ignore[union-attr]
-        # per parity: the u32 index of each member's count word, and each member's payload view
-        self._cnt = [[(seg.arena_off + (2 * key + k) * _ARENA_SLOT) // 4 for seg in segs] for k in (0, 1)]  # type: ignore[union-attr]
-        self._data = [
-            [memoryview(seg.mm)[seg.arena_off + (2 * key + k) * _ARENA_SLOT + _ARENA_HDR:][:ARENA_BYTES] for seg in segs]  # type: ignore[union-attr]
-            for k in (0, 1)
-        ]
+        offs = [[seg.arena_off + (2 * key + k) * _ARENA_SLOT for seg in segs] for k in (0, 1)]  # type: ignore[union-attr]
+        # per parity: (u32 view, index of the count word) of every member, and every member's payload view
+        self._slots = [[(seg.i, off // 4) for seg, off in zip(segs, offs[k])] for k in (0, 1)]  # type: ignore[union-attr]
+        self._data = [[memoryview(seg.mm)[off + _ARENA_HDR:][:ARENA_BYTES] for seg, off in zip(segs, offs[k])]  # type: ignore[union-attr]
+                      for k in (0, 1)]
         self._others = [seg for seg in segs if seg is not t._seg]
-        self._pairs = list(zip(self._words, range(len(members))))
         self.count = 0
 
     def release(self) -> None:
         for views in self._data:
             for v in views:
                 v.release()
-        self._words = []
+        self._slots = [[], []]
+        self._others = []
 
     def _arrived(self, k: int, val: int, check: int) -> bool:
-        cnt = self._cnt[k]
-        for w, j in self._pairs:
-            c = cnt[j]
+        for w, c in self._slots[k]:
             if w[c] != val or w[c + 1] != check:
                 return False
         return True
@@ -471,7 +471,7 @@ class _ShmArena(Arena):
         t = self.t
         if t._aborted is not None:
             raise t._aborted
-        if t._closed or not self._words:
+        if t._closed or not self._others:
             raise ClosedError(f"rank {t.rank}: shared-slot exchange on a closed shm transport")
         k = self.count & 1
         self.count += 1
@@ -484,12 +484,15 @@ class _ShmArena(Arena):
                 raise ConfigError(f"arena exchange of {n} bytes exceeds the slot size {ARENA_BYTES}")
             if n:
                 views[me][:n] = data
-        w, c = self._words[me], self._cnt[k][me]
+        w, c = self._slots[k][me]
         w[c + 1] = check
         w[c] = val  # last: publishes the payload and the check (stores stay in order on x86)
-        _fence()  # our count before their counts (Dekker with the other last arriver)
+        _fence()  # our count before their counts and sleep flags (Dekker with the other arrivers and sleepers)
         if self._arrived(k, val, check):
-            t._wake_all(self._others)  # we completed the exchange: nobody else may see it, wake them
+            # we completed the exchange; members that may be asleep on it need a wake (see _sleep)
+            for seg in self._others:
+                if seg.i[_OFF_SLEEP // 4]:
+                    t._wake(seg)
             return views
         self._wait(k, val, check, deadline)
         return views
@@ -512,11 +515,9 @@ class _ShmArena(Arena):
                 raise t._aborted
             if t._closed or seg is None:
                 raise ClosedError(f"rank {t.rank}: the shm transport was closed during a shared-slot exchange")
-            snap = seg.i[_OFF_BELL // 4]  # before the re-check: a wake after it changes the doorbell
             if arrived(k, val, check):
                 return
-            cnt = self._cnt[k]
-            missing = [m for (w, j), m in zip(self._pairs, self.members) if w[cnt[j]] != val or w[cnt[j] + 1] != check]
+            missing = [m for (w, c), m in zip(self._slots[k], self.members) if w[c] != val or w[c + 1] != check]
             dead = [m for m in missing if m in t._failed]
             if dead:
                 raise PeerFailureError(
@@ -528,7 +529,32 @@ class _ShmArena(Arena):
                     f"rank {t.rank}: shared-slot exchange (call {self.count} of this group's arena): "
                     f"ranks {missing} of {self.members} did not arrive within {deadline.elapsed():.2f}s"
                 )
-            t._sleep_on_bell(snap, t._slice if deadline is None else min(t._slice, max(deadline.remaining(), 1e-4)))
+            self._sleep(seg, k, val, check, t._slice if deadline is None else min(t._slice, max(deadline.remaining(), 1e-4)))
+
+    def _sleep(self, seg: _Segment, k: int, val: int, check: int, timeout: float) -> None:
+        """Raise our sleep flag, fence, re-check, then futex_wait on our doorbell.
+
+        The completing member reads our flag after its fence (``exchange``): either it sees the flag
+        and rings (a new doorbell value, then FUTEX_WAKE), or our re-check sees its count.
+        """
+        t = self.t
+        with t._lock:
+            if t._closed:
+                return
+            t._maybe_check_peers_locked(time.monotonic())
+            t._sleepers += 1
+            snap = seg.i[_OFF_BELL // 4]
+            seg.i[_OFF_SLEEP // 4] = 1
+        _fence()
+        try:
+            if not self._arrived(k, val, check):
+                _futex.futex_wait(seg.addr + _OFF_BELL, snap, timeout)
+        finally:
+            with t._lock:
+                t._sleepers -= 1
+                if not t._sleepers:
+                    t._clear_sleep_flag()
+                    t._idle.notify_all()
 
 
 class ShmTransport(EngineTransport):
@@ -575,14 +601,17 @@ class ShmTransport(EngineTransport):
         # sched_yield while spinning: when the host is oversubscribed -- by our ranks or by anything else -- the
         # peer we wait for may be queued behind us; without the yield it waits for our whole time slice (~0.75 ms)
         self._yield = True
-        # shared-slot (arena) waits spin only when every local rank can have a CPU; otherwise a spinner
-        # mostly keeps the rank it waits for off the core
+        # shared-slot (arena) waits: a plain spin when every local rank can have a CPU; on an oversubscribed
+        # host a spin that yields the CPU at every poll, so the members we wait for run in our stead
+        # (cheaper than a futex sleep and wake per member per collective)
         try:
             ncpu = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):  # pragma: no cover - not Linux
             ncpu = os.cpu_count() or 1
         self._oversubscribed = len(set(local_ranks)) > ncpu
-        self._arena_spin = self._spin if env_spin or not self._oversubscribed else 0.0
+        self._arena_spin = self._spin if env_spin else ARENA_SPIN_OVERSUBSCRIBED if self._oversubscribed else ARENA_SPIN
+        # a large single-copy read in two threads (the GIL is released in the syscall): the sender is idle meanwhile
+        self._split_reads = ncpu > 1 and os.environ.get(ENV.SHM_SPLIT, "1").strip().lower() not in ("0", "false", "no", "off")
         self._arena_on = os.environ.get(ENV.SHM_ARENA, "1").strip().lower() not in ("0", "false", "no", "off")
         self._arenas: List["_ShmArena"] = []
         self._slice = slice_s
@@ -801,23 +830,15 @@ class ShmTransport(EngineTransport):
             self._arenas.append(a)
             return a
 
-    def _wake_all(self, segs: List[_Segment]) -> None:
-        """Ring the doorbells of ``segs`` (the rest of an arena), one fence, wake only the sleepers."""
-        with self._lock:
-            if self._closed:
-                return
-            ws, me = self.world_size, self.rank + 1
-            for seg in segs:
-                self._seq += 1
-                seg.i[_OFF_BELL // 4] = (self._seq * ws + me) & 0xFFFFFFFF
-        _fence()  # the doorbells before the sleep flags (Dekker with the sleeper)
+    def _wake(self, seg: _Segment) -> None:
+        """Ring ``seg``'s doorbell with a value no other ringer writes, then FUTEX_WAKE (its sleep flag is up)."""
+        self._seq += 1  # unlocked: two threads writing the same new value would still change the doorbell
+        seg.i[_OFF_BELL // 4] = (self._seq * self.world_size + self.rank + 1) & 0xFFFFFFFF
         w = _RAW_WAKE
-        for seg in segs:
-            if seg.i[_OFF_SLEEP // 4]:
-                if w is not None:
-                    w[0](w[1], seg.addr + _OFF_BELL, 1, _INT_MAX)
-                else:
-                    _futex.futex_wake(seg.addr + _OFF_BELL)
+        if w is not None:
+            w[0](w[1], seg.addr + _OFF_BELL, 1, _INT_MAX)
+        else:
+            _futex.futex_wake(seg.addr + _OFF_BELL)
 
     # -- doorbells ------------------------------------------------------------------------
     def _ring(self, seg: _Segment, force: bool = False) -> None:
@@ -909,7 +930,8 @@ class ShmTransport(EngineTransport):
             else:
                 try:
                     if n:
-                        _cma.read(self._watch.pids.get(src, 0), _cma.address_of(req.out), addr, n)
+                        (_cma.read_parallel if self._split_reads else _cma.read)(
+                            self._watch.pids.get(src, 0), _cma.address_of(req.out), addr, n)
                 except OSError as e:
                     if e.errno == errno.ESRCH:
                         req.error = self._peer_error(req, src, f"rank {src} died (its memory is gone)")

@@ -1,0 +1,43 @@
+"""Cross-memory attach helpers: one-thread and two-thread reads of another address space (here: our own)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from procgroup.transport import _cma
+
+pytestmark = pytest.mark.skipif(not _cma.AVAILABLE, reason="process_vm_readv is not available here")
+
+
+def _addr(a: np.ndarray) -> int:
+    return int(a.ctypes.data)
+
+
+@pytest.mark.parametrize("n", [1, 4095, _cma.SPLIT_MIN - 1, _cma.SPLIT_MIN, _cma.SPLIT_MIN + 4097, 3 * _cma.SPLIT_MIN + 1])
+def test_read_parallel_copies_every_byte(n: int) -> None:
+    src = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
+    dst = np.zeros(n + 16, dtype=np.uint8)  # a guard band after the destination must stay untouched
+    _cma.read_parallel(os.getpid(), _addr(dst), _addr(src), n)
+    assert np.array_equal(dst[:n], src)
+    assert not dst[n:].any()
+
+
+def test_read_parallel_reports_a_failure_of_either_half(monkeypatch: pytest.MonkeyPatch) -> None:
+    n = 2 * _cma.SPLIT_MIN
+    dst = np.zeros(n, dtype=np.uint8)
+    with pytest.raises(OSError):
+        _cma.read_parallel(os.getpid(), _addr(dst), 4096, n)  # the first pages of the address space are unmapped
+    real = _cma.read
+    src = np.ones(n, dtype=np.uint8)
+    for bad_half in (0, 1):
+        def flaky(pid: int, local: int, remote: int, k: int, bad_half: int = bad_half) -> None:
+            if (local != _addr(dst)) == bool(bad_half):
+                raise OSError(14, "injected failure")
+            real(pid, local, remote, k)
+
+        monkeypatch.setattr(_cma, "read", flaky)
+        with pytest.raises(OSError, match="injected"):
+            _cma.read_parallel(os.getpid(), _addr(dst), _addr(src), n)
