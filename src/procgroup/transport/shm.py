@@ -42,7 +42,9 @@ Large messages (>= ``RNDV_MIN``, 1 MiB) to a peer whose CMA flag is set go by
 *rendezvous*: the record's length field is ``2**62 | n`` and its 16-byte
 payload is ``(address of the sender's buffer, id)``; the receiver copies the
 ``n`` bytes with ``process_vm_readv`` (see ``_cma``; from 4 MiB on, two
-threads each copy half, since the sender's core is idle) straight into the
+threads each copy half when no rendezvous send of ours is pending -- a
+one-way transfer, whose sender's core is idle -- and the host is not
+oversubscribed) straight into the
 matched receive buffer (or, for an unexpected message, when the receive is
 posted), then sends back an acknowledgement record (length field ``2**63``,
 tag = id), which completes the send.  One copy instead of two, no ring-space
@@ -609,8 +611,10 @@ class ShmTransport(EngineTransport):
             ncpu = os.cpu_count() or 1
         self._oversubscribed = len(set(local_ranks)) > ncpu
         self._arena_spin = self._spin if env_spin else ARENA_SPIN_OVERSUBSCRIBED if self._oversubscribed else ARENA_SPIN
-        # a large single-copy read in two threads (the GIL is released in the syscall): the sender is idle meanwhile
-        self._split_reads = ncpu > 1 and os.environ.get(ENV.SHM_SPLIT, "1").strip().lower() not in ("0", "false", "no", "off")
+        # a large single-copy read in two threads (the GIL is released in the syscall) when a core is likely
+        # idle: not on an oversubscribed host, and (see _rndv_read_locked) not while a peer reads from us
+        self._split_reads = (ncpu > 1 and not self._oversubscribed
+                             and os.environ.get(ENV.SHM_SPLIT, "1").strip().lower() not in ("0", "false", "no", "off"))
         self._arena_on = os.environ.get(ENV.SHM_ARENA, "1").strip().lower() not in ("0", "false", "no", "off")
         self._arenas: List["_ShmArena"] = []
         self._slice = slice_s
@@ -929,7 +933,9 @@ class ShmTransport(EngineTransport):
             else:
                 try:
                     if n:
-                        (_cma.read_parallel if self._split_reads else _cma.read)(
+                        # two threads only when nobody is reading from us meanwhile (a one-way transfer such as
+                        # a broadcast: the sender's core is idle); in an exchange both cores already copy
+                        (_cma.read_parallel if self._split_reads and not self._rndv else _cma.read)(
                             self._watch.pids.get(src, 0), _cma.address_of(req.out), addr, n)
                 except OSError as e:
                     if e.errno == errno.ESRCH:
