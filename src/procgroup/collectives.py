@@ -118,19 +118,33 @@ def broadcast(tensor: Any, src: Optional[int] = None, group: Any = None, async_o
     return g.run("broadcast", lambda c: alg.broadcast(c, f.array, root), async_op=async_op, timeout=timeout, signature=("broadcast", _dname(f.dtype), f.numel, f"root={root}"))
 
 
+#: (dtype, op) -> (dtype name, op name, kernel, needs finalize): what all_reduce derives per call, memoised
+_AR_PLAN: dict = {}
+
+
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:
     g = _group(group, "all_reduce")
     if g is None:
         return None
     op = _avg_or_none(op)
     f = as_flat(tensor, "all_reduce tensor")
-    kern = reducer(op, f.dtype)
+    arr, dt = f.array, f.dtype
+    try:
+        plan = _AR_PLAN.get((dt, op))
+    except TypeError:  # an unhashable dtype key
+        plan = None
+    if plan is None:
+        plan = (_dname(dt), op.name, reducer(op, dt), op is ReduceOp.AVG)
+        if len(_AR_PLAN) < 256:
+            _AR_PLAN[(dt, op)] = plan
+    dname, opname, kern, avg = plan
 
     def run(c: Any) -> None:
-        alg.all_reduce(c, f.array, kern)
-        finalize(op, f.array, c.size, f.dtype)
+        alg.all_reduce(c, arr, kern)
+        if avg:
+            finalize(op, arr, c.size, dt)
 
-    return g.run("all_reduce", run, async_op=async_op, timeout=timeout, signature=("all_reduce", _dname(f.dtype), f.numel, op.name))
+    return g.run("all_reduce", run, async_op=async_op, timeout=timeout, signature=("all_reduce", dname, arr.size, opname))
 
 
 def reduce(tensor: Any, dst: Optional[int] = None, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, group_dst: Optional[int] = None, timeout: Any = None) -> Optional[Work]:

@@ -23,7 +23,7 @@ __all__ = ["Flat", "as_flat", "is_torch_tensor", "DTypeKey"]
 DTypeKey = Union[np.dtype, str]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs ~1 us, and this is on every call
 class Flat:
     array: np.ndarray  # 1-D, C-contiguous, shares memory with the user's object
     dtype: DTypeKey  # numpy dtype or "bfloat16"
@@ -68,8 +68,16 @@ def _torch_flat(t: Any, name: str, writable: bool) -> Flat:
     return Flat(arr.reshape(-1), arr.dtype, shape)
 
 
+#: numpy dtypes already checked to be plain numeric (the per-call check is then one set lookup)
+_PLAIN: set = set()
+
+
 def as_flat(obj: Any, name: str = "tensor", *, writable: bool = True) -> Flat:
     """A flat view of ``obj``.  ``writable``: results will be written into it."""
+    if type(obj) is np.ndarray and obj.dtype in _PLAIN:
+        fl = obj.flags
+        if fl.c_contiguous and (fl.writeable or not writable):  # the common case, checked as below
+            return Flat(obj.reshape(-1), obj.dtype, obj.shape)
     if isinstance(obj, np.ndarray):
         arr = obj
     elif is_torch_tensor(obj):
@@ -96,4 +104,6 @@ def as_flat(obj: Any, name: str = "tensor", *, writable: bool = True) -> Flat:
         arr = np.ascontiguousarray(arr)
     if writable and not arr.flags.writeable:
         raise ConfigError(f"{name} is read-only; results are written into it, so pass a writable array (np.array(x))")
+    if len(_PLAIN) < 64:
+        _PLAIN.add(arr.dtype)
     return Flat(arr.reshape(-1), arr.dtype, tuple(arr.shape))
