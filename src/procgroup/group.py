@@ -50,7 +50,6 @@ P2P_TAG_LIMIT = 1 << 40
 _P2P_BIT = 1 << 62
 FLIGHT_RECORDS = 64
 CHAIN_WINDOW = 4096
-_FP_BYTES: Dict[int, bytes] = {}  # fingerprint -> its 2 bytes for the call-hash chain (filled as used)
 
 
 _FP_CACHE: Dict[tuple, int] = {}
@@ -363,10 +362,7 @@ class ProcessGroup:
         with self._lock:
             seq = self._seq
             self._seq += 1
-            fb = _FP_BYTES.get(fp)
-            if fb is None:
-                fb = _FP_BYTES[fp] = fp.to_bytes(2, "little")
-            self._chain = zlib.crc32(fb, self._chain)
+            self._chain = zlib.crc32(fp.to_bytes(2, "little"), self._chain)
             self.chain.append((seq, self._chain))
             mine = False
             if not async_op and not self._comm_busy:

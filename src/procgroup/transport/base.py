@@ -58,7 +58,7 @@ from typing import Optional, Sequence, Union
 
 from ..deadline import Deadline
 
-__all__ = ["ANY_SOURCE", "Arena", "Status", "Request", "Transport", "CompletedRequest", "as_bytes_view", "as_writable_view"]
+__all__ = ["ANY_SOURCE", "ARENA_BYTES", "Arena", "Status", "Request", "Transport", "CompletedRequest", "as_bytes_view", "as_writable_view"]
 
 #: Source wildcard for irecv/recv.
 ANY_SOURCE = -1
@@ -162,6 +162,10 @@ class Transport(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: payload bytes of one arena slot (every transport's): the largest small collective that goes through an arena
+ARENA_BYTES = 32 << 10
 
 
 class Arena(abc.ABC):

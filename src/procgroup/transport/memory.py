@@ -16,7 +16,7 @@ from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
 from ..deadline import Deadline
 from ..errors import ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError
-from .base import ANY_SOURCE, TAG_LIMIT, Arena, Buffer, CompletedRequest, Request, Status, Transport, as_bytes_view, as_writable_view
+from .base import ANY_SOURCE, ARENA_BYTES, TAG_LIMIT, Arena, Buffer, CompletedRequest, Request, Status, Transport, as_bytes_view, as_writable_view
 
 __all__ = ["MemoryHub", "MemoryTransport"]
 
@@ -109,7 +109,7 @@ class MemoryHub:
         self.failed: Dict[int, str] = {}
         self.closed = [False] * world_size
         self.aborted: Dict[int, BaseException] = {}  # rank -> error its requests fail with
-        #: (key, members) -> per parity, per member: [published count, check, bytearray of MEMORY_ARENA_BYTES]
+        #: (key, members) -> per parity, per member: [published count, check, bytearray of ARENA_BYTES]
         self.arenas: Dict[Tuple[int, Tuple[int, ...]], List[List[list]]] = {}
 
     def transport(self, rank: int) -> "MemoryTransport":
@@ -123,10 +123,6 @@ class MemoryHub:
             self.cond.notify_all()
 
 
-#: bytes per member slot of a memory arena (the same as the shm transport's, so both pick the same algorithms)
-MEMORY_ARENA_BYTES = 32 << 10
-
-
 class _MemoryArena(Arena):
     """The reference :class:`Arena`: slots in a dict of the hub, waits on the hub's condition."""
 
@@ -134,11 +130,11 @@ class _MemoryArena(Arena):
         self.t = t
         self.members = list(members)
         self.index = self.members.index(t.rank)
-        self.max_bytes = MEMORY_ARENA_BYTES
+        self.max_bytes = ARENA_BYTES
         with t.hub.cond:
             self.slots = t.hub.arenas.setdefault(
                 (key, tuple(self.members)),
-                [[[0, 0, bytearray(MEMORY_ARENA_BYTES)] for _ in self.members] for _ in range(2)],
+                [[[0, 0, bytearray(ARENA_BYTES)] for _ in self.members] for _ in range(2)],
             )
         self.count = 0
 

@@ -130,13 +130,13 @@ import struct
 import threading
 import time
 from collections import deque
-from typing import Any, Deque, Dict, List, Optional, Sequence
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
 
 from ..deadline import Deadline, as_deadline
 from ..errors import BrokenError, ClosedError, ConfigError, DistTimeoutError, PeerFailureError
 from . import _cma, _futex
 from ._engine import EngineTransport, RecvReq, SendReq, Unexpected, delete_key_quiet as _delete_key, timeout_error
-from .base import Arena, CompletedRequest, Request, Status
+from .base import ARENA_BYTES, Arena, CompletedRequest, Request, Status
 
 __all__ = ["ShmTransport", "shm_supported", "cleanup_job_segments", "SHM_DIR", "segment_prefix"]
 
@@ -165,8 +165,6 @@ RNDV_MIN = 1 << 20
 
 #: groups with an id below this get arena slots (the world is group 0; new_group ids count up from 1)
 ARENA_GROUPS = 16
-#: payload bytes of one arena slot: the largest small collective that goes through the arena
-ARENA_BYTES = 32 << 10
 _ARENA_HDR = 64
 #: how long an arena wait polls before it sleeps (s): every local rank has a CPU / the host is oversubscribed
 ARENA_SPIN = 200e-6
@@ -493,7 +491,7 @@ class _ShmArena(Arena):
             # we completed the exchange; members that may be asleep on it need a wake (see _sleep)
             for seg in self._others:
                 if seg.i[_OFF_SLEEP // 4]:
-                    t._wake(seg)
+                    t._ring(seg, force=True)  # its flag is up: a new doorbell value, then FUTEX_WAKE
             return views
         self._wait(k, val, check, deadline)
         return views
@@ -516,6 +514,7 @@ class _ShmArena(Arena):
                 raise t._aborted
             if t._closed or seg is None:
                 raise ClosedError(f"rank {t.rank}: the shm transport was closed during a shared-slot exchange")
+            snap = seg.i[_OFF_BELL // 4]  # before the check: a ring after it moves the doorbell
             if arrived(k, val, check):
                 return
             missing = [m for (w, c), m in zip(self._slots[k], self.members) if w[c] != val or w[c + 1] != check]
@@ -530,32 +529,8 @@ class _ShmArena(Arena):
                     f"rank {t.rank}: shared-slot exchange (call {self.count} of this group's arena): "
                     f"ranks {missing} of {self.members} did not arrive within {deadline.elapsed():.2f}s"
                 )
-            self._sleep(seg, k, val, check, t._slice if deadline is None else min(t._slice, max(deadline.remaining(), 1e-4)))
-
-    def _sleep(self, seg: _Segment, k: int, val: int, check: int, timeout: float) -> None:
-        """Raise our sleep flag, fence, re-check, then futex_wait on our doorbell.
-
-        The completing member reads our flag after its fence (``exchange``): either it sees the flag
-        and rings (a new doorbell value, then FUTEX_WAKE), or our re-check sees its count.
-        """
-        t = self.t
-        with t._lock:
-            if t._closed:
-                return
-            t._maybe_check_peers_locked(time.monotonic())
-            t._sleepers += 1
-            snap = seg.i[_OFF_BELL // 4]
-            seg.i[_OFF_SLEEP // 4] = 1
-        _fence()
-        try:
-            if not self._arrived(k, val, check):
-                _futex.futex_wait(seg.addr + _OFF_BELL, snap, timeout)
-        finally:
-            with t._lock:
-                t._sleepers -= 1
-                if not t._sleepers:
-                    t._clear_sleep_flag()
-                    t._idle.notify_all()
+            t._sleep_on_bell(snap, t._slice if deadline is None else max(deadline.remaining(), 1e-4),
+                             lambda: arrived(k, val, check))
 
 
 class ShmTransport(EngineTransport):
@@ -591,7 +566,7 @@ class ShmTransport(EngineTransport):
             logger.warning("shm transport on %s: its lock-free rings assume x86 memory ordering", platform.machine())
         self._deadline = as_deadline(deadline)
         self._spin = spin
-        from ..config import ENV
+        from ..config import ENV, env_bool
 
         env_spin = os.environ.get(ENV.SHM_SPIN_US, "").strip()
         if env_spin:
@@ -613,9 +588,8 @@ class ShmTransport(EngineTransport):
         self._arena_spin = self._spin if env_spin else ARENA_SPIN_OVERSUBSCRIBED if self._oversubscribed else ARENA_SPIN
         # a large single-copy read in two threads (the GIL is released in the syscall) when a core is likely
         # idle: not on an oversubscribed host, and (see _rndv_read_locked) not while a peer reads from us
-        self._split_reads = (ncpu > 1 and not self._oversubscribed
-                             and os.environ.get(ENV.SHM_SPLIT, "1").strip().lower() not in ("0", "false", "no", "off"))
-        self._arena_on = os.environ.get(ENV.SHM_ARENA, "1").strip().lower() not in ("0", "false", "no", "off")
+        self._split_reads = ncpu > 1 and not self._oversubscribed and env_bool(ENV.SHM_SPLIT, default=True)
+        self._arena_on = env_bool(ENV.SHM_ARENA, default=True)
         self._arenas: List["_ShmArena"] = []
         self._slice = slice_s
         self._seq = 0
@@ -832,16 +806,6 @@ class ShmTransport(EngineTransport):
             a = _ShmArena(self, key, ms)
             self._arenas.append(a)
             return a
-
-    def _wake(self, seg: _Segment) -> None:
-        """Ring ``seg``'s doorbell with a value no other ringer writes, then FUTEX_WAKE (its sleep flag is up)."""
-        self._seq += 1  # unlocked: two threads writing the same new value would still change the doorbell
-        seg.i[_OFF_BELL // 4] = (self._seq * self.world_size + self.rank + 1) & 0xFFFFFFFF
-        w = _RAW_WAKE
-        if w is not None:
-            w[0](w[1], seg.addr + _OFF_BELL, 1, _INT_MAX)
-        else:
-            _futex.futex_wake(seg.addr + _OFF_BELL)
 
     # -- doorbells ------------------------------------------------------------------------
     def _ring(self, seg: _Segment, force: bool = False) -> None:
@@ -1291,8 +1255,12 @@ class ShmTransport(EngineTransport):
         with self._lock:
             return 0 if self._closed else self._bell_value()
 
-    def _sleep_on_bell(self, snapshot: int, timeout: float) -> None:
-        """Sleep until our doorbell rings (or ``timeout``), as a waiter; for the router."""
+    def _sleep_on_bell(self, snapshot: int, timeout: float, ready: Optional[Callable[[], bool]] = None) -> None:
+        """Sleep until our doorbell moves from ``snapshot`` (or ``timeout``), as a waiter; for the router and arenas.
+
+        ``ready``: re-checked after the sleep flag is up and fenced, so a waker that tests the flag after its own
+        fence (the arena's completer) either sees the flag and rings, or is seen by this check.
+        """
         with self._lock:
             if self._closed:
                 return
@@ -1302,7 +1270,8 @@ class ShmTransport(EngineTransport):
             addr = self._seg.addr + _OFF_BELL  # type: ignore[union-attr]
         _fence()
         try:
-            _futex.futex_wait(addr, snapshot, min(timeout, self._slice))
+            if ready is None or not ready():
+                _futex.futex_wait(addr, snapshot, min(timeout, self._slice))
         finally:
             with self._lock:
                 self._sleepers -= 1
