@@ -120,10 +120,10 @@ def _worker(ns: argparse.Namespace) -> int:
     stages: Optional[_StageTimes] = None
     if ns.worker == "procgroup":
         import procgroup as dist
-        from procgroup.bench.worker import ProcgroupAdapter
+        from procgroup.bench.cases import TorchStyleAdapter
 
         dist.init_process_group(timeout=ns.timeout)
-        a = ProcgroupAdapter()
+        a = TorchStyleAdapter("procgroup", dist)
         if ns.pg_force:
             from procgroup.algorithms import select
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -282,6 +282,67 @@ class Adapter:
     def op(self, op: str, inp: np.ndarray, out: np.ndarray) -> Callable[[], None]:
         """A no-argument callable doing one ``op`` on these buffers (root 0; ping-pong 0 <-> 1)."""
         raise NotImplementedError
+
+
+class TorchStyleAdapter(Adapter):
+    """An Adapter over a torch.distributed-shaped module ``dist`` (procgroup itself, or torch's).
+
+    ``wrap`` turns a numpy buffer into what ``dist`` takes, sharing its memory (identity for procgroup,
+    ``torch.from_numpy`` for torch), so results land in the numpy buffers the checks read.
+    """
+
+    def __init__(self, name: str, dist: Any, wrap: Callable[[np.ndarray], Any] = lambda a: a) -> None:
+        self.name, self.dist, self.wrap = name, dist, wrap
+        self.rank = dist.get_rank()
+        self.size = dist.get_world_size()
+        self._one = np.zeros(1, dtype=np.int64)
+        self._one_w = wrap(self._one)
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def gather_rows(self, row: np.ndarray) -> Optional[np.ndarray]:
+        row = np.ascontiguousarray(row, dtype=np.float64)
+        if self.rank == 0:
+            out = [np.empty_like(row) for _ in range(self.size)]
+            self.dist.gather(self.wrap(row), [self.wrap(o) for o in out], dst=0)
+            return np.stack(out)
+        self.dist.gather(self.wrap(row), None, dst=0)
+        return None
+
+    def bcast_int(self, value: int) -> int:
+        self._one[0] = value
+        self.dist.broadcast(self._one_w, src=0)
+        return int(self._one[0])
+
+    def op(self, op: str, inp: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+        d, r = self.dist, self.rank
+        ti, to = self.wrap(inp), self.wrap(out)
+        if op == "all_reduce":
+            return lambda: d.all_reduce(ti)
+        if op == "broadcast":
+            return lambda: d.broadcast(ti, src=0)
+        if op == "reduce":
+            return lambda: d.reduce(ti, dst=0)
+        if op == "all_gather":
+            return lambda: d.all_gather_into_tensor(to, ti)
+        if op == "reduce_scatter":
+            return lambda: d.reduce_scatter_tensor(to, ti)
+        if op == "all_to_all":
+            return lambda: d.all_to_all_single(to, ti)
+        if op == "sendrecv":
+            if r == 0:
+                def ping() -> None:
+                    d.send(ti, dst=1)
+                    d.recv(ti, src=1)
+                return ping
+            if r == 1:
+                def pong() -> None:
+                    d.recv(ti, src=0)
+                    d.send(ti, dst=0)
+                return pong
+            return lambda: None
+        raise ValueError(f"unknown op {op!r}")
 
 
 def _barrier_check(a: Adapter) -> Optional[str]:
