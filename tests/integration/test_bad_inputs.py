@@ -30,7 +30,7 @@ from procgroup.deadline import Deadline
 from procgroup.netutil import free_port
 from procgroup.protocol.auth import client_handshake
 
-from .harness import ROOT, kill_all, worker_env
+from .harness import ROOT, collect, kill_all, worker_env
 
 BAD = Path(__file__).with_name("fault_workers") / "bad_inputs.py"
 
@@ -50,18 +50,7 @@ def spawn(n: int, args: Sequence[str], env: Optional[Dict[str, str]] = None, per
 
 
 def finish(procs: List[subprocess.Popen], timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    outs = []
-    try:
-        for p in procs:
-            try:
-                so, se = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                kill_all(procs)
-                so, se = p.communicate()
-            outs.append((p.returncode, so, se))
-    finally:
-        kill_all(procs)
+    outs = [(r.returncode, r.stdout, r.stderr) for r in collect(procs, timeout)]
     text = "\n".join(f"--- process {i} rc={rc}\n{so}\n{se[-3000:]}" for i, (rc, so, se) in enumerate(outs))
     results: List[Dict[str, str]] = []
     for _, so, _ in outs:

@@ -32,7 +32,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from .harness import ROOT, kill_all, worker_env
+from .harness import ROOT, collect, worker_env
 
 from procgroup.netutil import free_port
 
@@ -161,18 +161,7 @@ def _scenario(name: str, n: int, transport: str, timeout: float = 40.0):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         for r in range(n)
     ]
-    deadline = time.monotonic() + timeout
-    outs = []
-    try:
-        for p in procs:
-            try:
-                so, se = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                kill_all(procs)
-                so, se = p.communicate()
-            outs.append((p.returncode, so, se))
-    finally:
-        kill_all(procs)
+    outs = [(r.returncode, r.stdout, r.stderr) for r in collect(procs, timeout)]
     results: Dict[int, Dict[str, str]] = {}
     for _, so, _ in outs:
         for line in so.splitlines():
