@@ -462,6 +462,23 @@ def _explicit(ns: argparse.Namespace, environ: Mapping[str, str], dest: str) -> 
     return getattr(ns, dest, None) is not None or _pet(dest, environ) is not None
 
 
+def _output_fields(ns: argparse.Namespace, default_prefix: str) -> dict:
+    """The LaunchConfig fields both modes take from the same flags (output, program, secret), checked."""
+    if ns.no_prefix and ns.prefix_format is not None:
+        raise ConfigError("--no-prefix and --prefix-format exclude each other; keep one")
+    if ns.tee and ns.log_dir is None:
+        raise ConfigError("--tee copies the --log-dir files to the console; without --log-dir output already goes there")
+    return dict(
+        log_dir=os.path.abspath(ns.log_dir) if ns.log_dir is not None else None,
+        tee=bool(ns.tee),
+        ranks_filter=parse_ranks(ns.ranks_filter) if ns.ranks_filter is not None else None,
+        prefix_format="" if ns.no_prefix else (ns.prefix_format if ns.prefix_format is not None else default_prefix),
+        module=bool(ns.module),
+        no_python=bool(ns.no_python),
+        secret_file=os.path.abspath(ns.secret_file) if ns.secret_file is not None else None,
+    )
+
+
 def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> Union[LaunchConfig, "HeadConfig"]:
     nproc_v, src = _resolve(ns, "nproc_per_node", environ, "1")
     nproc = parse_nproc(nproc_v, src)
@@ -531,18 +548,7 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
     # Several nodes must agree on the id without talking: torchrun's "none".
     run_id = str(run_id_v) if run_id_v is not None else (new_run_id() if nnodes == 1 else "none")
 
-    if ns.no_prefix and ns.prefix_format is not None:
-        raise ConfigError("--no-prefix and --prefix-format exclude each other; keep one")
-    if ns.no_prefix:
-        prefix = ""
-    elif ns.prefix_format is not None:
-        prefix = ns.prefix_format
-    else:
-        prefix = SINGLE_NODE_PREFIX if nnodes == 1 else MULTI_NODE_PREFIX
-
-    if ns.tee and ns.log_dir is None:
-        raise ConfigError("--tee copies the --log-dir files to the console; without --log-dir output already goes there")
-
+    io = _output_fields(ns, SINGLE_NODE_PREFIX if nnodes == 1 else MULTI_NODE_PREFIX)
     return LaunchConfig(
         entrypoint=ns.entrypoint,
         args=tuple(ns.args),
@@ -555,13 +561,7 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
         run_id=run_id,
         max_restarts=max_restarts,
         term_timeout=ns.term_timeout,
-        log_dir=os.path.abspath(ns.log_dir) if ns.log_dir is not None else None,
-        tee=bool(ns.tee),
-        ranks_filter=parse_ranks(ns.ranks_filter) if ns.ranks_filter is not None else None,
-        prefix_format=prefix,
-        module=bool(ns.module),
-        no_python=bool(ns.no_python),
-        secret_file=os.path.abspath(ns.secret_file) if ns.secret_file is not None else None,
+        **io,
         join_timeout=join_timeout,
         from_head=bool(ns.from_head),
         slurm_step=slurm_step,
@@ -592,11 +592,7 @@ def _head_config(ns: argparse.Namespace, environ: Mapping[str, str], *, nproc_gi
         port = _int("--master-port", ns.master_port, "--master-port")
         if not 0 < port < 65536:
             raise ConfigError(f"--master-port {port} must be 1..65535 (omit it: node 0 then picks a free port)")
-    if ns.no_prefix and ns.prefix_format is not None:
-        raise ConfigError("--no-prefix and --prefix-format exclude each other; keep one")
-    prefix = "" if ns.no_prefix else (ns.prefix_format if ns.prefix_format is not None else MULTI_NODE_PREFIX)
-    if ns.tee and ns.log_dir is None:
-        raise ConfigError("--tee copies the --log-dir files to the console; without --log-dir output already goes there")
+    io = _output_fields(ns, MULTI_NODE_PREFIX)
     try:
         ssh_command = tuple(shlex.split(ns.ssh_command))
     except ValueError as e:
@@ -612,13 +608,7 @@ def _head_config(ns: argparse.Namespace, environ: Mapping[str, str], *, nproc_gi
         run_id=str(ns.run_id) if ns.run_id is not None else new_run_id(),
         max_restarts=_int("--max-restarts", ns.max_restarts if ns.max_restarts is not None else 0, "--max-restarts"),
         term_timeout=ns.term_timeout,
-        log_dir=os.path.abspath(ns.log_dir) if ns.log_dir is not None else None,
-        tee=bool(ns.tee),
-        ranks_filter=parse_ranks(ns.ranks_filter) if ns.ranks_filter is not None else None,
-        prefix_format=prefix,
-        module=bool(ns.module),
-        no_python=bool(ns.no_python),
-        secret_file=os.path.abspath(ns.secret_file) if ns.secret_file is not None else None,
+        **io,
         join_timeout=join_timeout,
         from_head=True,
     )
