@@ -29,6 +29,10 @@ __all__ = [
     "KUBEFLOW",
     "Identity",
     "DEFAULT_TIMEOUT",
+    "DEFAULT_MASTER_ADDR",
+    "DEFAULT_MASTER_PORT",
+    "SHM_DIR",
+    "SHM_SEGMENT_PREFIX",
     "env_int",
     "env_float",
     "env_str",
@@ -39,6 +43,14 @@ __all__ = [
 #: torch uses 30 minutes; we use 5 so that a broken job fails while someone
 #: is still looking.  Override with PROCGROUP_TIMEOUT or timeout=.
 DEFAULT_TIMEOUT = 300.0
+
+#: Where the store listens when nothing says otherwise (one host; torchrun's defaults).
+DEFAULT_MASTER_ADDR = "127.0.0.1"
+DEFAULT_MASTER_PORT = 29500
+
+#: Shared-memory segments live here, named ``SHM_SEGMENT_PREFIX<job>-...`` (the launcher's cleanup reads both).
+SHM_DIR = "/dev/shm"
+SHM_SEGMENT_PREFIX = "procgroup-"
 
 
 @dataclass(frozen=True)
