@@ -271,7 +271,9 @@ def env_int(name: str, environ: Optional[Mapping[str, str]] = None, *, minimum: 
     try:
         n = int(v)
     except ValueError:
-        raise ConfigError(f"environment variable {name}={v!r} is not an integer; set it to a whole number or unset it") from None
+        raise ConfigError(
+            f"environment variable {name}={v!r} is not an integer; set it to a whole number or unset it"
+        ) from None
     if minimum is not None and n < minimum:
         raise ConfigError(f"environment variable {name}={n} must be >= {minimum}")
     return n
@@ -341,7 +343,9 @@ def env_micros(name: str, environ: Optional[Mapping[str, str]] = None) -> Option
     try:
         x = float(v)
     except ValueError:
-        raise ConfigError(f"environment variable {name}={v!r} is not a number of microseconds; e.g. {name}=50") from None
+        raise ConfigError(
+            f"environment variable {name}={v!r} is not a number of microseconds; e.g. {name}=50"
+        ) from None
     if not x >= 0:
         raise ConfigError(f"environment variable {name}={v!r} must be >= 0 microseconds")
     return x
