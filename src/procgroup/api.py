@@ -12,9 +12,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .config import ENV, Identity, default_timeout, env_bool, env_int, env_str
 from .deadline import Deadline
-from .errors import ConfigError, NotInitializedError, ProcGroupError, RendezvousError, StoreTimeoutError
-from .group import GID_LIMIT, ProcessGroup, World
+from .watchdog import FAILURE_KEY, Watchdog
+from .errors import ConfigError, ProcGroupError, RendezvousError, StoreTimeoutError
+from .process_group import ProcessGroup, World
 from .rendezvous import InitMethod, parse_init_method, setup_logging
+from .state import GroupMember, _state, default_group, group, resolve_group
+from .subgroups import new_group, new_subgroups, split_group
 
 __all__ = [
     "init_process_group",
@@ -57,43 +60,6 @@ class Backend(str):
     GLOO = "gloo"
     MPI = "mpi"
     NCCL = "nccl"
-
-
-@dataclass
-class _State:
-    world: Optional[World] = None
-    default: Optional[ProcessGroup] = None
-    groups: List[ProcessGroup] = field(default_factory=list)
-    backend: str = "cpu"
-    store_server: Any = None
-    file_path: Optional[str] = None
-    prefix_store: Any = None
-    base_store: Any = None
-    lock: threading.RLock = field(default_factory=threading.RLock)
-
-
-_state = _State()
-
-
-class _NonMember:
-    def __repr__(self) -> str:
-        return "GroupMember.NON_GROUP_MEMBER"
-
-
-class _GroupMemberMeta(type):
-    @property
-    def WORLD(cls) -> Optional[ProcessGroup]:  # noqa: N802 - torch's spelling
-        return _state.default
-
-
-class GroupMember(metaclass=_GroupMemberMeta):
-    """``GroupMember.WORLD`` is the default group; ``NON_GROUP_MEMBER`` is returned to non-members."""
-
-    NON_GROUP_MEMBER = _NonMember()
-
-
-class group(metaclass=_GroupMemberMeta):  # noqa: N801 - torch's spelling: dist.group.WORLD
-    pass
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,7 +252,6 @@ def _linger(server: Any, grace: float = 5.0, own: int = 0) -> None:
 def _start_watchdog(world: World, base: Any, master: Optional[Tuple[str, int]], secret: bytes, restart: int, tmo: float) -> None:
     """Mismatch detection and roll call (``procgroup.watchdog``), on a store connection of its own."""
     from . import store as store_mod
-    from .watchdog import Watchdog
 
     if isinstance(base, store_mod.TCPStore) and master is not None:
         conn = store_mod.TCPStore(master[0], master[1], secret=secret, timeout=tmo)
@@ -294,7 +259,7 @@ def _start_watchdog(world: World, base: Any, master: Optional[Tuple[str, int]], 
         wstore = store_mod.PrefixStore(f"pg/{restart}", conn)
     else:
         wstore = world.store
-    wd = Watchdog(wstore, world.rank, lambda: list(_state.groups), world.transport.abort).start()
+    wd = Watchdog(wstore, world.rank, lambda: [g.status() for g in list(_state.groups)], world.transport.abort).start()
     world.on_close.append(wd.stop)
 
 
@@ -359,8 +324,6 @@ def _leave(world: World) -> None:
         n = st.add("left", 1)
         if n == world.size:
             st.set("all_left", b"1")
-        from .group import FAILURE_KEY
-
         if st.check([FAILURE_KEY]) or st.check([f"wd/abort/{_state.default.gid if _state.default else 0}"]):
             # a member died or the job aborted: nobody else is coming to say goodbye, but the survivors may
             # still read the failure record from the store this rank hosts
@@ -378,23 +341,6 @@ def _leave(world: World) -> None:
         logger.warning("rank %d: not every rank called destroy_process_group within the exit deadline; closing the store anyway", world.rank)
     except ProcGroupError as e:
         logger.info("rank %d: exit handshake skipped: %s", world.rank, e)
-
-
-# ---------------------------------------------------------------------------------------------
-def default_group(what: str = "this call") -> ProcessGroup:
-    if _state.default is None:
-        raise NotInitializedError(what)
-    return _state.default
-
-
-def resolve_group(group: Optional[ProcessGroup], what: str) -> ProcessGroup:
-    if group is None:
-        return default_group(what)
-    if group is GroupMember.NON_GROUP_MEMBER:
-        raise ConfigError(f"{what}: this rank is not a member of that group (new_group returned NON_GROUP_MEMBER here)")
-    if not isinstance(group, ProcessGroup):
-        raise ConfigError(f"{what}: group must be a ProcessGroup from new_group(), got {type(group).__name__}")
-    return group
 
 
 def is_initialized() -> bool:
@@ -469,144 +415,3 @@ def get_global_rank(group: Optional[ProcessGroup], group_rank: int) -> int:
     if not 0 <= group_rank < g.size():
         raise ConfigError(f"group rank {group_rank} is outside [0, {g.size()}) for group {g.name}")
     return g.ranks[group_rank]
-
-
-# ---------------------------------------------------------------------------------------------
-def _alloc_gid(parent: ProcessGroup, ranks: Sequence[int], timeout: float) -> int:
-    """Agree on a world-unique id for a new group: its lowest rank allocates it through the store."""
-    world = parent.world
-    k = parent._child_groups
-    parent._child_groups += 1
-    if world.store is None:  # no store (mpi backend): deterministic ids from the parent
-        gid = (parent.gid * 131 + k + 1) % GID_LIMIT or 1
-        return gid
-    key = f"gid/{parent.gid}/{k}/{min(ranks)}"
-    if world.rank == min(ranks):
-        gid = int(world.store.add("gid_counter", 1))
-        world.store.set(key, str(gid).encode())
-        return gid
-    if world.rank in ranks:
-        return int(world.store.get(key, timeout=timeout))
-    return -1
-
-
-def new_group(
-    ranks: Optional[Sequence[int]] = None,
-    timeout: Any = None,
-    backend: Optional[str] = None,
-    pg_options: Any = None,
-    use_local_synchronization: bool = False,
-    group_desc: Optional[str] = None,
-) -> Any:
-    """A group of the given global ranks; every rank of the world must call it, in the same order (as torch)."""
-    parent = default_group("new_group")
-    world = parent.world
-    rs = sorted(set(range(world.size) if ranks is None else (int(r) for r in ranks)))
-    if ranks is not None and len(rs) != len(list(ranks)):
-        raise ConfigError(f"new_group(ranks={list(ranks)}) lists a rank twice")
-    bad = [r for r in rs if not 0 <= r < world.size]
-    if bad:
-        raise ConfigError(f"new_group: ranks {bad} are outside [0, {world.size})")
-    if not rs:
-        raise ConfigError("new_group(ranks=[]): a group needs at least one rank")
-    tmo = _timeout_seconds(timeout) if timeout is not None else world.timeout
-    return _make_group(parent, rs, tmo, group_desc)
-
-
-def _make_group(parent: ProcessGroup, rs: List[int], tmo: float, desc: Optional[str]) -> Any:
-    gid = _alloc_gid(parent, rs, tmo)
-    if gid < 0:
-        return GroupMember.NON_GROUP_MEMBER
-    pg = ProcessGroup(parent.world, rs, gid, desc or f"group{gid}{rs if len(rs) <= 8 else ''}", tmo)
-    _state.groups.append(pg)
-    return pg
-
-
-def new_subgroups(group_size: Optional[int] = None, group: Optional[ProcessGroup] = None, timeout: Any = None, backend: Optional[str] = None, pg_options: Any = None, group_desc: Optional[str] = None) -> Tuple[Any, List[Any]]:
-    """Split the world into subgroups: one per host by default, else consecutive blocks of ``group_size``.
-
-    Returns (the subgroup of this rank, all subgroups this rank is a member of or knows) like torch.
-    """
-    parent = default_group("new_subgroups")
-    world = parent.world
-    if group_size is None:
-        order: List[str] = []
-        for h in world.hosts:
-            if h not in order:
-                order.append(h)
-        blocks = [[r for r in range(world.size) if world.hosts[r] == h] for h in order]
-    else:
-        if group_size <= 0 or world.size % group_size:
-            raise ConfigError(f"new_subgroups(group_size={group_size}): the world size {world.size} must be a positive multiple of it")
-        blocks = [list(range(i, i + group_size)) for i in range(0, world.size, group_size)]
-    tmo = _timeout_seconds(timeout) if timeout is not None else world.timeout
-    mine = None
-    groups = []
-    for b in blocks:
-        g = _make_group(parent, b, tmo, group_desc)
-        groups.append(g)
-        if world.rank in b:
-            mine = g
-    return mine, groups
-
-
-def split_group(
-    parent_pg: Optional[ProcessGroup] = None,
-    split_ranks: Optional[Sequence[Sequence[int]]] = None,
-    timeout: Any = None,
-    pg_options: Any = None,
-    group_desc: Optional[str] = None,
-    *,
-    color: Optional[int] = None,
-    key: Optional[int] = None,
-) -> Any:
-    """Split ``parent_pg`` (default: world) into disjoint groups.
-
-    Either ``split_ranks`` (torch's form: a list of disjoint global-rank lists, the same on every member),
-    or MPI's ``color``/``key``: members with the same colour form a group, ordered by (key, rank);
-    ``color=None`` with ``split_ranks=None`` is an error; a negative colour opts out.
-    Only members of the parent call it.  Returns this rank's new group or NON_GROUP_MEMBER.
-    """
-    parent = resolve_group(parent_pg, "split_group")
-    if not parent.is_member():
-        raise ConfigError("split_group must be called by members of the parent group only")
-    tmo = _timeout_seconds(timeout) if timeout is not None else parent.timeout
-    if split_ranks is not None:
-        if color is not None:
-            raise ConfigError("split_group: pass split_ranks= or color=, not both")
-        seen: set = set()
-        blocks = []
-        for b in split_ranks:
-            b = sorted(int(r) for r in b)
-            for r in b:
-                if r not in parent.ranks:
-                    raise ConfigError(f"split_group: rank {r} is not in the parent group {parent.ranks}")
-                if r in seen:
-                    raise ConfigError(f"split_group: rank {r} appears in two splits; splits must be disjoint")
-                seen.add(r)
-            blocks.append(b)
-    else:
-        if color is None:
-            raise ConfigError("split_group needs split_ranks=[[...], ...] or color= (and optionally key=)")
-        from .objects import all_gather_object
-
-        mine = (int(color), int(key if key is not None else parent.rank()), parent.world.rank)
-        got: List[Any] = [None] * parent.size()
-        all_gather_object(got, mine, group=parent)
-        colors = sorted({c for c, _, _ in got if c >= 0})
-        blocks = [[g for _, _, g in sorted(t for t in got if t[0] == c)] for c in colors]
-    result: Any = GroupMember.NON_GROUP_MEMBER
-    for b in blocks:
-        g = _make_group(parent, b, tmo, group_desc) if parent.world.rank in b else None
-        if g is None:
-            parent._child_groups += 1  # keep the parent's counter in step with the members of b
-        else:
-            result = g
-    return result
-
-
-# torch's ``dist.group.WORLD`` must find the class above, not the ``procgroup.group`` submodule that the
-# import system sets as the package attribute of the same name (already imported at the top of this file).
-import sys as _sys  # noqa: E402
-
-setattr(_sys.modules[__name__.rpartition(".")[0]], "group", group)

@@ -14,15 +14,12 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 
 from . import algorithms as alg
-from .api import GroupMember, resolve_group
+from .arguments import API_SLOT_A, API_SLOT_B, member_group as _group, peer_rank as _peer, root_rank as _root
 from .data import Flat, as_flat
 from .errors import ConfigError
-from .group import ProcessGroup, Work, p2p_tag
+from .process_group import Work, p2p_tag
 from .ops import ReduceOp, finalize, reducer
 from .transport.base import ANY_SOURCE
-
-#: scratch slots of the API layer (the algorithms use small slot numbers; see algorithms/_util.py)
-API_SLOT_A, API_SLOT_B, API_SLOT_C = 101, 102, 103
 
 __all__ = [
     "ReduceOp",
@@ -45,33 +42,6 @@ __all__ = [
     "P2POp",
     "batch_isend_irecv",
 ]
-
-
-def _group(group: Any, op: str) -> Optional[ProcessGroup]:
-    """The group, or None when this rank is not a member (the call is then a no-op, as in torch)."""
-    if group is GroupMember.NON_GROUP_MEMBER:
-        return None
-    g = resolve_group(group, op)
-    return g if g.is_member() else None
-
-
-def _root(g: ProcessGroup, op: str, rank: Optional[int], group_rank: Optional[int], name: str, default: Optional[int] = None) -> int:
-    if rank is not None and group_rank is not None:
-        raise ConfigError(f"{op}: pass {name}= (global rank) or group_{name}= (rank in the group), not both")
-    if group_rank is not None:
-        if not 0 <= group_rank < g.size():
-            raise ConfigError(f"{op}: group_{name}={group_rank} is outside [0, {g.size()}) for group {g.name}")
-        return int(group_rank)
-    if rank is None:
-        if default is None:
-            raise ConfigError(f"{op}: {name}= is required")
-        rank = g.ranks[default]
-    if int(rank) not in g.ranks:
-        raise ConfigError(
-            f"{op}: {name}={rank} is not a rank of group {g.name} (its global ranks are {g.ranks}); "
-            f"{name} is a global rank, use group_{name}= for a rank within the group"
-        )
-    return g.ranks.index(int(rank))
 
 
 def _same(op: str, a: Flat, b: Flat, what_a: str, what_b: str, factor: int = 1) -> None:
@@ -358,19 +328,6 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, t
 
 
 # -- point-to-point --------------------------------------------------------------------------
-def _peer(g: ProcessGroup, op: str, peer: Optional[int], group_peer: Optional[int], name: str, allow_any: bool = False) -> int:
-    """Global rank of the peer (ANY_SOURCE allowed for recv)."""
-    if peer is None and group_peer is None:
-        if allow_any:
-            return ANY_SOURCE
-        raise ConfigError(f"{op}: {name}= is required")
-    gr = _root(g, op, peer, group_peer, name)
-    gl = g.ranks[gr]
-    if gl == g.world.rank:
-        raise ConfigError(f"{op}: rank {gl} cannot {op} to/from itself ({name}={gl}); pick another rank")
-    return gl
-
-
 def isend(tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None) -> Optional[Work]:
     g = _group(group, "isend")
     if g is None:

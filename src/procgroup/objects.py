@@ -12,9 +12,9 @@ from typing import Any, List, Optional
 import numpy as np
 
 from . import algorithms as alg
-from .collectives import API_SLOT_C, _group, _peer, _root
+from .arguments import API_SLOT_C, member_group as _group, peer_rank as _peer, root_rank as _root
 from .errors import ConfigError
-from .group import p2p_tag
+from .process_group import p2p_tag
 from .protocol import payload
 
 __all__ = [

@@ -53,6 +53,8 @@ import numpy as np
 from ..errors import ConfigError
 from ._util import flat
 from .allreduce import (
+    StageChoices,
+    install_stage_choices,
     allreduce_hierarchical,
     allreduce_multileader,
     allreduce_recursive_doubling,
@@ -216,6 +218,12 @@ def choose_reduce(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
     if nbytes <= REDUCE_SMALL or nelems < p:
         return reduce_binomial
     return reduce_scatter_gather
+
+
+# the hierarchical all_reduces pick their stages with this policy (they do not import this module)
+install_stage_choices(
+    StageChoices(all_reduce_flat=choose_all_reduce_flat, reduce=choose_reduce, broadcast=choose_broadcast)
+)
 
 
 # ----------------------------------------------------------------------------- entry points

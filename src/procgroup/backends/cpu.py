@@ -10,7 +10,7 @@ from typing import Any, Optional
 from ..config import ENV, Identity, env_str
 from ..deadline import Deadline
 from ..errors import ConfigError
-from ..group import World
+from ..process_group import World
 from ..rendezvous import MemberInfo, host_key, new_nonce, rendezvous
 
 __all__ = ["build_world", "NAMES"]
