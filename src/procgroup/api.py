@@ -339,7 +339,10 @@ def _leave(world: World) -> None:
             except OSError:
                 pass
     except StoreTimeoutError:
-        logger.warning("rank %d: not every rank called destroy_process_group within the exit deadline; closing the store anyway", world.rank)
+        logger.warning(
+            "rank %d: not every rank called destroy_process_group within the exit deadline; closing the store anyway",
+            world.rank,
+        )
     except ProcGroupError as e:
         logger.info("rank %d: exit handshake skipped: %s", world.rank, e)
 

@@ -639,7 +639,7 @@ def detect_identity(environ: Optional[Mapping[str, str]] = None) -> Identity:
     step = _slurm_step(env)
     ompi = has(OPENMPI.RANK)
     pmi = has(MPICH.RANK) or has(MPICH.PMI_ID)
-    inside = (f" (ignoring the SLURM_* variables: they describe the srun step that started the MPI launcher's "
+    inside = (" (ignoring the SLURM_* variables: they describe the srun step that started the MPI launcher's "
               "daemons, not this process)")
     if ompi and (step is None or has(OPENMPI.HNP_URI)):
         d = _from_openmpi(env)

@@ -38,8 +38,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .algorithms.comm import STEP_BITS, Comm, ScratchPool
-from .deadline import Deadline
-from .errors import BrokenError, ClosedError, CollectiveMismatchError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError, describe
+from .deadline import Deadline, wait_seconds
+from .errors import (
+    BrokenError,
+    ClosedError,
+    CollectiveMismatchError,
+    ConfigError,
+    DistTimeoutError,
+    PeerFailureError,
+    ProcGroupError,
+    describe,
+)
 from .flight import FLIGHT_RECORDS, FlightRecord, describe_signature
 from .transport.base import Request, Transport
 from .watchdog import GroupStatus, describe_roll_call, first_failure, recorded_abort, roll_call
@@ -133,8 +142,7 @@ class Work:
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until done; raise the op's error.  ``timeout`` (s or timedelta) bounds this wait."""
-        if hasattr(timeout, "total_seconds"):
-            timeout = timeout.total_seconds()  # type: ignore[union-attr]
+        timeout = wait_seconds(timeout)
         limit = timeout if timeout is not None else self._group.timeout + 5.0
         if not self._done.wait(limit):
             raise DistTimeoutError(
@@ -156,7 +164,9 @@ class Work:
 class _P2PWork(Work):
     """Work over transport requests (isend/irecv): no thread involved."""
 
-    def __init__(self, op: str, group: "ProcessGroup", req: Request, deadline: Deadline, finish: Callable[[Any], Any], ctx: str) -> None:
+    def __init__(
+        self, op: str, group: "ProcessGroup", req: Request, deadline: Deadline, finish: Callable[[Any], Any], ctx: str
+    ) -> None:
         super().__init__(op, group)
         self._req = req
         self._deadline = deadline
@@ -175,8 +185,7 @@ class _P2PWork(Work):
     def wait(self, timeout: Optional[float] = None) -> bool:
         with self._lock:
             if not self._done.is_set():
-                if hasattr(timeout, "total_seconds"):
-                    timeout = timeout.total_seconds()  # type: ignore[union-attr]
+                timeout = wait_seconds(timeout)
                 dl = self._deadline if timeout is None else self._deadline.sooner(timeout)
                 try:
                     st = self._req.wait(dl)
@@ -199,7 +208,9 @@ _UNSET = object()
 class ProcessGroup:
     """An ordered set of global ranks that run collectives together."""
 
-    def __init__(self, world: World, ranks: Sequence[int], gid: int, name: str, timeout: Optional[float] = None) -> None:
+    def __init__(
+        self, world: World, ranks: Sequence[int], gid: int, name: str, timeout: Optional[float] = None
+    ) -> None:
         if not 0 <= gid < GID_LIMIT:
             raise ConfigError(f"group id {gid} exceeds the limit of {GID_LIMIT} groups")
         self.world = world
@@ -252,8 +263,8 @@ class ProcessGroup:
 
     # -- running collectives -------------------------------------------------------------
     def _deadline(self, timeout: Optional[float]) -> Deadline:
-        if hasattr(timeout, "total_seconds"):
-            timeout = timeout.total_seconds()  # type: ignore[union-attr]
+        """The deadline of a call: ``timeout`` (seconds or a timedelta) from now, else the group's timeout."""
+        timeout = wait_seconds(timeout)
         return Deadline.after(self.timeout if timeout is None else timeout)
 
     def _context(self, e: BaseException, op: str, seq: Optional[int], dl: Deadline, extra: str = "") -> BaseException:
@@ -273,7 +284,8 @@ class ProcessGroup:
         if isinstance(e, DistTimeoutError):
             msg += (
                 f". The deadline was {dl.timeout:.1f}s: if the other ranks are just slower, raise it with timeout= "
-                "(init_process_group or this call) or PROCGROUP_TIMEOUT; if a rank never reaches this call, fix that rank"
+                "(init_process_group or this call) or PROCGROUP_TIMEOUT; "
+                "if a rank never reaches this call, fix that rank"
             )
         elif isinstance(e, PeerFailureError):
             msg += ". A peer process died; the launcher's root-cause report shows why"

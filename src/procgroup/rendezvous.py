@@ -62,7 +62,10 @@ def parse_init_method(url: Optional[str]) -> InitMethod:
     q = {k: v[-1] for k, v in parse_qs(u.query).items()}
     unknown = set(q) - {"rank", "world_size"}
     if unknown:
-        raise ConfigError(f"init_method {url!r} has unknown query parameters {sorted(unknown)}; only rank= and world_size= are accepted")
+        raise ConfigError(
+            f"init_method {url!r} has unknown query parameters {sorted(unknown)}; "
+            "only rank= and world_size= are accepted"
+        )
 
     def qint(name: str) -> Optional[int]:
         if name not in q:
