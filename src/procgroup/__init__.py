@@ -7,7 +7,9 @@ below it are:
 * ``protocol/``   sans-IO codecs (store messages, transport frames, object payloads, auth)
 * ``transport/``  memory, shared-memory and TCP transports behind one interface
 * ``algorithms/`` collectives written only against that interface
-* ``store.py``, ``rendezvous.py``, ``group.py``, ``backends/``  the I/O shell and group state
+* ``store.py``, ``rendezvous.py``, ``process_group.py``  the I/O shell and group state
+* ``backends/``   the backend interface and registry (``cpu``/``gloo`` built in)
+* ``state.py``, ``api.py``, ``subgroups.py``, ``collectives.py``, ``objects.py``, ``debug.py``  the public API
 * ``launcher/``   ``procgroup run`` (beside the library, never imported by it)
 """
 

@@ -348,18 +348,22 @@ def _leave(world: World) -> None:
 
 
 def is_initialized() -> bool:
+    """True between init_process_group and destroy_process_group."""
     return _state.world is not None
 
 
 def is_available() -> bool:
+    """Always True: procgroup's distributed package is always built."""
     return True
 
 
 def is_gloo_available() -> bool:
+    """True: the built-in cpu backend answers to 'gloo'."""
     return True
 
 
 def is_mpi_available() -> bool:
+    """True when mpi4py can be imported (torch's meaning: an MPI is usable)."""
     try:
         import mpi4py  # noqa: F401
     except ImportError:
@@ -368,6 +372,7 @@ def is_mpi_available() -> bool:
 
 
 def is_nccl_available() -> bool:
+    """False: this build has no NCCL backend (see procgroup.backends)."""
     return False
 
 
@@ -384,38 +389,46 @@ def get_rank(group: Optional[ProcessGroup] = None) -> int:
 
 
 def get_world_size(group: Optional[ProcessGroup] = None) -> int:
+    """Number of ranks in ``group`` (default: the world); -1 when not a member (as torch)."""
     if group is GroupMember.NON_GROUP_MEMBER:
         return -1
     return resolve_group(group, "get_world_size").size()
 
 
 def get_local_rank() -> int:
+    """This process's rank among the ranks on its host; NotInitializedError before init."""
     w = default_group("get_local_rank").world
     return w.local_rank
 
 
 def get_local_world_size() -> int:
+    """Number of ranks on this host; NotInitializedError before init."""
     return default_group("get_local_world_size").world.local_world_size
 
 
 def get_node_rank() -> int:
+    """Index of this host among the job's hosts; NotInitializedError before init."""
     return default_group("get_node_rank").world.node_rank
 
 
 def get_backend(group: Optional[ProcessGroup] = None) -> str:
+    """The backend name of ``group`` ('gloo' for the cpu backend, as torch reports it)."""
     g = resolve_group(group, "get_backend")
     return "gloo" if g.world.backend == "cpu" else g.world.backend
 
 
 def get_process_group_ranks(group: Optional[ProcessGroup]) -> List[int]:
+    """The global ranks of ``group``, in group-rank order."""
     return list(resolve_group(group, "get_process_group_ranks").ranks)
 
 
 def get_group_rank(group: Optional[ProcessGroup], global_rank: int) -> int:
+    """The rank within ``group`` of ``global_rank``; ConfigError when it is not a member."""
     return resolve_group(group, "get_group_rank").group_rank_of(global_rank)
 
 
 def get_global_rank(group: Optional[ProcessGroup], group_rank: int) -> int:
+    """The global rank of ``group_rank`` in ``group``; ConfigError when out of range."""
     g = resolve_group(group, "get_global_rank")
     if not 0 <= group_rank < g.size():
         raise ConfigError(f"group rank {group_rank} is outside [0, {g.size()}) for group {g.name}")

@@ -86,6 +86,7 @@ def broadcast(
     group_src: Optional[int] = None,
     timeout: Any = None,
 ) -> Optional[Work]:
+    """Copy ``tensor`` from ``src`` (global rank) to every member, in place; a Work when ``async_op``."""
     g = _group(group, "broadcast")
     if g is None:
         return None
@@ -107,6 +108,7 @@ _AR_PLAN: dict = {}
 def all_reduce(
     tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, timeout: Any = None
 ) -> Optional[Work]:
+    """Reduce ``tensor`` over the group with ``op``, in place on every member; a Work when ``async_op``."""
     g = _group(group, "all_reduce")
     if g is None:
         return None
@@ -142,6 +144,7 @@ def reduce(
     group_dst: Optional[int] = None,
     timeout: Any = None,
 ) -> Optional[Work]:
+    """Reduce ``tensor`` over the group into ``dst``'s tensor, in place there; others' tensors may change."""
     g = _group(group, "reduce")
     if g is None:
         return None
@@ -167,6 +170,7 @@ def reduce(
 def all_gather(
     tensor_list: List[Any], tensor: Any, group: Any = None, async_op: bool = False, timeout: Any = None
 ) -> Optional[Work]:
+    """Every member's ``tensor`` into ``tensor_list[i]`` (one entry per group rank) on every member."""
     g = _group(group, "all_gather")
     if g is None:
         return None
@@ -192,6 +196,7 @@ def all_gather(
 def all_gather_into_tensor(
     output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False, timeout: Any = None
 ) -> Optional[Work]:
+    """Every member's input concatenated in group-rank order into ``output_tensor``."""
     g = _group(group, "all_gather_into_tensor")
     if g is None:
         return None
@@ -216,6 +221,7 @@ def gather(
     group_dst: Optional[int] = None,
     timeout: Any = None,
 ) -> Optional[Work]:
+    """Every member's ``tensor`` into ``gather_list`` on ``dst`` (None or empty elsewhere)."""
     g = _group(group, "gather")
     if g is None:
         return None
@@ -264,6 +270,7 @@ def scatter(
     group_src: Optional[int] = None,
     timeout: Any = None,
 ) -> Optional[Work]:
+    """``scatter_list[i]`` on ``src`` into group rank i's ``tensor``."""
     g = _group(group, "scatter")
     if g is None:
         return None
@@ -308,6 +315,7 @@ def reduce_scatter(
     async_op: bool = False,
     timeout: Any = None,
 ) -> Optional[Work]:
+    """Reduce ``input_list[i]`` over the group into group rank i's ``output``."""
     g = _group(group, "reduce_scatter")
     if g is None:
         return None
@@ -342,6 +350,7 @@ def reduce_scatter(
 def reduce_scatter_tensor(
     output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, timeout: Any = None
 ) -> Optional[Work]:  # noqa: A002 - torch's name
+    """Reduce ``input`` over the group; group rank i gets its i-th slice in ``output``."""
     g = _group(group, "reduce_scatter_tensor")
     if g is None:
         return None
@@ -371,6 +380,7 @@ def all_to_all(
     async_op: bool = False,
     timeout: Any = None,
 ) -> Optional[Work]:
+    """``input_tensor_list[j]`` of rank i lands in ``output_tensor_list[i]`` of rank j."""
     g = _group(group, "all_to_all")
     if g is None:
         return None
@@ -433,6 +443,7 @@ def all_to_all_single(
     async_op: bool = False,
     timeout: Any = None,
 ) -> Optional[Work]:  # noqa: A002
+    """All-to-all of one tensor split along dim 0 (equal parts, or the given split sizes)."""
     g = _group(group, "all_to_all_single")
     if g is None:
         return None
@@ -452,6 +463,7 @@ def all_to_all_single(
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: Any = None) -> Optional[Work]:
+    """Return once every member has entered the barrier (a Work when ``async_op``)."""
     g = _group(group, "barrier")
     if g is None:
         return None
@@ -462,6 +474,7 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, t
 def isend(
     tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None
 ) -> Optional[Work]:
+    """Start sending ``tensor`` to ``dst`` (global rank) with ``tag``; returns a Work (None for non-members)."""
     g = _group(group, "isend")
     if g is None:
         return None
@@ -474,6 +487,7 @@ def isend(
 def irecv(
     tensor: Any, src: Optional[int] = None, group: Any = None, tag: int = 0, group_src: Optional[int] = None
 ) -> Optional[Work]:
+    """Start receiving into ``tensor`` from ``src`` (any rank when None); Work.wait() gives the sender."""
     g = _group(group, "irecv")
     if g is None:
         return None
@@ -495,6 +509,7 @@ def irecv(
 def send(
     tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None
 ) -> None:
+    """Send ``tensor`` to ``dst`` and wait until it has been handed over."""
     w = isend(tensor, dst, group, tag, group_dst)
     if w is not None:
         w.wait()

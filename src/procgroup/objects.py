@@ -99,6 +99,7 @@ def _gatherv(c: Any, mine: np.ndarray, root: Optional[int]) -> Optional[List[np.
 
 
 def all_gather_object(object_list: List[Any], obj: Any, group: Any = None) -> None:
+    """Every member's ``obj`` into ``object_list`` (length = group size), on every member."""
     g = _group(group, "all_gather_object")
     if g is None:
         return
@@ -124,6 +125,7 @@ def gather_object(
     group: Any = None,
     group_dst: Optional[int] = None,
 ) -> None:
+    """Every member's ``obj`` into ``object_gather_list`` on ``dst``."""
     g = _group(group, "gather_object")
     if g is None:
         return
@@ -191,6 +193,7 @@ def send_object_list(
     device: Any = None,
     group_dst: Optional[int] = None,
 ) -> None:
+    """Send the picklable objects of ``object_list`` to ``dst`` (see recv_object_list)."""
     g = _group(group, "send_object_list")
     if g is None:
         return

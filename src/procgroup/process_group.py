@@ -78,10 +78,12 @@ def fingerprint(signature: tuple) -> int:
 
 
 def collective_tag(gid: int, seq: int, fp: int) -> int:
+    """The transport tag of collective ``seq`` of group ``gid`` with fingerprint ``fp`` (before steps)."""
     return (gid << 32) | ((seq & SEQ_MASK) << 16) | (fp & FP_MASK)
 
 
 def p2p_tag(gid: int, tag: int) -> int:
+    """The transport tag of a point-to-point message of group ``gid``; ConfigError outside [0, 2**40)."""
     if not 0 <= tag < P2P_TAG_LIMIT:
         raise ConfigError(f"tag={tag} is outside [0, 2**40)")
     return _P2P_BIT | (gid << 40) | tag
@@ -107,6 +109,7 @@ class World:
     on_close: List[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
+        """Run the on_close callbacks (transport, store connections, watchdog) in reverse order; idempotent."""
         for fn in reversed(self.on_close):
             try:
                 fn()
@@ -132,12 +135,15 @@ class Work:
         self._done.set()
 
     def is_completed(self) -> bool:
+        """True once the operation has finished (successfully or not)."""
         return self._done.is_set()
 
     def is_success(self) -> bool:
+        """True once the operation has finished without an error."""
         return self._done.is_set() and self._exc is None
 
     def exception(self) -> Optional[BaseException]:
+        """The operation's error, or None."""
         return self._exc
 
     def wait(self, timeout: Optional[float] = None) -> bool:
@@ -154,10 +160,12 @@ class Work:
         return True
 
     def result(self) -> Any:
+        """Wait, then return the operation's result."""
         self.wait()
         return self._result
 
     def synchronize(self) -> None:
+        """Wait for the operation (torch's spelling)."""
         self.wait()
 
 
@@ -175,6 +183,7 @@ class _P2PWork(Work):
         self._lock = threading.Lock()
 
     def is_completed(self) -> bool:
+        """True once the operation has finished (successfully or not)."""
         if not self._done.is_set() and self._req.test():
             try:
                 self.wait(0)
@@ -240,19 +249,24 @@ class ProcessGroup:
 
     # -- queries -------------------------------------------------------------------
     def rank(self) -> int:
+        """This process's rank in the group, -1 when not a member."""
         return self._rank
 
     def size(self) -> int:
+        """Number of ranks in the group."""
         return len(self.ranks)
 
     def is_member(self) -> bool:
+        """True when this process is one of the group's ranks."""
         return self._rank >= 0
 
     @property
     def seq(self) -> int:
+        """The sequence number the next collective of this group will get."""
         return self._seq
 
     def group_rank_of(self, global_rank: int) -> int:
+        """The group rank of ``global_rank``; ConfigError when it is not a member."""
         try:
             return self.ranks.index(global_rank)
         except ValueError:
@@ -427,9 +441,11 @@ class ProcessGroup:
 
     # -- point-to-point ------------------------------------------------------------------
     def p2p(self, op: str, req: Request, timeout: Optional[float], finish: Callable[[Any], Any], ctx: str) -> _P2PWork:
+        """A Work over a transport request of a point-to-point op, with the group's deadline and error context."""
         return _P2PWork(op, self, req, self._deadline(timeout), finish, ctx)
 
     def close(self) -> None:
+        """Stop the group's worker thread and release its scratch memory (idempotent)."""
         if self._closed:
             return
         self._closed = True

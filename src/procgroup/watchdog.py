@@ -1,7 +1,7 @@
 """Watchdog: mismatch detection and roll call through the store, off the hot path.
 
 The fast path of a collective does no extra work for these checks: its tag
-carries a fingerprint of the call (see ``group.py``), so ranks that call
+carries a fingerprint of the call (see ``process_group.py``), so ranks that call
 different collectives never match each other's messages.  When a collective
 has been waiting for ``check_after`` seconds, the watchdog thread of that
 process publishes what it is doing and compares with the other members:
@@ -91,6 +91,7 @@ def _key(gid: int, rank: int) -> str:
 
 
 def abort_key(gid: int) -> str:
+    """Store key holding the mismatch a member of group ``gid`` found."""
     return f"wd/abort/{gid}"
 
 

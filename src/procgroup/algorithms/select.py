@@ -164,6 +164,7 @@ def _forced(collective: str) -> Optional[Callable[..., None]]:
 
 # ----------------------------------------------------------------------------- choices
 def choose_all_reduce_flat(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
+    """All-reduce among ``p`` ranks without host structure: recursive doubling or ring."""
     if nbytes <= ALLREDUCE_SMALL or nelems < p:
         return allreduce_recursive_doubling
     return allreduce_ring
@@ -190,6 +191,7 @@ def _hierarchical_applies(hosts: Sequence[str], p: int) -> bool:
 
 
 def choose_all_reduce(comm: Any, nbytes: int, nelems: int) -> Callable[..., None]:
+    """The all-reduce for ``comm`` and this size: forced, arena, hierarchical or flat."""
     f = _forced("all_reduce")
     if f is not None:
         return f
@@ -203,6 +205,7 @@ def choose_all_reduce(comm: Any, nbytes: int, nelems: int) -> Callable[..., None
 
 
 def choose_broadcast(p: int, nbytes: int) -> Callable[..., None]:
+    """Broadcast among ``p`` ranks: binomial tree, or scatter + all-gather when large."""
     f = _forced("broadcast")
     if f is not None:
         return f
@@ -212,6 +215,7 @@ def choose_broadcast(p: int, nbytes: int) -> Callable[..., None]:
 
 
 def choose_reduce(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
+    """Reduce among ``p`` ranks: binomial tree, or reduce-scatter + gather when large."""
     f = _forced("reduce")
     if f is not None:
         return f
