@@ -281,6 +281,7 @@ def test_half_the_environment(clean_default_group, monkeypatch):
     ("PROCGROUP_TIMEOUT", "soon",
      r"PROCGROUP_TIMEOUT='soon' is not a number of seconds; set e.g. PROCGROUP_TIMEOUT=60"),
     ("PROCGROUP_TRANSPORT", "carrier-pigeon", r"PROCGROUP_TRANSPORT='carrier-pigeon' is not one of auto, shm, tcp"),
+    ("PROCGROUP_LOG_LEVEL", "loud", r"PROCGROUP_LOG_LEVEL='loud' is not a log level; use DEBUG, INFO, WARNING or ERROR"),
 ])
 def test_bad_setting(clean_default_group, monkeypatch, var, value, phrase):
     monkeypatch.setenv("PROCGROUP_SECRET", "s")
