@@ -366,7 +366,10 @@ class ProcessGroup:
     def _execute(
         self, fn: Callable[[Comm], Any], op: str, sig: tuple, seq: int, tag: int, timeout: Optional[float], reuse: bool
     ) -> Any:
-        """Run one collective now: its deadline, flight record and Comm (the group's own when ``reuse``)."""
+        """Run one collective now: its deadline, flight record and Comm (the group's own when ``reuse``).
+
+        Keeps the flight record and the group's progress; a ProcGroupError gets the op's context.
+        """
         if timeout is None:
             now = time.monotonic()
             dl = Deadline(now + self.timeout, now)
@@ -384,7 +387,20 @@ class ProcessGroup:
         else:
             comm.tag = tag << STEP_BITS
             comm.deadline = dl
-        return self._recorded(fn, comm, rec, op, dl)
+        try:
+            result = fn(comm)
+        except ProcGroupError as e:
+            rec.state, rec.end = "failed", time.monotonic()
+            self.inflight = None
+            raise self._context(e, op, seq, dl, describe_signature(sig))
+        except BaseException:
+            rec.state, rec.end = "failed", time.monotonic()
+            self.inflight = None
+            raise
+        rec.state, rec.end = "completed", time.monotonic()
+        self.last_completed = seq
+        self.inflight = None
+        return result
 
     def status(self) -> GroupStatus:
         """A snapshot of this group's progress for the watchdog and the roll call (copies; no locks held)."""
@@ -401,23 +417,6 @@ class ProcessGroup:
             one_host = len(set(self._hosts)) == 1  # as the shm transport decides, whatever the transport
             a = self._arena = self.world.transport.arena(self.gid, self.ranks) if self._rank >= 0 and one_host else None
         return a
-
-    def _recorded(self, fn: Callable[[Comm], Any], comm: Comm, rec: FlightRecord, op: str, dl: Deadline) -> Any:
-        """Run ``fn(comm)``, keeping the flight record and the group's progress; errors get their context."""
-        try:
-            result = fn(comm)
-        except ProcGroupError as e:
-            rec.state, rec.end = "failed", time.monotonic()
-            self.inflight = None
-            raise self._context(e, op, rec.seq, dl, describe_signature(rec.signature))
-        except BaseException:
-            rec.state, rec.end = "failed", time.monotonic()
-            self.inflight = None
-            raise
-        rec.state, rec.end = "completed", time.monotonic()
-        self.last_completed = rec.seq
-        self.inflight = None
-        return result
 
     def _submit(self, work: Work, fn: Callable[[], Any]) -> None:
         if self._thread is None:
