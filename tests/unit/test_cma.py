@@ -16,7 +16,8 @@ def _addr(a: np.ndarray) -> int:
     return int(a.ctypes.data)
 
 
-@pytest.mark.parametrize("n", [1, 4095, _cma.SPLIT_MIN - 1, _cma.SPLIT_MIN, _cma.SPLIT_MIN + 4097, 3 * _cma.SPLIT_MIN + 1])
+@pytest.mark.parametrize(
+    "n", [1, 4095, _cma.SPLIT_MIN - 1, _cma.SPLIT_MIN, _cma.SPLIT_MIN + 4097, 3 * _cma.SPLIT_MIN + 1])
 def test_read_parallel_copies_every_byte(n: int) -> None:
     src = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
     dst = np.zeros(n + 16, dtype=np.uint8)  # a guard band after the destination must stay untouched
