@@ -42,3 +42,11 @@ def test_read_parallel_reports_a_failure_of_either_half(monkeypatch: pytest.Monk
         monkeypatch.setattr(_cma, "read", flaky)
         with pytest.raises(OSError, match="injected"):
             _cma.read_parallel(os.getpid(), _addr(dst), _addr(src), n)
+
+
+def test_enabled_follows_the_options_not_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from procgroup.config import ShmOptions
+
+    monkeypatch.setenv("PROCGROUP_SHM_CMA", "0")  # read once by config.shm_options(), never by _cma itself
+    assert _cma.enabled(ShmOptions()) is True
+    assert _cma.enabled(ShmOptions(cma=False)) is False
