@@ -9,6 +9,7 @@ formation fails, the ``finally`` unlinks everything we learned about.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -76,7 +77,7 @@ def form_segments(store: Any, rank: int, world_size: int, local: List[int], *, j
             same_ns = info.get("pidns") == pidns
             watch.add(p, pid, same_ns)
             pseg = attach_segment(info["name"], p, pid, rank=rank, deadline=deadline,
-                                  peer_dead=lambda p=p: p in watch.dead())  # type: ignore[misc]
+                                  peer_dead=functools.partial(_is_dead, watch, p))
             peer_segs[p] = pseg
             if same_ns and cma and _probe_cma(pid, pseg):
                 seg.i[(HDR_SIZE + seg.slot_of(p) * CTRL + C_CMA) // 4] = 1
@@ -97,6 +98,10 @@ def form_segments(store: Any, rank: int, world_size: int, local: List[int], *, j
             watch.close()
     assert seg is not None
     return Formed(seg, peer_segs, watch)
+
+
+def _is_dead(watch: PeerWatch, peer: int) -> bool:
+    return peer in watch.dead()
 
 
 def _probe_cma(pid: int, pseg: Segment) -> bool:
