@@ -87,7 +87,7 @@ class OutRing:
     """
 
     __slots__ = ("dst", "seg", "data", "cap", "mask", "head_i", "tail_i", "want_i", "head", "pending", "wanting",
-                 "cma", "_bell", "_flow")
+                 "cma", "_ring", "_flow")
 
     def __init__(self, dst: int, seg: Segment, slot: int, bell: Doorbell, flow: Flow) -> None:
         base = HDR_SIZE + slot * CTRL
@@ -103,7 +103,7 @@ class OutRing:
         self.pending: Deque[SendReq] = deque()
         self.wanting = False
         self.cma = bool(seg.i[(base + C_CMA) // 4])  # dst probed that it can process_vm_readv our memory
-        self._bell = bell
+        self._ring = bell.ring  # bound once: the hot path
         self._flow = flow
 
     def try_write(self, tag: int, view: memoryview) -> bool:
@@ -131,7 +131,7 @@ class OutRing:
                 data[:n - first] = view[first:]
         self.head = end
         seg.q[self.head_i] = end
-        self._bell.ring(seg)
+        self._ring(seg)
         return True
 
     def push(self) -> bool:
@@ -142,7 +142,7 @@ class OutRing:
         """
         seg = self.seg
         q = seg.q
-        ring = self._bell.ring
+        ring = self._ring
         flow = self._flow
         data, cap, mask = self.data, self.cap, self.mask
         pending = self.pending
