@@ -58,10 +58,15 @@ class _Routed(Request):
         self._inner = inner
 
     def test(self) -> bool:
+        """Drive shm progress once, then test the sub-transport request (True when it finished)."""
         self._router._kick()
         return self._inner.test()
 
     def wait(self, deadline: Optional[Deadline] = None) -> Status:
+        """Wait for the sub-transport request while driving shm progress.
+
+        Returns its status, or raises its error (a timeout past ``deadline``).
+        """
         inner = self._inner
         if not inner.test():
             self._router._wait_loop(self.test, deadline)
@@ -112,6 +117,7 @@ class _AnyRecv(Request):
                 m.out = None  # type: ignore[assignment]  # RecvReq.out is typed non-optional; drop the export
 
     def test(self) -> bool:
+        """True once one member matched (or none can any more); drives every member's progress."""
         if self._settle():
             return True
         for m in self._members:
@@ -120,6 +126,10 @@ class _AnyRecv(Request):
         return self._settle()
 
     def wait(self, deadline: Optional[Deadline] = None) -> Status:
+        """The status of the member that matched.
+
+        Raises a member's PeerFailureError/ClosedError, or DistTimeoutError past ``deadline``.
+        """
         if not self.test():
             self._router._wait_loop(self.test, deadline)
         if not self._settle():
@@ -189,12 +199,20 @@ class RouterTransport(Transport):
         return _Routed(self, req)
 
     def isend(self, dst: int, tag: int, data: Buffer) -> Request:
+        """Send to ``dst`` through its sub-transport (loopback for ourselves).
+
+        Raises ConfigError when no sub-transport reaches ``dst``, ClosedError once closed.
+        """
         if self._closed:
             raise ClosedError(f"rank {self.rank}: send to rank {dst} on a closed router transport")
         t = self._route(dst, "send to")
         return self._wrap(t, t.isend(dst, tag, data))
 
     def irecv(self, src: int, tag: int, out: Buffer) -> Request:
+        """Receive from ``src`` through its sub-transport.
+
+        ``ANY_SOURCE`` posts on every sub-transport and takes the first match.  ClosedError once closed.
+        """
         if self._closed:
             raise ClosedError(f"rank {self.rank}: recv on a closed router transport")
         if src != ANY_SOURCE:
@@ -223,11 +241,13 @@ class RouterTransport(Transport):
         return t.arena(key, members)
 
     def mark_peer_failed(self, peer: int, reason: str) -> None:
+        """Record ``peer`` as failed (``reason``) on the sub-transport that reaches it."""
         t = self._per_peer.get(peer)
         if t is not None:
             t.mark_peer_failed(peer, reason)
 
     def abort(self, exc: BaseException) -> None:
+        """Fail every pending request of every sub-transport with ``exc`` and wake every waiter."""
         for t in self._subs:
             t.abort(exc)
         with self._cond:
@@ -237,6 +257,7 @@ class RouterTransport(Transport):
             self._bell.poke()
 
     def close(self) -> None:
+        """Close every sub-transport (idempotent); pending requests fail with ClosedError."""
         if self._closed:
             return
         self._closed = True
@@ -248,6 +269,7 @@ class RouterTransport(Transport):
 
     @property
     def transports(self) -> List[Transport]:
+        """The distinct sub-transports (the loopback last)."""
         return list(self._subs)
 
     # -- shared notification ------------------------------------------------------------------------
