@@ -462,7 +462,7 @@ def test_tcp_connect_retries_until_server_appears():
 
 def _record_connect_sleeps(monkeypatch) -> list[float]:
     """Replace the client's retry sleep with a short real one, recording the requested durations."""
-    import procgroup.store as store_mod
+    import procgroup.store.tcp as store_mod
 
     slept: list[float] = []
     real_sleep = time.sleep
@@ -478,7 +478,7 @@ def _record_connect_sleeps(monkeypatch) -> list[float]:
 def test_tcp_connect_refused_retries_stay_fast(monkeypatch):
     """"Connection refused" (the host is up, rank 0 not listening yet) is retried every <= ~25 ms,
     not on a doubling backoff, so the clients find the store right after it opens."""
-    import procgroup.store as store_mod
+    import procgroup.store.tcp as store_mod
 
     lst = bind_listener("127.0.0.1", 0)
     port = lst.getsockname()[1]
@@ -492,7 +492,7 @@ def test_tcp_connect_refused_retries_stay_fast(monkeypatch):
 
 def test_tcp_connect_other_errors_back_off(monkeypatch):
     """Any other failure (here: the name does not resolve) keeps the doubling backoff."""
-    import procgroup.store as store_mod
+    import procgroup.store.tcp as store_mod
 
     def no_such_host(host, port):
         raise ConfigError(f"cannot resolve {host!r}")
@@ -517,7 +517,7 @@ def test_tcp_server_gone_mid_request_is_broken_error(connect, server):
 def test_tcp_unresponsive_server_client_deadline(monkeypatch):
     """A server that authenticates but never answers: the client's own deadline fires, the
     connection is dropped (a late reply can never answer a later request) and re-opened on next use."""
-    import procgroup.store as store_mod
+    import procgroup.store.tcp as store_mod
 
     monkeypatch.setattr(store_mod, "_WAIT_GRACE", 0.2)
     lst = bind_listener("127.0.0.1", 0)
