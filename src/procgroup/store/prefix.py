@@ -21,7 +21,7 @@ class PrefixStore(Store):
         self.underlying_store = store
         self._closed = False
 
-    @property  # type: ignore[override]  # the base class has a plain attribute; ours forwards it
+    @property
     def timeout(self) -> Optional[float]:
         return self.underlying_store.timeout
 
