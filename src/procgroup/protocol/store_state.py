@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Callable, ClassVar, NamedTuple, Optional, Union
 
 from .store_codec import (
     NO_TIMEOUT,
@@ -80,6 +80,7 @@ __all__ = ["StoreState", "Outcome", "Park", "Reply", "timeout_reply", "compare_s
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 _INT_RE = re.compile(rb"-?[0-9]+")
 _NO_KEYS: tuple[str, ...] = ()
+_OK = Ok()  # immutable, so one instance serves every OK reply
 
 
 @dataclass(frozen=True)
@@ -102,12 +103,17 @@ class Park:
 Reply = Union[Response, Park]
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """The result of one :meth:`StoreState.apply`: the ``reply`` and the keys written (``wake``)."""
+class Outcome(NamedTuple):
+    """The result of one :meth:`StoreState.apply`: the ``reply`` and the keys written (``wake``).
+
+    A named tuple (not a dataclass) because the server builds one per request.
+    """
 
     reply: Reply
     wake: tuple[str, ...] = _NO_KEYS
+
+
+_outcome = tuple.__new__  # builds an Outcome without NamedTuple.__new__'s Python-level call
 
 
 def timeout_reply(keys: tuple[str, ...], still_missing: "set[str] | frozenset[str]") -> Timeout:
@@ -142,6 +148,7 @@ class StoreState:
     """
 
     __slots__ = ("data",)
+    _ops: ClassVar[dict[type, Callable[[StoreState, Any, float], Outcome]]]
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
@@ -163,53 +170,69 @@ class StoreState:
 
         Raises TypeError for an object that is not a store request.
         """
+        op = self._ops.get(type(ev))
+        if op is None:
+            raise TypeError(f"not a store request: {ev!r}")
+        return op(self, ev, now)
+
+    # One method per request type, dispatched on the exact type (the server applies one per request,
+    # so this path is kept lean: plain tuples built with tuple.__new__, shared immutable OK replies).
+
+    def _set(self, ev: Set, now: float) -> Outcome:
+        self.data[ev.key] = ev.value
+        return _outcome(Outcome, (_OK, (ev.key,)))
+
+    def _get(self, ev: Get, now: float) -> Outcome:
+        v = self.data.get(ev.key)
+        return _outcome(Outcome, (Value(v) if v is not None else Timeout((ev.key,)), _NO_KEYS))
+
+    def _wait(self, ev: Wait, now: float) -> Outcome:
         data = self.data
-        if isinstance(ev, Set):
-            data[ev.key] = ev.value
-            return Outcome(Ok(), (ev.key,))
-        if isinstance(ev, Get):
-            v = data.get(ev.key)
-            return Outcome(Value(v) if v is not None else Timeout((ev.key,)))
-        if isinstance(ev, Wait):
-            return Outcome(self._wait(ev, now))
-        if isinstance(ev, Add):
-            return self._add(ev)
-        if isinstance(ev, CompareSet):
-            k = ev.key
-            cur = data.get(k)
-            new, reply = compare_set(cur, ev.expected, ev.desired)
-            if new is not None and new is not cur:
-                data[k] = new
-                return Outcome(Value(reply), (k,))
-            return Outcome(Value(reply))
-        if isinstance(ev, Check):
-            return Outcome(Bool(all(k in data for k in ev.keys)))
-        if isinstance(ev, MultiGet):
-            missing = self.missing(ev.keys)
-            if missing:
-                return Outcome(Timeout(tuple(missing)))
-            return Outcome(Values(tuple(data[k] for k in ev.keys)))
-        if isinstance(ev, MultiSet):
-            data.update(zip(ev.keys, ev.values))
-            return Outcome(Ok(), ev.keys)
-        if isinstance(ev, DeleteKey):
-            return Outcome(Bool(data.pop(ev.key, None) is not None))
-        if isinstance(ev, NumKeys):
-            return Outcome(Int(len(data)))
-        if isinstance(ev, Ping):
-            return Outcome(Ok())
-        raise TypeError(f"not a store request: {ev!r}")
-
-    def _wait(self, ev: Wait, now: float) -> Reply:
-        missing = self.missing(ev.keys)
-        if not missing:
-            return Ok()
+        for k in ev.keys:
+            if k not in data:
+                break
+        else:
+            return _outcome(Outcome, (_OK, _NO_KEYS))
+        missing = tuple(self.missing(ev.keys))
         if ev.timeout_ms == 0:
-            return Timeout(tuple(missing))
+            return _outcome(Outcome, (Timeout(missing), _NO_KEYS))
         deadline = None if ev.timeout_ms == NO_TIMEOUT else now + ev.timeout_ms / 1000.0
-        return Park(ev.keys, tuple(missing), deadline)
+        return _outcome(Outcome, (Park(ev.keys, missing, deadline), _NO_KEYS))
 
-    def _add(self, ev: Add) -> Outcome:
+    def _compare_set(self, ev: CompareSet, now: float) -> Outcome:
+        k = ev.key
+        cur = self.data.get(k)
+        new, reply = compare_set(cur, ev.expected, ev.desired)
+        if new is not None and new is not cur:
+            self.data[k] = new
+            return _outcome(Outcome, (Value(reply), (k,)))
+        return _outcome(Outcome, (Value(reply), _NO_KEYS))
+
+    def _check(self, ev: Check, now: float) -> Outcome:
+        data = self.data
+        return _outcome(Outcome, (Bool(all(k in data for k in ev.keys)), _NO_KEYS))
+
+    def _multi_get(self, ev: MultiGet, now: float) -> Outcome:
+        missing = self.missing(ev.keys)
+        if missing:
+            return _outcome(Outcome, (Timeout(tuple(missing)), _NO_KEYS))
+        data = self.data
+        return _outcome(Outcome, (Values(tuple(data[k] for k in ev.keys)), _NO_KEYS))
+
+    def _multi_set(self, ev: MultiSet, now: float) -> Outcome:
+        self.data.update(zip(ev.keys, ev.values))
+        return _outcome(Outcome, (_OK, ev.keys))
+
+    def _delete(self, ev: DeleteKey, now: float) -> Outcome:
+        return _outcome(Outcome, (Bool(self.data.pop(ev.key, None) is not None), _NO_KEYS))
+
+    def _num_keys(self, ev: NumKeys, now: float) -> Outcome:
+        return _outcome(Outcome, (Int(len(self.data)), _NO_KEYS))
+
+    def _ping(self, ev: Ping, now: float) -> Outcome:
+        return _outcome(Outcome, (_OK, _NO_KEYS))
+
+    def _add(self, ev: Add, now: float) -> Outcome:
         k = ev.key
         cur = self.data.get(k)
         if cur is None:
@@ -221,4 +244,9 @@ class StoreState:
         if not I64_MIN <= n <= I64_MAX:
             return Outcome(Error(f"add({k!r}, {ev.amount}) overflows a signed 64-bit counter"))
         self.data[k] = str(n).encode()
-        return Outcome(Int(n), (k,))
+        return _outcome(Outcome, (Int(n), (k,)))
+
+    _ops = {  # noqa: RUF012 - a fixed table, never mutated
+        Set: _set, Get: _get, Add: _add, CompareSet: _compare_set, Wait: _wait, Check: _check,
+        MultiGet: _multi_get, MultiSet: _multi_set, DeleteKey: _delete, NumKeys: _num_keys, Ping: _ping,
+    }
