@@ -144,7 +144,8 @@ class StoreState:
     ADD overflow) are :class:`~procgroup.protocol.store_codec.Error` replies
     carrying the message the front ends raise as ``StoreError``.  Not
     thread-safe: the owner serialises calls (the server's single thread,
-    HashStore's lock, FileStore's file lock).
+    HashStore's lock, FileStore's file lock).  ``data`` is the key -> value
+    dict; read it freely, change it only through :meth:`apply`.
     """
 
     __slots__ = ("data",)

@@ -306,6 +306,7 @@ class FileStore(Store):
         return r.value
 
     def close(self) -> None:
+        """Close the file (the file itself stays); later calls raise ClosedError.  Idempotent."""
         with self._plock:
             if self._fd is not None:
                 os.close(self._fd)

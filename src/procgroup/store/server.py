@@ -145,6 +145,7 @@ class StoreServer:
 
     @property
     def num_connections(self) -> int:
+        """Open client connections (authenticated or not)."""
         return len(self._conns)
 
     def start(self) -> int:

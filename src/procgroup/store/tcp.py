@@ -263,10 +263,12 @@ class TCPStore(Store):
     # -- the interface -----------------------------------------------------------------
 
     def set(self, key: str, value: Union[bytes, str]) -> None:
+        """Store ``value`` under ``key`` on the server (which wakes its waiters)."""
         k = _key(key)
         self._expect(self._call(sc.Set(k, _value(value)), f"set({k!r})"), sc.Ok)
 
     def get(self, key: str, timeout: Timeoutish = None) -> bytes:
+        """The value of ``key``, parked on the server until it exists (StoreTimeoutError at the deadline)."""
         k = _key(key)
         what = f"get({k!r})"
         deadline = self._deadline(timeout)
@@ -277,11 +279,16 @@ class TCPStore(Store):
             self._wait_keys(what, (k,), (k,), deadline)
 
     def add(self, key: str, amount: int) -> int:
+        """Atomically add ``amount`` to the counter ``key`` on the server; the new value.
+
+        StoreError if the key holds something else or the result overflows a signed 64-bit integer.
+        """
         k = _key(key)
         r = self._expect(self._call(sc.Add(k, int(amount)), f"add({k!r}, {amount})"), sc.Int)
         return r.value
 
     def compare_set(self, key: str, expected: Union[bytes, str], desired: Union[bytes, str]) -> bytes:
+        """torch's compare_set, atomic on the server; returns the value after the op."""
         k = _key(key)
         r = self._expect(
             self._call(sc.CompareSet(k, _value(expected), _value(desired)), f"compare_set({k!r})"), sc.Value
@@ -289,14 +296,17 @@ class TCPStore(Store):
         return r.value
 
     def wait(self, keys: KeyList, timeout: Timeoutish = None) -> None:
+        """Park on the server until every key exists; StoreTimeoutError (``.missing``) at the deadline."""
         ks = _keys(keys)
         self._wait_keys("wait", ks, ks, self._deadline(timeout))
 
     def check(self, keys: KeyList) -> bool:
+        """True if every key exists on the server right now (never blocks)."""
         r = self._expect(self._call(sc.Check(_keys(keys)), "check"), sc.Bool)
         return r.value
 
     def multi_get(self, keys: KeyList, timeout: Timeoutish = None) -> list[bytes]:
+        """The values of ``keys``, parked on the server until all exist."""
         ks = _keys(keys)
         deadline = self._deadline(timeout)
         while True:
@@ -312,17 +322,20 @@ class TCPStore(Store):
             self._wait_keys("multi_get", ks, r.missing, deadline)
 
     def multi_set(self, keys: KeyList, values: Sequence[Union[bytes, str]]) -> None:
+        """Set several keys atomically on the server; ConfigError if the counts differ."""
         ks, vs = _keys(keys), tuple(_value(v) for v in values)
         if len(ks) != len(vs):
             raise ConfigError(f"multi_set got {len(ks)} keys but {len(vs)} values")
         self._expect(self._call(sc.MultiSet(ks, vs), "multi_set"), sc.Ok)
 
     def delete_key(self, key: str) -> bool:
+        """Delete ``key`` on the server; True if it existed."""
         k = _key(key)
         r = self._expect(self._call(sc.DeleteKey(k), f"delete_key({k!r})"), sc.Bool)
         return r.value
 
     def num_keys(self) -> int:
+        """Number of keys on the server."""
         r = self._expect(self._call(sc.NumKeys(), "num_keys"), sc.Int)
         return r.value
 
@@ -331,6 +344,7 @@ class TCPStore(Store):
         self._expect(self._call(sc.Ping(), "ping"), sc.Ok)
 
     def close(self) -> None:
+        """Close the connection; later calls raise ClosedError.  Idempotent."""
         with self._lock:
             self._closed = True
             self._drop()
