@@ -674,6 +674,45 @@ def test_filestore_repairs_partial_tail(tmp_path):
     c.close()
 
 
+def test_filestore_write_that_cannot_be_logged_leaves_no_trace(tmp_path):
+    """A key over the size limit is refused (ConfigError) before anything is logged, and the store's view
+    stays what the file holds: the state machine's change is undone."""
+    p = str(tmp_path / "fs")
+    a = FileStore(p, timeout=0.2)
+    a.set("k", b"1")
+    long_key = "x" * (sc.MAX_KEY_LEN + 1)
+    with pytest.raises(ConfigError, match="byte limit"):
+        a.set(long_key, b"v")
+    with pytest.raises(ConfigError, match="byte limit"):
+        a.multi_set(["ok", long_key], [b"1", b"2"])
+    with pytest.raises(ConfigError, match="byte limit"):
+        a.add(long_key, 1)
+    assert a.compare_set(long_key, b"nope", b"v") == b"nope"  # stores nothing, so nothing to refuse
+    assert not a.check([long_key]) and not a.check(["ok"]) and a.num_keys() == 1
+    assert a.add("k", 2) == 3
+    b = FileStore(p)
+    assert b.num_keys() == 1 and b.get("k") == b"3"
+    a.close()
+    b.close()
+
+
+def test_filestore_add_and_compare_set_log_only_changes(tmp_path):
+    p = str(tmp_path / "fs")
+    a = FileStore(p)
+    a.set("t", b"text")
+    size = os.path.getsize(p)
+    with pytest.raises(StoreError, match="not a decimal integer"):
+        a.add("t", 1)
+    assert a.compare_set("t", b"other", b"x") == b"text"
+    assert a.compare_set("t", b"text", b"text") == b"text"  # same value: nothing to append
+    assert os.path.getsize(p) == size
+    assert a.compare_set("t", b"text", b"new") == b"new"
+    b = FileStore(p)
+    assert b.get("t") == b"new"
+    a.close()
+    b.close()
+
+
 def test_filestore_closed(tmp_path):
     st = FileStore(str(tmp_path / "fs"))
     st.close()
