@@ -28,6 +28,7 @@ __all__ = [
     "port_holder_pid",
     "proc_table",
     "stat",
+    "status_fields",
 ]
 
 PROC = "/proc"
@@ -261,3 +262,17 @@ def loadavg() -> list[float]:
             return [float(x) for x in f.read().split()[:3]]
     except (OSError, ValueError):
         return []
+
+
+def status_fields(pid: str = "self", names: tuple[str, ...] = ("VmRSS", "RssAnon")) -> Dict[str, int]:
+    """The named ``kB`` fields of ``/proc/<pid>/status``, in bytes (missing ones are left out)."""
+    got: Dict[str, int] = {}
+    try:
+        with open(f"{PROC}/{pid}/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in names:
+                    got[k] = int(v.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return got

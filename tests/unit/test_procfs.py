@@ -68,3 +68,9 @@ def test_argv_session_namespace_members_and_load():
     assert os.getpid() in members and os.getppid() in members
     assert procfs.pids_in_namespace("net", set()) == set()
     assert len(procfs.loadavg()) == 3
+
+
+def test_status_fields_in_bytes():
+    got = procfs.status_fields()
+    assert got["VmRSS"] >= got["RssAnon"] > 0 and got["VmRSS"] % 1024 == 0
+    assert procfs.status_fields(str(2**22 + 12345)) == {}
