@@ -87,12 +87,9 @@ def launch(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- worker side
 def rss_bytes() -> Tuple[int, int]:
     """(VmRSS, RssAnon) of this process in bytes: RssAnon excludes the mapped shm rings and shared libraries."""
-    got = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "RssAnon:")):
-                k, v = line.split(":", 1)
-                got[k] = int(v.split()[0]) * 1024
+    from procgroup import procfs
+
+    got = procfs.status_fields("self", ("VmRSS", "RssAnon"))
     return got.get("VmRSS", 0), got.get("RssAnon", 0)
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set
 
+from procgroup import procfs
+
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
 INFRA = REPO / "infra"
@@ -64,36 +66,14 @@ def clean_env(extra: Optional[Mapping[str, str]] = None, *, hide_mpi4py: bool = 
 # ------------------------------------------------------------------------------------ /proc
 
 
-def _stat(pid: int) -> Optional[List[str]]:
-    """Fields of /proc/PID/stat after the command name (state is [0], session is [3])."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return data[data.rfind(b")") + 2:].decode().split()
-
-
 def alive(pid: int) -> bool:
     """Running: exists and is not a zombie (orphans are reaped late on this machine)."""
-    st = _stat(pid)
-    return st is not None and st[0] not in ("Z", "X")
-
-
-def _pids() -> List[int]:
-    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
-
-
-def _cmdline(pid: int) -> List[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
+    st = procfs.stat(pid)
+    return st is not None and st.state not in ("Z", "X")
 
 
 def describe(pid: int) -> str:
-    return f"pid {pid}: {' '.join(_cmdline(pid))[:200] or '?'}"
+    return f"pid {pid}: {' '.join(procfs.argv(pid))[:200] or '?'}"
 
 
 def netns_inodes(names: Iterable[str]) -> Set[int]:
@@ -107,31 +87,20 @@ def netns_inodes(names: Iterable[str]) -> Set[int]:
 
 
 def pids_in_netns(inodes: Set[int]) -> Set[int]:
-    out = set()
-    if not inodes:
-        return out
-    for pid in _pids():
-        try:
-            if os.stat(f"/proc/{pid}/ns/net").st_ino in inodes:
-                out.add(pid)
-        except OSError:
-            pass
-    return out
+    return procfs.pids_in_namespace("net", inodes)
 
 
 def related_pids(session: Optional[int], tag: Optional[str], netns: Set[int], baseline: Set[int]) -> Set[int]:
     """Live pids that belong to one launch (see the module docstring)."""
     me = os.getpid()
     found = set()
-    for pid in _pids():
-        if pid == me or not alive(pid):
+    for pid in procfs.pids():
+        st = procfs.stat(pid)
+        if pid == me or st is None or st.state in ("Z", "X"):
             continue
-        st = _stat(pid)
-        if st is None:
-            continue
-        if session is not None and st[3] == str(session):
+        if session is not None and st.session == session:
             found.add(pid)
-        elif tag is not None and tag in _cmdline(pid):
+        elif tag is not None and tag in procfs.argv(pid):
             found.add(pid)
     found |= {p for p in pids_in_netns(netns) - baseline if alive(p)}
     return found

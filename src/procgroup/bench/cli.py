@@ -132,23 +132,10 @@ def _version_of(mod: str) -> Optional[str]:
 def machine_info() -> dict:
     import numpy as np
 
-    from .. import __version__
+    from .. import __version__, procfs
 
-    cpu_model = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem = round(int(line.split()[1]) / 1024 / 1024, 1)
-    except OSError:
-        pass
+    cpu_model = procfs.cpu_model()
+    mem = procfs.mem_total_gib()
     info = {
         "hostname": platform.node(),
         "platform": platform.platform(),

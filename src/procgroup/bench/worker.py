@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Optional, Sequence
 
 import procgroup as dist
 
+from ..config import RuntimeConfig
 from ._common import argv_list, drive, worker_parser
 from .cases import TorchStyleAdapter
 
@@ -18,7 +18,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         a = TorchStyleAdapter("procgroup", dist)
         info = {"procgroup": dist.__version__,
-                "transport": os.environ.get("PROCGROUP_TRANSPORT", "auto")}
+                "transport": RuntimeConfig.load().transport}
         return drive(a, ns, info)
     finally:
         dist.destroy_process_group()
