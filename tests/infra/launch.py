@@ -106,8 +106,9 @@ def related_pids(session: Optional[int], tag: Optional[str], netns: Set[int], ba
     return found
 
 
-def reap(session: Optional[int], tag: Optional[str], netns: Set[int], baseline: Set[int],
-         grace: float = GRACE_S) -> List[str]:
+def reap(
+    session: Optional[int], tag: Optional[str], netns: Set[int], baseline: Set[int], grace: float = GRACE_S
+) -> List[str]:
     """Wait up to ``grace`` s for the launch's processes to go; SIGKILL and describe the rest."""
     deadline = time.monotonic() + grace
     left = related_pids(session, tag, netns, baseline)
@@ -147,14 +148,29 @@ class Launch:
         return f"{head}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr[-6000:]}"
 
 
-def launch(cmd: Sequence[str], *, env: Mapping[str, str], timeout: float, tag: Optional[str] = None,
-           netns: Sequence[str] = (), grace: float = GRACE_S) -> Launch:
+def launch(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    timeout: float,
+    tag: Optional[str] = None,
+    netns: Sequence[str] = (),
+    grace: float = GRACE_S,
+) -> Launch:
     """Run ``cmd`` in a new session; kill it at ``timeout``; reap what it left behind after ``grace`` s."""
     inodes = netns_inodes(netns)
     baseline = pids_in_netns(inodes)
     t0 = time.monotonic()
-    p = subprocess.Popen(list(cmd), env=dict(env), cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, errors="replace", start_new_session=True)
+    p = subprocess.Popen(
+        list(cmd),
+        env=dict(env),
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
     timed_out = False
     out = err = ""
     try:
@@ -186,11 +202,12 @@ def launch(cmd: Sequence[str], *, env: Mapping[str, str], timeout: float, tag: O
 
 def mpi4py_library() -> Optional[str]:
     """``MPI.Get_library_version()`` of the installed mpi4py (read without initializing MPI), or None."""
-    code = ("import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False; from mpi4py import MPI; "
-            "print(MPI.Get_library_version().splitlines()[0])")
+    code = (
+        "import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False; from mpi4py import MPI; "
+        "print(MPI.Get_library_version().splitlines()[0])"
+    )
     try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                           env=clean_env())
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=clean_env())
     except subprocess.TimeoutExpired:
         return None
     return (r.stdout.strip() or None) if r.returncode == 0 else None
@@ -226,9 +243,12 @@ def check_world(r: Launch, world: int, per_node: int, hosts: Optional[Sequence[s
     for rank, (w, local, lws, node, host) in sorted(seen.items()):
         want = (world, rank % per_node, per_node, rank // per_node)
         assert (w, local, lws, node) == want, (
-            f"rank {rank}: (world, local, local_world, node)={(w, local, lws, node)}, expected {want}\n{ctx}")
+            f"rank {rank}: (world, local, local_world, node)={(w, local, lws, node)}, expected {want}\n{ctx}"
+        )
         if hosts is not None:
-            assert host == hosts[rank // per_node], f"rank {rank} ran on {host}, expected {hosts[rank // per_node]}\n{ctx}"
+            assert host == hosts[rank // per_node], (
+                f"rank {rank} ran on {host}, expected {hosts[rank // per_node]}\n{ctx}"
+            )
 
 
 def worker_cmd(python: str, tag: str, world: int, per_node: int, hosts: Optional[Sequence[str]] = None) -> List[str]:

@@ -166,14 +166,21 @@ def environment_reads(src: Path, pkg: str = PKG) -> List[str]:
                 f = node.func
                 if isinstance(f, ast.Attribute) and f.attr == "get" and _is_os_environ(f.value):
                     out.append(f"{where} os.environ.get")
-                elif isinstance(f, ast.Attribute) and f.attr == "getenv" and isinstance(f.value, ast.Name) \
-                        and f.value.id == "os":
+                elif (
+                    isinstance(f, ast.Attribute)
+                    and f.attr == "getenv"
+                    and isinstance(f.value, ast.Name)
+                    and f.value.id == "os"
+                ):
                     out.append(f"{where} os.getenv")
                 else:
                     name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
                     if name in ENV_GETTERS:
-                        mapping = node.args[1] if len(node.args) > 1 else next(
-                            (k.value for k in node.keywords if k.arg == "environ"), None)
+                        mapping = (
+                            node.args[1]
+                            if len(node.args) > 1
+                            else next((k.value for k in node.keywords if k.arg == "environ"), None)
+                        )
                         if mapping is None or _is_os_environ(mapping):
                             out.append(f"{where} {name}() on the process environment")
     return out
@@ -235,22 +242,28 @@ def _plant(tmp_path: Path, files: Dict[str, str]) -> Path:
 
 
 def test_checks_find_what_is_planted(tmp_path):
-    src = _plant(tmp_path, {
-        "__init__.py": "from . import a\n",
-        "a.py": "from .b import x\n",
-        "b.py": "def f():\n    from . import c\n",  # inside a function: still an edge
-        "c.py": "import procgroup.a\nimport os\nv = os.environ['X']\nw = os.environ.get('Y')\nz = os.getenv('Z')\n",
-        "d.py": "from .config import env_str\nimport os\nq = env_str('A')\nr = env_str('B', os.environ)\n"
-                "s = env_str('C', {})\nenv = dict(os.environ)\nos.environ['W'] = '1'\n",
-        "config.py": "import os\nx = os.environ.get('OK')\n",
-        "launcher/__init__.py": "",
-        "launcher/cli.py": "from ..a import x\n",
-        "e.py": "from .launcher import cli\n" + "y = 1\n" * 801 + "# " + "x" * 130 + "\n",
-    })
+    src = _plant(
+        tmp_path,
+        {
+            "__init__.py": "from . import a\n",
+            "a.py": "from .b import x\n",
+            "b.py": "def f():\n    from . import c\n",  # inside a function: still an edge
+            "c.py": "import procgroup.a\nimport os\nv = os.environ['X']\nw = os.environ.get('Y')\nz = os.getenv('Z')\n",
+            "d.py": "from .config import env_str\nimport os\nq = env_str('A')\nr = env_str('B', os.environ)\n"
+            "s = env_str('C', {})\nenv = dict(os.environ)\nos.environ['W'] = '1'\n",
+            "config.py": "import os\nx = os.environ.get('OK')\n",
+            "launcher/__init__.py": "",
+            "launcher/cli.py": "from ..a import x\n",
+            "e.py": "from .launcher import cli\n" + "y = 1\n" * 801 + "# " + "x" * 130 + "\n",
+        },
+    )
     assert cycles(import_graph(src)) == [["procgroup.a", "procgroup.b", "procgroup.c"]]
     reads = environment_reads(src)
     assert [r.split(" ", 1)[1] for r in reads if r.startswith("procgroup/c.py")] == [
-        "os.environ[...]", "os.environ.get", "os.getenv"]
+        "os.environ[...]",
+        "os.environ.get",
+        "os.getenv",
+    ]
     assert sorted(r.split(":")[1].split(" ")[0] for r in reads if r.startswith("procgroup/d.py")) == ["3", "4"]
     assert not any(r.startswith("procgroup/config.py") for r in reads)
     assert launcher_imports(src) == ["procgroup.e imports procgroup.launcher.cli"]
@@ -259,12 +272,15 @@ def test_checks_find_what_is_planted(tmp_path):
 
 
 def test_checks_pass_a_clean_tree(tmp_path):
-    src = _plant(tmp_path, {
-        "__init__.py": "from .a import x\n",
-        "a.py": "from .b import y\nx = y\n",
-        "b.py": "y = 1\n",
-        "launcher/cli.py": "from ..a import x\n",
-    })
+    src = _plant(
+        tmp_path,
+        {
+            "__init__.py": "from .a import x\n",
+            "a.py": "from .b import y\nx = y\n",
+            "b.py": "y = 1\n",
+            "launcher/cli.py": "from ..a import x\n",
+        },
+    )
     assert cycles(import_graph(src)) == []
     assert environment_reads(src) == launcher_imports(src) == long_modules(src) == long_lines(src) == []
 

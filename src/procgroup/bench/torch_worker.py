@@ -19,7 +19,7 @@ from ._common import argv_list, drive, worker_parser
 from .cases import TorchStyleAdapter
 
 
-def _torch_store(torch_dist, timeout: float):  # type: ignore[no-untyped-def]
+def _torch_store(torch_dist, timeout: float):
     from ..config import DEFAULT_MASTER_ADDR, RuntimeConfig
     from ..identity import detect_identity
     from ..store import TCPStore

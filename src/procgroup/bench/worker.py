@@ -17,8 +17,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dist.init_process_group(timeout=ns.timeout)
     try:
         a = TorchStyleAdapter("procgroup", dist)
-        info = {"procgroup": dist.__version__,
-                "transport": RuntimeConfig.load().transport}
+        info = {"procgroup": dist.__version__, "transport": RuntimeConfig.load().transport}
         return drive(a, ns, info)
     finally:
         dist.destroy_process_group()
