@@ -60,7 +60,7 @@ class ClaimGroup:
             return self.winner is who
 
 
-class _Req(Request):
+class EngineRequest(Request):
     __slots__ = ("owner", "peer", "tag", "status", "error")
 
     def __init__(self, owner: "EngineTransport", peer: int, tag: int) -> None:
@@ -86,7 +86,7 @@ class _Req(Request):
         return self.owner._wait_req(self, deadline)
 
 
-class RecvReq(_Req):
+class RecvReq(EngineRequest):
     __slots__ = ("out", "group")
     kind = "recv"
 
@@ -96,7 +96,7 @@ class RecvReq(_Req):
         self.group = group
 
 
-class SendReq(_Req):
+class SendReq(EngineRequest):
     """A send that could not complete at post time (the transport finishes it later)."""
 
     __slots__ = ("view", "nbytes", "off", "hdr_done", "extra")
@@ -138,7 +138,7 @@ def _src_name(src: int) -> str:
     return "any rank" if src == ANY_SOURCE else f"rank {src}"
 
 
-def timeout_error(me: int, req: _Req, deadline: Deadline, kind: str) -> DistTimeoutError:
+def timeout_error(me: int, req: EngineRequest, deadline: Deadline, kind: str) -> DistTimeoutError:
     if isinstance(req, RecvReq):
         what = f"recv from {_src_name(req.peer)}"
     else:
@@ -378,7 +378,7 @@ class EngineTransport(Transport):
                                f"(it reaches {sorted(self._peers)})")
         return ConfigError(f"rank {self.rank}: {what} rank {peer}, which is outside [0, {self.world_size})")
 
-    def _peer_error(self, req: _Req, peer: int, reason: str) -> PeerFailureError:
+    def _peer_error(self, req: EngineRequest, peer: int, reason: str) -> PeerFailureError:
         if isinstance(req, RecvReq):
             what = f"recv from {_src_name(req.peer)}"
         else:
@@ -454,10 +454,10 @@ class EngineTransport(Transport):
     def _send_remote(self, dst: int, tag: int, view: memoryview) -> Request:
         raise NotImplementedError
 
-    def _test_req(self, req: _Req) -> bool:
+    def _test_req(self, req: EngineRequest) -> bool:
         return req.status is not None or req.error is not None
 
-    def _wait_req(self, req: _Req, deadline: Optional[Deadline]) -> Status:
+    def _wait_req(self, req: EngineRequest, deadline: Optional[Deadline]) -> Status:
         raise NotImplementedError
 
 
@@ -474,7 +474,7 @@ class LoopbackTransport(EngineTransport):
         self._cond.notify_all()
         super()._notify_locked()
 
-    def _wait_req(self, req: _Req, deadline: Optional[Deadline]) -> Status:
+    def _wait_req(self, req: EngineRequest, deadline: Optional[Deadline]) -> Status:
         with self._cond:
             while True:
                 if req.status is not None:
