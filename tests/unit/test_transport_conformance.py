@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from procgroup.deadline import Deadline
-from procgroup.errors import ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError, StoreTimeoutError
+from procgroup.errors import (ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError,
+                             StoreTimeoutError)
 from procgroup.transport import ANY_SOURCE, LoopbackTransport, MemoryHub, RouterTransport, Transport, connect_transport
 from procgroup.transport.shm import SHM_DIR, segment_prefix
 

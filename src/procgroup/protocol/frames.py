@@ -167,7 +167,8 @@ def pack_header_into(buf: Union[bytearray, memoryview], offset: int, tag: int, l
     HEADER.pack_into(buf, offset, MAGIC, VERSION, flags, 0, tag, length)
 
 
-def decode_header(buf: Union[bytes, bytearray, memoryview], offset: int = 0, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> FrameHeader:
+def decode_header(buf: Union[bytes, bytearray, memoryview], offset: int = 0,
+                  max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> FrameHeader:
     """Parse and validate the header at ``buf[offset:offset+24]``."""
     magic, version, flags, reserved, tag, length = HEADER.unpack_from(buf, offset)
     if magic != MAGIC:
@@ -478,7 +479,8 @@ class FrameDecoder:
         if nbytes == 0:
             if self._state == _PAYLOAD and self._payload_left:
                 got = self._cur_len - self._payload_left
-                raise self._fail(ProtocolError(f"connection closed inside a frame payload ({got}/{self._cur_len} bytes)"))
+                msg = f"connection closed inside a frame payload ({got}/{self._cur_len} bytes)"
+                raise self._fail(ProtocolError(msg))
             if self._end - self._start:
                 n = self._end - self._start
                 raise self._fail(ProtocolError(f"connection closed inside a frame header ({n}/{HEADER_SIZE} bytes)"))

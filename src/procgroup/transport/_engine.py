@@ -34,13 +34,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Callable, Deque, Dict, Iterable, List, Optional
+from typing import Callable, Deque, Dict, FrozenSet, Iterable, List, Optional
 
 from ..deadline import Deadline, as_deadline
 from ..errors import ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError
-from .base import ANY_SOURCE, TAG_LIMIT, Buffer, CompletedRequest, Request, Status, Transport, as_bytes_view, as_writable_view
+from .base import (ANY_SOURCE, TAG_LIMIT, Buffer, CompletedRequest, Request, Status, Transport, as_bytes_view,
+                   as_writable_view)
 
-__all__ = ["delete_key_quiet", "EngineTransport", "RecvReq", "SendReq", "Unexpected", "ClaimGroup", "LoopbackTransport", "timeout_error"]
+__all__ = ["delete_key_quiet", "EngineRequest", "EngineTransport", "RecvReq", "SendReq", "Unexpected", "ClaimGroup",
+           "LoopbackTransport", "timeout_error"]
 
 
 class ClaimGroup:
@@ -90,7 +92,8 @@ class RecvReq(EngineRequest):
     __slots__ = ("out", "group")
     kind = "recv"
 
-    def __init__(self, owner: "EngineTransport", src: int, tag: int, out: memoryview, group: Optional[ClaimGroup] = None) -> None:
+    def __init__(self, owner: "EngineTransport", src: int, tag: int, out: memoryview,
+                 group: Optional[ClaimGroup] = None) -> None:
         super().__init__(owner, src, tag)
         self.out = out
         self.group = group
@@ -176,7 +179,7 @@ class EngineTransport(Transport):
 
     # -- public API -----------------------------------------------------------------
     @property
-    def peers(self) -> frozenset:
+    def peers(self) -> FrozenSet[int]:
         """The remote ranks this transport reaches (self-sends always work too)."""
         return self._peers
 
@@ -198,7 +201,9 @@ class EngineTransport(Transport):
         return self._send_remote(dst, tag, view)
 
     def irecv(self, src: int, tag: int, out: Buffer) -> Request:
-        return self._irecv(src, tag, out, None)  # type: ignore[return-value]
+        req = self._irecv(src, tag, out, None)
+        assert req is not None, "a receive outside a claim group is always posted"
+        return req
 
     def mark_peer_failed(self, peer: int, reason: str) -> None:
         with self._lock:
@@ -226,7 +231,7 @@ class EngineTransport(Transport):
         self._after_close()
 
     def add_activity_hook(self, fn: Callable[[], None]) -> None:
-        """``fn()`` is called (under the transport lock: keep it tiny) whenever a request completes or a message arrives."""
+        """Call ``fn()`` whenever a request completes or a message arrives (under the transport lock: keep it tiny)."""
         self._hooks.append(fn)
 
     # -- internals for the router --------------------------------------------------
@@ -337,7 +342,7 @@ class EngineTransport(Transport):
         if n:
             req.out[:n] = memoryview(entry.buf)[:n]
         req.status = Status(entry.src, n)
-        req.out = None  # type: ignore[assignment]  # drop the buffer export (a bytearray may be resized again)
+        req.out = None  # type: ignore[assignment]  # drop the export: a bytearray may be resized again
 
     def _entry_matched_locked(self, entry: Unexpected) -> None:
         """A receive became the waiter of the incomplete ``entry`` (subclasses: e.g. start a rendezvous read)."""
@@ -365,7 +370,7 @@ class EngineTransport(Transport):
                 else:
                     req.out[:n] = view
                     req.status = Status(self.rank, n)
-                    req.out = None  # type: ignore[assignment]
+                    req.out = None  # type: ignore[assignment]  # drop the buffer export; out is typed for live use
             else:
                 self._add_unexpected_locked(tag, Unexpected(self.rank, bytearray(view), n, True))
             self._notify_locked()
@@ -482,6 +487,6 @@ class LoopbackTransport(EngineTransport):
                 if req.error is not None:
                     raise req.error
                 rem = None if deadline is None else deadline.remaining()
-                if rem is not None and rem <= 0:
-                    raise timeout_error(self.rank, req, deadline, self.kind)  # type: ignore[arg-type]
+                if deadline is not None and rem is not None and rem <= 0:
+                    raise timeout_error(self.rank, req, deadline, self.kind)
                 self._cond.wait(None if rem is None or rem == float("inf") else rem)

@@ -44,7 +44,8 @@ from ..errors import (AuthenticationError, BrokenError, ClosedError, ConfigError
 from ..protocol.auth import client_handshake, recv_exact, server_handshake
 from ..protocol.frames import (DEFAULT_MAX_FRAME_SIZE, FLAG_MORE, HEADER, HEADER_SIZE, MAGIC, VERSION, FrameDecoder,
                                FrameStart, Message, MessageEnd)
-from ._engine import EngineRequest, EngineTransport, RecvReq, SendReq, Unexpected, delete_key_quiet as _delete_key, timeout_error
+from ._engine import EngineRequest, EngineTransport, RecvReq, SendReq, Unexpected, timeout_error
+from ._engine import delete_key_quiet as _delete_key
 from .base import CompletedRequest, Request, Status
 
 __all__ = ["TcpTransport"]
@@ -145,7 +146,8 @@ class TcpTransport(EngineTransport):
             self._shutdown_sockets()
             raise
         for c in self._conns.values():
-            c.reader = threading.Thread(target=self._reader, args=(c,), name=f"procgroup-tcp-r{rank}<-{c.peer}", daemon=True)
+            c.reader = threading.Thread(target=self._reader, args=(c,), name=f"procgroup-tcp-r{rank}<-{c.peer}",
+                                        daemon=True)
             c.reader.start()
 
     # -- formation --------------------------------------------------------------------------
@@ -159,7 +161,8 @@ class TcpTransport(EngineTransport):
             self._listener = self._listen(advertise)
             port = self._listener.getsockname()[1]
             store.set(f"{prefix}/addr/{me}", json.dumps({"host": advertise, "port": port, "pid": os.getpid()}).encode())
-            acceptor = threading.Thread(target=self._accept_loop, args=(set(lower),), name=f"procgroup-tcp-accept-r{me}", daemon=True)
+            acceptor = threading.Thread(target=self._accept_loop, args=(set(lower),),
+                                        name=f"procgroup-tcp-accept-r{me}", daemon=True)
             acceptor.start()
         try:
             for p in higher:
@@ -338,7 +341,8 @@ class TcpTransport(EngineTransport):
         req.extra = _Outgoing(parts, 0)
         with c.send_lock:
             if c.broken is not None:
-                raise PeerFailureError(f"rank {self.rank}: send to rank {c.peer} (tag {tag}) failed: {c.broken}", peer=c.peer)
+                raise PeerFailureError(f"rank {self.rank}: send to rank {c.peer} (tag {tag}) failed: {c.broken}",
+                                       peer=c.peer)
             self._enqueue(c, req)
         return req
 
@@ -394,7 +398,8 @@ class TcpTransport(EngineTransport):
             with c.send_lock:
                 for s in c.queue:
                     if s.status is None and s.error is None:
-                        s.error = (ClosedError(f"rank {self.rank}: the tcp transport was closed while this send was pending")
+                        s.error = (ClosedError(f"rank {self.rank}: the tcp transport was closed while this send "
+                                               "was pending")
                                    if self._closed else self._peer_error(s, c.peer, reason))
                     s.extra = None
                     s.view = None  # type: ignore[assignment]  # drop the buffer export; view is typed for live use
@@ -559,7 +564,8 @@ class TcpTransport(EngineTransport):
                     target.error = self._peer_error(target, peer, reason)
             else:
                 w = target.waiter
-                self._fail_entry_locked(target, self._peer_error(w, peer, reason) if w else PeerFailureError(reason, peer=peer))
+                err = self._peer_error(w, peer, reason) if w else PeerFailureError(reason, peer=peer)
+                self._fail_entry_locked(target, err)
         c = self._conns.get(peer)
         if c is not None:
             with c.send_lock:
