@@ -44,7 +44,7 @@ A connection that produces one is closed.
 from __future__ import annotations
 
 import struct
-from typing import Final, Iterator, List, NamedTuple, Optional, Union
+from typing import Final, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 from ..errors import FrameTooLargeError, ProtocolError
 
@@ -59,6 +59,7 @@ __all__ = [
     "encode_header",
     "pack_header_into",
     "decode_header",
+    "message_frames",
     "FrameDecoder",
     "Message",
     "FrameStart",
@@ -189,6 +190,29 @@ def decode_header(buf: Union[bytes, bytearray, memoryview], offset: int = 0,
             "(a corrupt header, or the ranks were configured with different max_frame_size)"
         )
     return FrameHeader(tag, length, flags)
+
+
+def message_frames(tag: int, nbytes: int, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> List[Tuple[bytes, int, int]]:
+    """The frames of one message of ``nbytes`` payload bytes: ``(header, offset, length)`` each, in order.
+
+    Every frame carries at most ``max_frame_size`` bytes, and all but the last have ``FLAG_MORE``; an
+    empty message is one empty frame.  ValueError for a bad tag, a negative size or a limit under 1.
+    """
+    if max_frame_size < 1:
+        raise ValueError(f"max_frame_size={max_frame_size} must be >= 1 to split a message")
+    if nbytes < 0:
+        raise ValueError(f"message size {nbytes} is negative")
+    if not 0 <= tag < _TAG_LIMIT:
+        raise ValueError(f"frame tag {tag} is outside [0, 2**63)")
+    out: List[Tuple[bytes, int, int]] = []
+    off = 0
+    while True:
+        k = min(max_frame_size, nbytes - off)
+        more = off + k < nbytes
+        out.append((HEADER.pack(MAGIC, VERSION, FLAG_MORE if more else 0, 0, tag, k), off, k))
+        off += k
+        if not more:
+            return out
 
 
 class FrameDecoder:

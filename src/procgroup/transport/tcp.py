@@ -42,8 +42,8 @@ from ..deadline import Deadline, as_deadline
 from ..errors import (AuthenticationError, BrokenError, ClosedError, ConfigError, ConnectError, DistTimeoutError,
                       PeerFailureError, ProtocolError)
 from ..protocol.auth import client_handshake, recv_exact, server_handshake
-from ..protocol.frames import (DEFAULT_MAX_FRAME_SIZE, FLAG_MORE, HEADER, HEADER_SIZE, MAGIC, VERSION, FrameDecoder,
-                               FrameStart, Message, MessageEnd)
+from ..protocol.frames import (DEFAULT_MAX_FRAME_SIZE, HEADER, HEADER_SIZE, MAGIC, VERSION, FrameDecoder, FrameStart,
+                               Message, MessageEnd, message_frames)
 from ._engine import EngineRequest, EngineTransport, RecvReq, SendReq, Unexpected, timeout_error
 from ._engine import delete_key_quiet as _delete_key
 from .base import CompletedRequest, Request, Status
@@ -332,10 +332,8 @@ class TcpTransport(EngineTransport):
 
     def _send_multi(self, c: _Conn, tag: int, view: memoryview) -> Request:
         parts: List[Union[bytes, memoryview]] = []
-        n, f = view.nbytes, self._max_frame
-        for off in range(0, n, f):
-            k = min(f, n - off)
-            parts.append(HEADER.pack(MAGIC, VERSION, FLAG_MORE if off + k < n else 0, 0, tag, k))
+        for hdr, off, k in message_frames(tag, view.nbytes, self._max_frame):
+            parts.append(hdr)
             parts.append(view[off:off + k])
         req = SendReq(self, c.peer, tag, view)
         req.extra = _Outgoing(parts, 0)
