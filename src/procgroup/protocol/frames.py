@@ -81,6 +81,7 @@ DEFAULT_MAX_FRAME_SIZE = 1 << 30
 
 HEADER = struct.Struct("<HBBIQQ")
 HEADER_SIZE = HEADER.size  # 24
+_unpack_header = HEADER.unpack_from
 assert HEADER_SIZE == 24
 
 
@@ -139,6 +140,8 @@ class ConnectionClosed:
     def __repr__(self) -> str:
         return "CLOSED"
 
+
+_tuple_new = tuple.__new__
 
 #: The event that :meth:`FrameDecoder.next_event` returns once the peer closed at a message boundary.
 CLOSED: Final = ConnectionClosed()
@@ -386,6 +389,30 @@ class FrameDecoder:
             raise self._error
         while True:
             st = self._state
+            if st == _HEADER:
+                start, end = self._start, self._end
+                if end - start < HEADER_SIZE:
+                    return CLOSED if self._eof else None
+                magic, version, flags, reserved, tag, length = _unpack_header(self._mv, start)
+                if (magic != MAGIC or version != VERSION or flags & ~_KNOWN_FLAGS or reserved or tag >= _TAG_LIMIT
+                        or length > self.max_frame_size):
+                    self._decode(self._mv, start)  # raises the precise ProtocolError
+                    raise AssertionError("decode_header() accepted a header that the fast check refused")
+                self._frames += 1
+                start += HEADER_SIZE
+                more = flags & FLAG_MORE
+                mt = self._msg_tag
+                if mt is None:
+                    if not more and end - start >= length:  # the common small message: one event, no target
+                        self._start = start + length
+                        return _tuple_new(Message, (tag, self._mv[start:start + length]))  # Message(), minus a frame
+                    self._msg_tag = tag
+                elif tag != mt:
+                    raise self._fail(ProtocolError(f"continuation frame with tag {tag} inside a message with tag {mt}"))
+                self._start = start
+                self._cur_tag, self._cur_len, self._cur_more = tag, length, bool(more)
+                self._state = _TARGET
+                return FrameStart(tag, length, bool(more), self._msg_total)
             if st == _PAYLOAD:
                 if self._payload_left:
                     return None
@@ -398,27 +425,7 @@ class FrameDecoder:
                 self._msg_tag = None
                 self._msg_total = 0
                 return MessageEnd(tag, total)
-            if st == _TARGET:
-                raise RuntimeError("answer the FrameStart with set_target() before asking for the next event")
-            start, end = self._start, self._end
-            if end - start < HEADER_SIZE:
-                return CLOSED if self._eof else None
-            assert self._buf is not None  # end > start: get_buffer() allocated it
-            tag, length, flags = self._decode(self._buf, start)
-            start += HEADER_SIZE
-            more = bool(flags & FLAG_MORE)
-            mt = self._msg_tag
-            if mt is None:
-                if not more and end - start >= length:  # the common small message: one event, no target
-                    self._start = start + length
-                    return Message(tag, self._mv[start:start + length])
-                self._msg_tag = tag
-            elif tag != mt:
-                raise self._fail(ProtocolError(f"continuation frame with tag {tag} inside a message with tag {mt}"))
-            self._start = start
-            self._cur_tag, self._cur_len, self._cur_more = tag, length, more
-            self._state = _TARGET
-            return FrameStart(tag, length, more, self._msg_total)
+            raise RuntimeError("answer the FrameStart with set_target() before asking for the next event")
 
     def set_target(self, target: Optional[memoryview]) -> None:
         """Answer a :class:`FrameStart`: its payload goes to the first ``length`` bytes of ``target``.
