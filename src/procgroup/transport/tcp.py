@@ -18,10 +18,13 @@ Data: frames of :mod:`procgroup.protocol.frames`.  A send goes out in the
 caller's thread as one ``sendmsg([header, payload])`` (no concatenation);
 whatever the socket does not take at once is finished by a per-connection
 writer thread, so ``isend`` never blocks and ``wait(deadline)`` is honoured.
-A reader thread per connection drains it continuously: it reads headers
-through a small buffer and ``recv_into``-s payloads straight into the
-matching posted receive buffer (or a fresh buffer for an unexpected
-message).  Because readers always drain, two ranks sending large messages
+A reader thread per connection drains it continuously.  It is a thin I/O
+shell around the sans-IO :class:`~procgroup.protocol.frames.FrameDecoder`
+(its message view: the parsing, bounds and continuation checks are the
+decoder's, and are what the unit tests and the fuzz harness exercise): it
+``recv_into``-s wherever the decoder asks, so headers go through a small
+buffer and payloads straight into the matching posted receive buffer (or a
+fresh buffer for an unexpected message).  Because readers always drain, two ranks sending large messages
 to each other cannot deadlock.  EOF, a reset or a protocol violation fails
 every pending and later request that involves the peer with
 :class:`~procgroup.errors.PeerFailureError` naming its rank and address.
@@ -432,21 +435,22 @@ class TcpTransport(EngineTransport):
         sock, src, lock = c.sock, c.peer, self._lock
         dec = FrameDecoder(self._max_frame, buffer_size=_RBUF)
         rx: Optional[_Inbound] = None  # the message whose frames are arriving (placed with FrameStart)
+        next_event = dec.next_event
         try:
             while True:
-                ev = dec.next_event()
+                ev = next_event()
                 if ev is None:
                     if rx is not None and isinstance(rx.target, RecvReq) and rx.target.error is not None:
                         dec.drop_target()  # failed meanwhile (abort, close): the buffer is the user's again
                     dec.buffer_updated(sock.recv_into(dec.get_buffer()))
                     continue
-                if isinstance(ev, Message):  # the common small message: one lock section
-                    payload = ev.payload
+                if type(ev) is Message:  # the common small message: one lock section
+                    tag, payload = ev
                     n = payload.nbytes
                     with lock:
                         if self._closed:
                             return
-                        req = self._match_locked(src, ev.tag)
+                        req = self._match_locked(src, tag)
                         if req is not None:
                             if n > req.out.nbytes:
                                 req.error = self._size_error(req, src, n)
@@ -456,7 +460,7 @@ class TcpTransport(EngineTransport):
                                 req.status = Status(src, n)
                             req.out = None  # type: ignore[assignment]  # drop the export; out is typed for live use
                         else:
-                            self._add_unexpected_locked(ev.tag, Unexpected(src, bytearray(payload), n, True))
+                            self._add_unexpected_locked(tag, Unexpected(src, bytearray(payload), n, True))
                         self._notify_locked()
                     req = None
                     del payload
