@@ -63,6 +63,12 @@ class ClaimGroup:
 
 
 class EngineRequest(Request):
+    """A send or receive of an :class:`EngineTransport`: done once ``status`` or ``error`` is set (under its lock).
+
+    ``wait`` returns the status or raises the error; while neither is set it defers to the transport's
+    waiting strategy (``_wait_req``), which raises :class:`DistTimeoutError` at the deadline.
+    """
+
     __slots__ = ("owner", "peer", "tag", "status", "error")
 
     def __init__(self, owner: "EngineTransport", peer: int, tag: int) -> None:
@@ -201,6 +207,10 @@ class EngineTransport(Transport):
         return self._send_remote(dst, tag, view)
 
     def irecv(self, src: int, tag: int, out: Buffer) -> Request:
+        """Post a receive into ``out`` (see :class:`~procgroup.transport.base.Transport`); ConfigError if misused.
+
+        Raises the abort error after :meth:`abort`, :class:`ClosedError` after :meth:`close`.
+        """
         req = self._irecv(src, tag, out, None)
         assert req is not None, "a receive outside a claim group is always posted"
         return req
