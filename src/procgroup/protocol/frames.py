@@ -153,6 +153,7 @@ Event = Union[Message, FrameStart, MessageEnd, ConnectionClosed]
 _HEADER = 0  # reading headers through the read buffer
 _TARGET = 1  # a FrameStart was returned: waiting for set_target()
 _PAYLOAD = 2  # placing the current frame's payload into the target (or discarding it)
+_DEAD = 3  # a ProtocolError was raised (self._error): every call raises it again
 
 
 def encode_header(tag: int, length: int, flags: int = 0, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
@@ -370,12 +371,14 @@ class FrameDecoder:
             h = decode_header(src, off, self.max_frame_size)
         except ProtocolError as e:
             self._error = e
+            self._state = _DEAD
             raise
         self._frames += 1
         return h
 
     def _fail(self, err: ProtocolError) -> ProtocolError:
         self._error = err
+        self._state = _DEAD
         return err
 
     # -- message view -----------------------------------------------------------------------------
@@ -385,6 +388,9 @@ class FrameDecoder:
         Raises :class:`ProtocolError` for garbage, an oversized frame, or a continuation frame with
         another tag than its message; RuntimeError when a :class:`FrameStart` still awaits :meth:`set_target`.
         """
+        st = self._state
+        if st == _PAYLOAD and self._payload_left:  # hot: a payload is being read (a dead decoder is _DEAD)
+            return None
         if self._error is not None:
             raise self._error
         while True:
@@ -436,6 +442,8 @@ class FrameDecoder:
         is pending, ValueError when ``target`` is too small.
         """
         if self._state != _TARGET:
+            if self._error is not None:
+                raise self._error
             raise RuntimeError("set_target() answers a FrameStart, and none is pending")
         length = self._cur_len
         if target is not None and target.nbytes < length:
@@ -472,16 +480,16 @@ class FrameDecoder:
         The returned view is never longer than what the current frame still needs (payload) or than the
         read buffer's free space (headers).  RuntimeError when an event is still pending.
         """
-        if self._error is not None:
-            raise self._error
         st = self._state
-        if st == _PAYLOAD and self._payload_left:
+        if st == _PAYLOAD and self._payload_left:  # hot: a payload is being read (a dead decoder is _DEAD)
             t = self._target
             if t is not None:
                 p = self._tpos
                 return t[p:p + self._payload_left]
             self._start = self._end = 0  # discarding: read into the (empty) read buffer, then forget
             return self._mv[:min(self.buffer_size, self._payload_left)]
+        if self._error is not None:
+            raise self._error
         if st != _HEADER or self._eof:
             raise RuntimeError("get_buffer() while an event is pending: call next_event() first")
         buf = self._buf
@@ -505,6 +513,12 @@ class FrameDecoder:
         At EOF inside a frame header, a frame payload or a multi-frame message this raises
         :class:`ProtocolError`; at a message boundary :meth:`next_event` then returns :data:`CLOSED`.
         """
+        left = self._payload_left
+        if 0 < nbytes <= left and self._state == _PAYLOAD:  # hot: payload bytes (a dead decoder is _DEAD)
+            self._payload_left = left - nbytes
+            if self._target is not None:
+                self._tpos += nbytes
+            return
         if self._error is not None:
             raise self._error
         if nbytes == 0:

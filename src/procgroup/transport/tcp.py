@@ -435,14 +435,16 @@ class TcpTransport(EngineTransport):
         sock, src, lock = c.sock, c.peer, self._lock
         dec = FrameDecoder(self._max_frame, buffer_size=_RBUF)
         rx: Optional[_Inbound] = None  # the message whose frames are arriving (placed with FrameStart)
-        next_event = dec.next_event
+        watch: Optional[RecvReq] = None  # its posted receive, if any: checked between reads
+        next_event, get_buffer, buffer_updated = dec.next_event, dec.get_buffer, dec.buffer_updated
+        recv_into = sock.recv_into
         try:
             while True:
                 ev = next_event()
                 if ev is None:
-                    if rx is not None and isinstance(rx.target, RecvReq) and rx.target.error is not None:
+                    if watch is not None and watch.error is not None:
                         dec.drop_target()  # failed meanwhile (abort, close): the buffer is the user's again
-                    dec.buffer_updated(sock.recv_into(dec.get_buffer()))
+                    buffer_updated(recv_into(get_buffer()))
                     continue
                 if type(ev) is Message:  # the common small message: one lock section
                     tag, payload = ev
@@ -469,6 +471,7 @@ class TcpTransport(EngineTransport):
                         if self._closed:
                             return
                         rx = self._place_frame_locked(dec, src, ev, rx)
+                    watch = rx.target if type(rx.target) is RecvReq else None
                 elif isinstance(ev, MessageEnd):
                     assert rx is not None, "MessageEnd without FrameStart"
                     with lock:
@@ -477,7 +480,7 @@ class TcpTransport(EngineTransport):
                             return
                         self._finish_locked(rx, src, ev.nbytes)
                         self._notify_locked()
-                    rx = None  # keep no export of the user's buffer
+                    rx = watch = None  # keep no export of the user's buffer
                 else:  # CLOSED: EOF at a message boundary
                     reason = f"rank {src} at {c.where} closed the connection"
                     break
