@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from ..config import ShmOptions, shm_options as _shm_options_from_env
 from ..deadline import as_deadline
@@ -116,7 +116,7 @@ def connect_transport(
             shm.close()
         raise
     if shm is not None and tcp is not None:
-        per_peer: dict = {r: shm for r in local if r != rank}
+        per_peer: Dict[int, Transport] = {r: shm for r in local if r != rank}
         per_peer.update({r: tcp for r in remote})
         return RouterTransport(per_peer, LoopbackTransport(rank, world_size), rank, world_size)
     t = shm if shm is not None else tcp
