@@ -1,0 +1,110 @@
+"""torch's ``Store`` seen through procgroup's store interface.
+
+procgroup's rendezvous and transports expect ``get(key, timeout=)``, ``wait(keys, timeout=)`` raising
+:class:`~procgroup.errors.StoreTimeoutError` with a ``missing`` list, ``multi_get`` and so on; torch's stores
+(TCPStore, FileStore, HashStore, PrefixStore) take timeouts as ``timedelta`` and raise ``DistStoreError``.
+:class:`TorchStoreAdapter` translates, so one procgroup world forms over torch's own store (one port per job).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Iterable, List, Optional, Sequence, Union
+
+from ._core import Store
+
+__all__ = ["TorchStoreAdapter"]
+
+#: a torch store's wait(timeout=0) means "no timeout": never pass less than this
+_MIN_WAIT = timedelta(milliseconds=1)
+
+
+def _keys(keys: Union[str, Iterable[str]]) -> List[str]:
+    return [keys] if isinstance(keys, str) else list(keys)
+
+
+def _is_timeout(e: BaseException) -> bool:
+    text = str(e).lower()
+    return "timeout" in text or "timed out" in text or type(e).__name__ == "DistStoreError"
+
+
+class TorchStoreAdapter(Store):
+    """procgroup's :class:`~procgroup.store.Store` interface over a torch ``Store``.
+
+    ``store``: any ``torch.distributed.Store``.  ``timeout`` (seconds) is the default deadline of the
+    blocking calls.  Blocking calls raise StoreTimeoutError (with ``missing``) at their deadline; other
+    torch store errors propagate unchanged.  ``close()`` does not close torch's store (torch owns it).
+    """
+
+    def __init__(self, store: Any, timeout: Optional[float] = None) -> None:
+        super().__init__(timeout)
+        self._store = store
+
+    @property
+    def torch_store(self) -> Any:
+        """The torch store under this adapter."""
+        return self._store
+
+    def set(self, key: str, value: Union[bytes, str]) -> None:
+        """Set ``key`` to ``value``."""
+        self._store.set(key, value)
+
+    def get(self, key: str, timeout: Any = None) -> bytes:
+        """The value of ``key``, waiting for it up to ``timeout`` (default: this adapter's)."""
+        self.wait([key], timeout)
+        return bytes(self._store.get(key))
+
+    def add(self, key: str, amount: int) -> int:
+        """Atomically add ``amount`` to the counter ``key``; returns the new value."""
+        return int(self._store.add(key, int(amount)))
+
+    def compare_set(self, key: str, expected: Union[bytes, str], desired: Union[bytes, str]) -> bytes:
+        """torch's compare_set: set ``key`` to ``desired`` if it holds ``expected``; returns the value after."""
+        return bytes(self._store.compare_set(key, expected, desired))
+
+    def wait(self, keys: Union[str, Iterable[str]], timeout: Any = None) -> None:
+        """Block until every key exists; StoreTimeoutError naming the missing keys at the deadline."""
+        ks = _keys(keys)
+        dl = self._deadline(timeout)
+        rem = dl.remaining()
+        if rem == float("inf"):
+            self._store.wait(ks)
+            return
+        try:
+            self._store.wait(ks, max(timedelta(seconds=rem), _MIN_WAIT))
+        except Exception as e:  # noqa: BLE001 - torch raises DistStoreError/RuntimeError on timeout
+            if not _is_timeout(e):
+                raise
+            missing = [k for k in ks if not self._store.check([k])]
+            if not missing:
+                return
+            raise self._timeout_error("wait", ks, missing, dl) from None
+
+    def check(self, keys: Union[str, Iterable[str]]) -> bool:
+        """True if every key exists now (never blocks)."""
+        return bool(self._store.check(_keys(keys)))
+
+    def multi_get(self, keys: Union[str, Iterable[str]], timeout: Any = None) -> List[bytes]:
+        """The values of ``keys``, waiting until all exist."""
+        ks = _keys(keys)
+        self.wait(ks, timeout)
+        return [bytes(v) for v in self._store.multi_get(ks)]
+
+    def multi_set(self, keys: Union[str, Iterable[str]], values: Sequence[Union[bytes, str]]) -> None:
+        """Set several keys."""
+        self._store.multi_set(_keys(keys), list(values))
+
+    def delete_key(self, key: str) -> bool:
+        """Delete ``key``; True if it existed."""
+        return bool(self._store.delete_key(key))
+
+    def num_keys(self) -> int:
+        """Number of keys in torch's store."""
+        return int(self._store.num_keys())
+
+    def close(self) -> None:
+        """Nothing to release: torch owns the store."""
+
+    def _where(self) -> str:
+        return f"torch's {type(self._store).__name__}"
+
