@@ -22,7 +22,7 @@ import logging
 import sys
 from typing import Any
 
-__all__ = ["BACKEND_NAME", "register", "autoload", "is_registered", "Options"]
+__all__ = ["BACKEND_NAME", "Options", "autoload", "is_registered", "register"]
 
 logger = logging.getLogger("procgroup.torch")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Optional
+from typing import Any
 
 from .. import collectives as collectives  # noqa: PLC0414 - re-exported for the backend module
 from ..backends import cpu as _cpu
@@ -44,9 +44,9 @@ __all__ = [
     "Store",
     "StoreTimeoutError",
     "as_deadline",
+    "close_group",
     "collectives",
     "create_group",
-    "close_group",
 ]
 
 logger = logging.getLogger("procgroup.torch")

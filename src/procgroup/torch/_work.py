@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ._core import DistTimeoutError
 
-__all__ = ["Work", "P2PWork", "Executor", "seconds"]
+__all__ = ["Executor", "P2PWork", "Work", "seconds"]
 
 logger = logging.getLogger("procgroup.torch")
 
@@ -167,8 +167,8 @@ class P2PWork(Work):
         if not self._event.is_set() and self._inner.is_completed():
             try:
                 self._finish_inner(None)
-            except BaseException:  # noqa: BLE001 - kept for wait()
-                pass
+            except BaseException as e:  # noqa: BLE001 - kept for wait()
+                logger.debug("procgroup.torch: %s failed: %s", self._op, e)
         return self._event.is_set()
 
     def get_future(self) -> torch.futures.Future:
@@ -181,8 +181,8 @@ class P2PWork(Work):
     def _quiet_finish(self) -> None:
         try:
             self._finish_inner(None)
-        except BaseException:  # noqa: BLE001 - kept for wait() and the future
-            pass
+        except BaseException as e:  # noqa: BLE001 - kept for wait() and the future
+            logger.debug("procgroup.torch: %s failed: %s", self._op, e)
 
 
 class Executor:

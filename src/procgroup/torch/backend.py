@@ -188,7 +188,7 @@ class ProcgroupBackend(dist.ProcessGroup):
                         "CUDA tensors go through torch's nccl backend, which this torch build lacks; move the "
                         "tensors to the CPU, or map the device elsewhere with procgroup.torch.Options(device_backends=)"
                     )
-                nccl = getattr(dist, "ProcessGroupNCCL")
+                nccl = dist.ProcessGroupNCCL  # only in CUDA builds
                 nopts = nccl.Options()
                 nopts._timeout = tmo
                 b = nccl(pstore, self._rank, self._size, nopts)
