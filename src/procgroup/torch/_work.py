@@ -34,6 +34,36 @@ def seconds(timeout: Any) -> Optional[float]:
     return t if t > 0 else None
 
 
+class _Done:
+    """Stands in for the threading.Event of a Work that was complete when created."""
+
+    @staticmethod
+    def is_set() -> bool:
+        return True
+
+    @staticmethod
+    def wait(timeout: Optional[float] = None) -> bool:
+        return True
+
+    @staticmethod
+    def set() -> None:
+        return None
+
+
+class _NoLock:
+    """Stands in for the lock of a Work that was complete when created (nothing changes any more)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_DONE = _Done()
+_NO_LOCK = _NoLock()
+
+
 class Work(dist.Work):
     """A torch Work for one procgroup operation.
 
@@ -42,16 +72,17 @@ class Work(dist.Work):
     the op raises procgroup's deadline error before that).  Completed by :meth:`complete`.
     """
 
-    def __init__(self, op: str, result: List[Any], default_wait: float) -> None:
+    def __init__(self, op: str, result: List[Any], default_wait: float, done: bool = False) -> None:
         super().__init__()
         self._op = op
         self._result = result
         self._default_wait = default_wait
-        self._event = threading.Event()
         self._exc: Optional[BaseException] = None
-        self._lock = threading.Lock()
         self._future: Optional[torch.futures.Future] = None
         self._source = -1
+        #: set when the op finished; a Work born done (a blocking op's) needs no event or lock
+        self._event = _DONE if done else threading.Event()
+        self._lock = _NO_LOCK if done else threading.Lock()
 
     # -- completion (by the executor or the op itself) ------------------------------------------
     def complete(self, exc: Optional[BaseException] = None) -> None:
@@ -208,6 +239,11 @@ class Executor:
             self._tail = work
             self._queue.put((work, fn))
         return work
+
+    def busy(self) -> bool:
+        """True while an op queued here has not finished."""
+        tail = self._tail
+        return tail is not None and not tail.is_completed()
 
     def drain(self) -> None:
         """Wait for every queued op to finish (their errors stay with their Works)."""

@@ -68,15 +68,23 @@ class Options:
     fallback: str = "gloo"
 
 
+#: torch's RedOpType -> procgroup's ReduceOp (None: not implemented by procgroup, the op falls through)
+_OPS: Dict[Any, Any] = {
+    getattr(dist.ReduceOp, n): (None if n == "PREMUL_SUM" else _core.ReduceOp.coerce(n))
+    for n in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
+}
+
+
 def _reduce_op(op: Any) -> Optional[Any]:
     """torch's ReduceOp (a RedOpType, or the ReduceOp instance inside an options object) as procgroup's.
 
     None for ops procgroup does not implement (PREMUL_SUM): the caller falls through.
     """
     op = getattr(op, "op", op)  # dist.ReduceOp instance -> its RedOpType
-    if getattr(op, "name", None) == "PREMUL_SUM":
-        return None
-    return _core.ReduceOp.coerce(op)
+    try:
+        return _OPS[op]
+    except (KeyError, TypeError):
+        return _core.ReduceOp.coerce(op)
 
 
 def _contiguous(tensors: Sequence[torch.Tensor]) -> Tuple[List[torch.Tensor], Callable[[], None]]:
@@ -125,6 +133,7 @@ class ProcgroupBackend(dist.ProcessGroup):
         self._size = int(size)
         self._timeout = seconds(timeout) or 1800.0
         self._options = options if isinstance(options, Options) else Options()
+        self._cpu_native = "cpu" not in self._options.device_backends
         self._group_name = name
         self._group_desc = ""
         adapter = TorchStoreAdapter(dist.PrefixStore("procgroup/", store), self._timeout)
@@ -200,6 +209,8 @@ class ProcgroupBackend(dist.ProcessGroup):
     def _route(self, tensors: Sequence[torch.Tensor]) -> Optional[str]:
         """None when procgroup serves these tensors; else why not (and so where they go)."""
         for t in tensors:
+            if t.is_cpu and self._cpu_native and t.layout is torch.strided and t.dtype in NATIVE_DTYPES:
+                continue
             dev = t.device.type
             if dev in self._options.device_backends:
                 return "device:" + dev
@@ -230,28 +241,35 @@ class ProcgroupBackend(dist.ProcessGroup):
         return getattr(b, _BACKEND_NAMES.get(op, op))(*args)
 
     def _op_timeout(self, opts: Any) -> Optional[float]:
-        return seconds(getattr(opts, "timeout", None))
+        """The options object's timeout in seconds, or None when unset (the group's default applies)."""
+        t = opts.timeout.total_seconds()
+        return t if t > 0 else None
 
     def _run(self, op: str, result: List[Any], fn: Callable[[], None], opts: Any,
-             after: Optional[Callable[[], None]] = None) -> Work:
-        """Run ``fn`` (then ``after``) now, or on the executor when ``opts.asyncOp``; returns the Work."""
+             after: Optional[Callable[[], None]] = None, tmo: Optional[float] = None) -> Work:
+        """Run ``fn`` (then ``after``) now, or on the executor when ``opts.asyncOp``; returns the Work.
+
+        ``tmo``: the op's own deadline when it has one longer than the group's (bounds ``Work.wait()``).
+        """
         if self._closed:
             raise _core.ProcGroupError(f"{op}: procgroup process group {self._group_name!r} was shut down")
-        tmo = self._op_timeout(opts) or self._timeout
-        work = Work(f"{op} (procgroup, rank {self._rank} of {self._group_name or 'torch group'})", result,
-                    tmo + 30.0)
+        if not opts.asyncOp:
+            ex = self._exec
+            if ex.busy():
+                ex.drain()
+            fn()
+            if after is not None:
+                after()
+            return Work(op, result, 0.0, done=True)
+        work = Work(f"{op} (procgroup, rank {self._rank} of group {self._group_name!r})", result,
+                    max(tmo or 0.0, self._timeout) + 30.0)
 
         def job() -> None:
             fn()
             if after is not None:
                 after()
 
-        if getattr(opts, "asyncOp", False):
-            return self._exec.submit(work, job)
-        self._exec.drain()
-        job()
-        work.complete()
-        return work
+        return self._exec.submit(work, job)
 
     # -- collectives -------------------------------------------------------------------------------
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
@@ -504,7 +522,7 @@ class ProcgroupBackend(dist.ProcessGroup):
         if dev in self._options.device_backends:
             return self._other("barrier", "device:" + dev, opts)
         tmo = self._op_timeout(opts)
-        return self._run("barrier", [], lambda: _C.barrier(group=self._pg, timeout=tmo), opts)
+        return self._run("barrier", [], lambda: _C.barrier(group=self._pg, timeout=tmo), opts, tmo=tmo)
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """torch's monitored barrier (rank 0 names the ranks that did not arrive); runs on the fallback."""
