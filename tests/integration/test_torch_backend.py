@@ -50,7 +50,7 @@ def run(n: int, scenario: str, init: str = "tcp", timeout: float = 90.0) -> List
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_collectives_every_op_dtype_root(n: int) -> None:
     """Every collective, every root, five dtypes, non-contiguous tensors, coalesced forms, async + futures."""
-    run(n, "collectives+async", timeout=140)
+    run(n, "collectives+async+coalescing", timeout=140)
 
 
 @pytest.mark.timeout(120)
@@ -101,6 +101,17 @@ def test_failures_raise_instead_of_hanging(scenario: str) -> None:
     else:
         assert "Timeout" in kind or "timed out" in msg or "deadline" in msg, msg
         assert 2.0 <= seconds < 12, msg
+
+
+@pytest.mark.timeout(120)
+def test_mismatch_is_named_on_every_rank() -> None:
+    """Ranks that disagree about a collective get procgroup's mismatch error instead of garbage or a hang."""
+    results = collect(spawn(2, "mismatch"), 60)
+    for r in results:
+        m = re.search(r"RAISED after ([0-9.]+)s: (\w+): (.*)", r.stdout)
+        assert r.returncode == 0 and m, report(results)
+        assert m.group(2) == "CollectiveMismatchError" and "all_reduce" in m.group(3), m.group(0)
+        assert float(m.group(1)) < 30, m.group(0)
 
 
 @pytest.mark.timeout(120)

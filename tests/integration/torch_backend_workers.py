@@ -405,10 +405,47 @@ def cuda() -> None:
     check("nccl" in pg._others and not pg.fallthrough_counts, f"cuda went to {pg._others} {pg.fallthrough_counts}")
 
 
+def coalescing() -> None:
+    """torch's _coalescing_manager, with and without a device, synchronous and async."""
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    for dev in (None, torch.device("cpu")):
+        for async_ops in (False, True):
+            a, b = torch.full((3,), float(RANK + 1)), torch.full((2,), float(RANK + 1))
+            with _coalescing_manager(device=dev, async_ops=async_ops) as cm:
+                dist.all_reduce(a)
+                dist.all_reduce(b)
+            if async_ops:
+                cm.wait()
+            eq(a, S, f"coalesced all_reduce a (device {dev}, async {async_ops})")
+            eq(b, S, f"coalesced all_reduce b (device {dev}, async {async_ops})")
+    outs = [torch.zeros(WS * 2), torch.zeros(WS)]
+    with _coalescing_manager():
+        dist.all_gather_into_tensor(outs[0], torch.full((2,), float(RANK)))
+        dist.all_gather_into_tensor(outs[1], torch.full((1,), float(RANK)))
+    check(torch.equal(outs[1], torch.arange(float(WS))), f"coalesced all_gather_into_tensor {outs}")
+    out = torch.zeros(1)
+    with _coalescing_manager():
+        dist.reduce_scatter_tensor(out, torch.ones(WS) * (RANK + 1))
+    eq(out, S, "coalesced reduce_scatter_tensor")
+
+
+def mismatch() -> None:
+    """Ranks call all_reduce with different sizes: procgroup's watchdog raises a mismatch error naming both."""
+    dist.barrier()
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4 if RANK == 0 else 8))
+    except Exception as e:  # noqa: BLE001 - the point of the test
+        print(f"RAISED after {time.monotonic() - t0:.1f}s: {type(e).__name__}: {e}", flush=True)
+        os._exit(0)
+    raise AssertionError("mismatched all_reduce returned")
+
+
 SCENARIOS: Dict[str, Callable[[], None]] = {
     "basic": basic, "collectives": collectives, "async": async_ops, "p2p": p2p, "subgroups": subgroups,
     "fallthrough": fallthrough, "delegate": delegate, "dead_peer": dead_peer, "deadline": deadline,
-    "cuda": cuda,
+    "cuda": cuda, "coalescing": coalescing, "mismatch": mismatch,
 }
 
 

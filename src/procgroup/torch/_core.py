@@ -14,6 +14,8 @@ What it uses from the core:
 * ``procgroup.errors``: the exception types raised and caught.
 * ``procgroup.collectives`` (the public collectives, called with ``group=`` a group from :func:`create_group`)
   and ``procgroup.ops.ReduceOp``.
+* ``procgroup.watchdog.Watchdog``: mismatch detection and roll call for the group, as ``init_process_group``
+  starts it for procgroup's own groups.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ..ops import ReduceOp
 from ..protocol.auth import secret_from_env
 from ..store import Store
 from ..transport.base import ANY_SOURCE
+from ..watchdog import Watchdog
 
 __all__ = [
     "ANY_SOURCE",
@@ -82,7 +85,11 @@ def create_group(name: str, *, store: Any, rank: int, world_size: int, timeout: 
         secret=secret, job_id=job_id,
     )
     world.timeout = float(timeout)
-    return ProcessGroup(world, list(range(int(world_size))), 0, name, float(timeout))
+    pg = ProcessGroup(world, list(range(int(world_size))), 0, name, float(timeout))
+    if int(world_size) > 1:
+        wd = Watchdog(store, int(rank), lambda: [pg], world.transport.abort).start()
+        world.on_close.append(wd.stop)
+    return pg
 
 
 def close_group(pg: ProcessGroup) -> None:

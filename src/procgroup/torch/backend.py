@@ -524,6 +524,23 @@ class ProcgroupBackend(dist.ProcessGroup):
         tmo = self._op_timeout(opts)
         return self._run("barrier", [], lambda: _C.barrier(group=self._pg, timeout=tmo), opts, tmo=tmo)
 
+    # -- coalescing (torch's _coalescing_manager with a device) ---------------------------------------
+    def _start_coalescing(self, device: Any = None) -> None:
+        """Nothing to set up: procgroup runs the ops of the block as they come, in order."""
+
+    def _end_coalescing(self, device: Any = None) -> Work:
+        """A Work completed once every op issued so far on this group has finished."""
+        work = Work(f"coalesced block (procgroup, group {self._group_name!r})", [], self._timeout + 30.0)
+        return self._exec.submit(work, lambda: None)
+
+    def start_coalescing(self, device: Any = None) -> None:
+        """torch's newer name of :meth:`_start_coalescing`."""
+        self._start_coalescing(device)
+
+    def end_coalescing(self, device: Any = None) -> Work:
+        """torch's newer name of :meth:`_end_coalescing`."""
+        return self._end_coalescing(device)
+
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """torch's monitored barrier (rank 0 names the ranks that did not arrive); runs on the fallback."""
         why = "monitored_barrier"
