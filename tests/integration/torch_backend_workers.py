@@ -438,6 +438,7 @@ def mismatch() -> None:
         dist.all_reduce(torch.ones(4 if RANK == 0 else 8))
     except Exception as e:  # noqa: BLE001 - the point of the test
         print(f"RAISED after {time.monotonic() - t0:.1f}s: {type(e).__name__}: {e}", flush=True)
+        time.sleep(3)  # rank 0 hosts the store: let the other rank read the mismatch record first
         os._exit(0)
     raise AssertionError("mismatched all_reduce returned")
 

@@ -28,7 +28,14 @@ from .. import collectives as collectives  # noqa: PLC0414 - re-exported for the
 from ..backends import cpu as _cpu
 from ..config import ENV, Identity, env_str
 from ..deadline import Deadline, as_deadline
-from ..errors import ConfigError, DistTimeoutError, ProcGroupError, StoreTimeoutError
+from ..errors import (
+    BrokenError,
+    ConfigError,
+    DistTimeoutError,
+    ProcGroupError,
+    StoreError,
+    StoreTimeoutError,
+)
 from ..group import ProcessGroup
 from ..ops import ReduceOp
 from ..protocol.auth import secret_from_env
@@ -38,6 +45,7 @@ from ..watchdog import Watchdog
 
 __all__ = [
     "ANY_SOURCE",
+    "BrokenError",
     "ConfigError",
     "Deadline",
     "DistTimeoutError",
@@ -45,6 +53,7 @@ __all__ = [
     "ProcessGroup",
     "ReduceOp",
     "Store",
+    "StoreError",
     "StoreTimeoutError",
     "as_deadline",
     "close_group",
