@@ -329,6 +329,12 @@ def fallthrough() -> None:
     dist.all_reduce(t)  # native ops still native
     eq(t, S, "native all_reduce after fallthrough")
     check(pg.fallthrough_counts["allreduce"] == 2, "a native op is not counted as fallen through")
+    try:
+        pg._get_backend(torch.device("cpu"))
+    except RuntimeError as e:
+        check("serves cpu tensors itself" in str(e), f"_get_backend(cpu): {e}")
+    else:
+        raise AssertionError("_get_backend(cpu) should raise: procgroup has no torch Backend for CPU")
 
 
 def delegate() -> None:
@@ -351,6 +357,7 @@ def delegate() -> None:
     eq(t, S * WS, "delegated async all_reduce")
     dist.barrier()
     check("gloo" in pg._others and not pg.fallthrough_counts, f"delegation: {pg._others} {pg.fallthrough_counts}")
+    check(pg._get_backend(torch.device("cpu")) is pg._others["gloo"], "_get_backend names the delegate")
 
 
 def dead_peer() -> None:

@@ -206,6 +206,19 @@ class ProcgroupBackend(dist.ProcessGroup):
             self._others[kind] = b
         return b
 
+    def _get_backend(self, device: Any) -> Any:
+        """The torch Backend carrying tensors of ``device`` (built on first use), as torch's own accessor.
+
+        Only delegated devices (``Options.device_backends``, CUDA by default) have one: procgroup serves CPU
+        tensors itself, so for those this raises RuntimeError, as torch does for a device with no backend.
+        """
+        dev = torch.device(device).type
+        kind = self._options.device_backends.get(dev)
+        if kind is None:
+            raise RuntimeError(f"No backend type associated with device type {dev}: the procgroup process group "
+                               f"serves {dev} tensors itself, without a torch Backend")
+        return self._torch_backend(kind)
+
     def _route(self, tensors: Sequence[torch.Tensor]) -> Optional[str]:
         """None when procgroup serves these tensors; else why not (and so where they go)."""
         for t in tensors:
