@@ -38,8 +38,11 @@ def eq(t: torch.Tensor, value: Any, what: str) -> None:
     check(bool((t.double() == float(value)).all()), f"{what}: expected all {value}, got {t.tolist()}")
 
 
-def init(how: str, timeout: float = 60.0, backend: str = "procgroup", **kw: Any) -> None:
-    """The default group over ``backend`` (naming "procgroup") through init method ``how``."""
+def init(how: str, timeout: float = 60.0, backend: str = "procgroup", store: Any = None, **kw: Any) -> Any:
+    """The default group over ``backend`` (naming "procgroup") through init method ``how``; returns the store.
+
+    ``store``: for ``how == "store"``, a store to reuse (a second init over the same store).
+    """
     tmo = timedelta(seconds=timeout)
     port = int(os.environ["MASTER_PORT"])
     if how == "env":
@@ -51,12 +54,14 @@ def init(how: str, timeout: float = 60.0, backend: str = "procgroup", **kw: Any)
         dist.init_process_group(backend, init_method="file://" + how[5:], rank=RANK, world_size=WS,
                                 timeout=tmo, **kw)
     elif how == "store":
-        store = dist.TCPStore("127.0.0.1", port, WS, RANK == 0, timeout=tmo)
+        if store is None:
+            store = dist.TCPStore("127.0.0.1", port, WS, RANK == 0, timeout=tmo)
         dist.init_process_group(backend, store=store, rank=RANK, world_size=WS, timeout=tmo, **kw)
     else:
         raise ValueError(f"unknown init method {how!r}")
     check(dist.get_backend() == backend, f"get_backend() is {dist.get_backend()!r}")
     check(isinstance(default_pg(), ProcgroupBackend), f"default group is {type(default_pg()).__name__}")
+    return store
 
 
 def default_pg() -> Any:
@@ -75,8 +80,17 @@ def basic() -> None:
     check(torch.equal(b, torch.arange(4.0)), f"broadcast {b}")
     dist.barrier()
     objs: List[Any] = [None] * WS
-    dist.all_gather_object(objs, {"rank": RANK})
-    check(objs == [{"rank": r} for r in range(WS)], f"all_gather_object {objs}")
+    dist.all_gather_object(objs, {"rank": RANK, "pad": "x" * RANK * 100})
+    check(objs == [{"rank": r, "pad": "x" * r * 100} for r in range(WS)], f"all_gather_object {objs}")
+    lst: List[Any] = [{"from": 0}, "two"] if RANK == 0 else [None, None]
+    dist.broadcast_object_list(lst, src=0)
+    check(lst == [{"from": 0}, "two"], f"broadcast_object_list {lst}")
+    got: Any = [None] * WS if RANK == 0 else None
+    dist.gather_object(("r", RANK), got, dst=0)
+    check(RANK != 0 or got == [("r", r) for r in range(WS)], f"gather_object {got}")
+    out: List[Any] = [None]
+    dist.scatter_object_list(out, [f"to {r}" for r in range(WS)] if RANK == 0 else None, src=0)
+    check(out == [f"to {RANK}"], f"scatter_object_list {out}")
 
 
 def _noncontig(dt: torch.dtype, fill: float) -> torch.Tensor:
@@ -469,10 +483,14 @@ def main() -> None:
         timeout = 3.0
     if "cuda" in names:
         kw["backend"] = "cpu:procgroup,cuda:nccl"
-    init(how, timeout, **kw)
+    store = init(how, timeout, **kw)
     for n in names:
         SCENARIOS[n]()
     dist.destroy_process_group()
+    if how == "store":  # a second group over the same store must not trip over the first one's keys
+        init(how, timeout, store=store, **kw)
+        basic()
+        dist.destroy_process_group()
     print("OK", flush=True)
 
 

@@ -136,7 +136,11 @@ class ProcgroupBackend(dist.ProcessGroup):
         self._cpu_native = "cpu" not in self._options.device_backends
         self._group_name = name
         self._group_desc = ""
-        adapter = TorchStoreAdapter(dist.PrefixStore("procgroup/", store), self._timeout)
+        # a generation per formation: a later group over the same store (destroy, then init again) never
+        # reads the keys of an earlier one
+        base = dist.PrefixStore("procgroup/", store)
+        gen = base.add(f"generation/{self._rank}", 1)
+        adapter = TorchStoreAdapter(dist.PrefixStore(f"{gen}/", base), self._timeout)
         self._pg = _core.create_group(name or "torch", store=adapter, rank=self._rank, world_size=self._size,
                                       timeout=self._timeout)
         self._exec = Executor(name or "torch")
