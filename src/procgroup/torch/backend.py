@@ -49,6 +49,9 @@ _BACKEND_NAMES = {
     "all_to_all_single": "alltoall_base",
 }
 
+#: an options object's timeout at or below this is "unset" (torch uses -1 ms)
+_NO_TIMEOUT = timedelta(0)
+
 #: (op, reason) pairs already logged as fallen through, per process
 _LOGGED: set = set()
 
@@ -292,7 +295,19 @@ class ProcgroupBackend(dist.ProcessGroup):
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         """All-reduce each tensor in place (torch's ``dist.all_reduce``)."""
         opts = dist.AllreduceOptions() if opts is None else opts
-        op = _reduce_op(opts.reduceOp)
+        op = _OPS.get(opts.reduceOp.op)
+        if len(tensors) == 1 and op is not None and not opts.asyncOp and not self._closed:
+            # the hot path: one contiguous CPU tensor, blocking (dist.all_reduce without async_op)
+            t = tensors[0]
+            if (t.is_cpu and self._cpu_native and t.layout is torch.strided and t.dtype in NATIVE_DTYPES
+                    and t.is_contiguous()):
+                if self._exec.busy():
+                    self._exec.drain()
+                to = opts.timeout
+                _C.all_reduce(t, op=op, group=self._pg, timeout=to.total_seconds() if to > _NO_TIMEOUT else None)
+                return Work("allreduce", tensors, 0.0, done=True)
+        if op is None:
+            op = _reduce_op(opts.reduceOp)
         why = self._route(tensors) or (None if op is not None else "PREMUL_SUM")
         if why is not None or len(tensors) != 1:
             return self._other("allreduce", why or "a list of several tensors", tensors, opts)
