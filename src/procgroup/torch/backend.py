@@ -130,7 +130,7 @@ class ProcgroupBackend(dist.ProcessGroup):
 
     def __init__(self, store: Any, rank: int, size: int, timeout: Any = None, *,
                  options: Optional[Options] = None, name: str = "") -> None:
-        super().__init__(rank, size)  # (the store form is not subclassable in torch 2.13)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # (the store form is not subclassable in torch 2.13)
         self._store = store
         self._rank = int(rank)
         self._size = int(size)
@@ -265,7 +265,7 @@ class ProcgroupBackend(dist.ProcessGroup):
         t = opts.timeout.total_seconds()
         return t if t > 0 else None
 
-    def _run(self, op: str, result: List[Any], fn: Callable[[], None], opts: Any,
+    def _run(self, op: str, result: List[Any], fn: Callable[[], Any], opts: Any,
              after: Optional[Callable[[], None]] = None, tmo: Optional[float] = None) -> Work:
         """Run ``fn`` (then ``after``) now, or on the executor when ``opts.asyncOp``; returns the Work.
 
@@ -292,7 +292,7 @@ class ProcgroupBackend(dist.ProcessGroup):
         return self._exec.submit(work, job)
 
     # -- collectives -------------------------------------------------------------------------------
-    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         """All-reduce each tensor in place (torch's ``dist.all_reduce``)."""
         opts = dist.AllreduceOptions() if opts is None else opts
         op = _OPS.get(opts.reduceOp.op)
@@ -342,7 +342,7 @@ class ProcgroupBackend(dist.ProcessGroup):
 
         return self._run("allreduce_coalesced", tensors, fn, opts)
 
-    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         """Broadcast the root's tensor into every rank's tensor, in place."""
         opts = dist.BroadcastOptions() if opts is None else opts
         why = self._route(tensors)
@@ -353,7 +353,7 @@ class ProcgroupBackend(dist.ProcessGroup):
         return self._run("broadcast", tensors, lambda: _C.broadcast(buf, src=root, group=self._pg, timeout=tmo),
                          opts, back)
 
-    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
+    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         """Reduce every rank's tensor into the root's tensor, in place."""
         opts = dist.ReduceOptions() if opts is None else opts
         op = _reduce_op(opts.reduceOp)
@@ -365,8 +365,9 @@ class ProcgroupBackend(dist.ProcessGroup):
         return self._run("reduce", tensors,
                          lambda: _C.reduce(buf, dst=root, op=op, group=self._pg, timeout=tmo), opts, back)
 
-    def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
-                  opts: Any = None) -> Any:
+    def allgather(  # type: ignore[override]
+        self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
+    ) -> Any:
         """Gather every rank's input into ``output_tensors[0]`` (one tensor per rank) on every rank."""
         opts = _AllgatherOptions() if opts is None else opts
         why = self._route(_flat(output_tensors) + list(input_tensors))
@@ -443,8 +444,9 @@ class ProcgroupBackend(dist.ProcessGroup):
 
         return self._run(single + "_coalesced", list(outputs), fn, opts)
 
-    def gather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
-               opts: Any = None) -> Any:
+    def gather(  # type: ignore[override]
+        self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
+    ) -> Any:
         """Gather every rank's input into the root's ``output_tensors[0]``."""
         opts = dist.GatherOptions() if opts is None else opts
         why = self._route(_flat(output_tensors) + list(input_tensors))
@@ -456,8 +458,9 @@ class ProcgroupBackend(dist.ProcessGroup):
             input_tensors[0], outs if self._rank == root else None, dst=root, group=self._pg, timeout=tmo),
             opts, back)
 
-    def scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
-                opts: Any = None) -> Any:
+    def scatter(  # type: ignore[override]
+        self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts: Any = None
+    ) -> Any:
         """Scatter the root's ``input_tensors[0]`` (one tensor per rank) into each rank's output."""
         opts = dist.ScatterOptions() if opts is None else opts
         why = self._route(list(output_tensors) + _flat(input_tensors))
@@ -469,8 +472,9 @@ class ProcgroupBackend(dist.ProcessGroup):
         return self._run("scatter", output_tensors,
                          lambda: _C.scatter(buf, ins, src=root, group=self._pg, timeout=tmo), opts, back)
 
-    def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
-                       opts: Any = None) -> Any:
+    def reduce_scatter(  # type: ignore[override]
+        self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts: Any = None
+    ) -> Any:
         """Reduce the inputs (one list per rank) and leave chunk r of the result in rank r's output."""
         opts = dist.ReduceScatterOptions() if opts is None else opts
         op = _reduce_op(opts.reduceOp)
