@@ -119,3 +119,20 @@ def test_import_torch_registers_through_the_entry_point(tmp_path: Path, autoload
                          check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == (["registered", "lazy"] if autoload == "1" else ["absent", "lazy"]), out
+
+
+@pytest.mark.timeout(120)
+def test_import_procgroup_torch_before_torch_with_the_hook_installed(tmp_path: Path) -> None:
+    """`import procgroup.torch` first: torch's hook then runs inside it, on the half-imported module; both work."""
+    path = _dist_info(tmp_path)
+    code = (
+        "import procgroup.torch as p, torch.distributed as d\n"
+        "print('registered' if 'PROCGROUP' in d.Backend._plugins and p.is_registered() else 'absent')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(path), str(ROOT / "src")]),
+               TORCH_DEVICE_BACKEND_AUTOLOAD="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=100,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["registered"], out
+    assert "could not register" not in out.stderr, out.stderr
