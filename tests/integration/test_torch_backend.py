@@ -49,8 +49,9 @@ def run(n: int, scenario: str, init: str = "tcp", timeout: float = 90.0) -> List
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_collectives_every_op_dtype_root(n: int) -> None:
-    """Every collective, every root, five dtypes, non-contiguous tensors, coalesced forms, async + futures."""
-    run(n, "collectives+async+coalescing", timeout=140)
+    """Every collective, every root, five dtypes, non-contiguous and aliased tensors, coalesced forms, async +
+    futures, scalars, empty tensors, bool and bitwise reductions, large messages."""
+    run(n, "collectives+async+coalescing+edges", timeout=140)
 
 
 @pytest.mark.timeout(120)

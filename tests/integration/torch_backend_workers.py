@@ -167,6 +167,63 @@ def collectives() -> None:
     _coalesced()
 
 
+def edges() -> None:
+    """Scalars, empty tensors, bool and bitwise reductions, large messages, more non-contiguous buffers."""
+    t = torch.tensor(float(RANK + 1))
+    dist.all_reduce(t)
+    eq(t, S, "0-dim all_reduce")
+    e = torch.empty(0)
+    dist.all_reduce(e)
+    dist.broadcast(e, 0)
+    dist.all_gather_into_tensor(torch.empty(0), torch.empty(0))
+    b = torch.tensor([RANK == 0, True, False])
+    dist.all_reduce(b, op=dist.ReduceOp.MAX)
+    check(b.tolist() == [True, True, False], f"bool MAX {b}")
+    b = torch.tensor([RANK == 0, True, False])
+    dist.all_reduce(b, op=dist.ReduceOp.MIN)
+    check(b.tolist() == [WS == 1, True, False], f"bool MIN {b}")
+    for dt in (torch.int32, torch.uint8, torch.int8, torch.int16):
+        x = torch.full((3,), 1 << RANK, dtype=dt)
+        dist.all_reduce(x, op=dist.ReduceOp.BOR)
+        eq(x, (1 << WS) - 1, f"BOR {dt}")
+        x = torch.full((3,), 1 << RANK, dtype=dt)
+        dist.all_reduce(x, op=dist.ReduceOp.BXOR)
+        eq(x, (1 << WS) - 1, f"BXOR {dt}")
+        x = torch.full((3,), 7 - RANK, dtype=dt)
+        dist.all_reduce(x, op=dist.ReduceOp.BAND)
+        want = 7
+        for r in range(WS):
+            want &= 7 - r
+        eq(x, want, f"BAND {dt}")
+    n = 1 << 21
+    big = torch.full((n,), float(RANK + 1))
+    dist.all_reduce(big)
+    eq(big[::4096], S, "large all_reduce")
+    out = torch.empty(n * WS)
+    dist.all_gather_single(out, torch.full((n,), float(RANK)))  # torch 2.13's name for all_gather_into_tensor
+    check(torch.equal(out.view(WS, n)[:, -1], torch.arange(float(WS))), "large all_gather_single")
+    o = torch.empty(n)
+    dist.reduce_scatter_single(o, torch.full((n * WS,), float(RANK + 1)))  # reduce_scatter_tensor's new name
+    eq(o[::4096], S, "large reduce_scatter_single")
+    grid = torch.zeros(3, WS)
+    dist.scatter(grid[:, 0], [torch.full((3,), float(i + 10)) for i in range(WS)] if RANK == 0 else None, src=0)
+    eq(grid[:, 0], RANK + 10, "non-contiguous scatter output")
+    g2 = torch.zeros(2, WS)
+    dist.all_to_all([g2[:, i] for i in range(WS)], [torch.full((2,), float(RANK * 10 + i)) for i in range(WS)])
+    check(torch.equal(g2[0], torch.tensor([float(i * 10 + RANK) for i in range(WS)])), f"non-contiguous a2a {g2}")
+    g3 = torch.zeros(2, 3)
+    dist.reduce_scatter(g3[:, 0], [torch.full((2,), 1.0) for _ in range(WS)])
+    eq(g3[:, 0], WS, "non-contiguous reduce_scatter output")
+    gg = torch.zeros(2, WS)
+    dist.gather(torch.full((2,), float(RANK)), [gg[:, i] for i in range(WS)] if RANK == 0 else None, dst=0)
+    check(RANK != 0 or torch.equal(gg[0], torch.arange(float(WS))), f"non-contiguous gather list {gg}")
+    whole = torch.zeros(WS * 3)
+    mine = whole[RANK * 3:(RANK + 1) * 3]
+    mine.fill_(RANK + 1)
+    dist.all_gather_into_tensor(whole, mine)  # the input is the output's own chunk, as FSDP does
+    check(torch.equal(whole, torch.arange(1.0, WS + 1).repeat_interleave(3)), f"aliased all_gather {whole}")
+
+
 def _all_to_all_single(dt: torch.dtype) -> None:
     """Rank r sends i+1 rows (value r*4+i) to rank i; receives r+1 rows from each rank."""
     inp = torch.cat([torch.full((i + 1, 2), RANK * 4 + i, dtype=dt) for i in range(WS)])
@@ -467,7 +524,7 @@ def mismatch() -> None:
 SCENARIOS: Dict[str, Callable[[], None]] = {
     "basic": basic, "collectives": collectives, "async": async_ops, "p2p": p2p, "subgroups": subgroups,
     "fallthrough": fallthrough, "delegate": delegate, "dead_peer": dead_peer, "deadline": deadline,
-    "cuda": cuda, "coalescing": coalescing, "mismatch": mismatch,
+    "cuda": cuda, "coalescing": coalescing, "mismatch": mismatch, "edges": edges,
 }
 
 
