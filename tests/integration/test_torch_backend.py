@@ -75,6 +75,24 @@ def test_init_methods(init: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("launcher", ["procgroup", "torchrun"])
+def test_unmodified_script_under_launchers(launcher: str) -> None:
+    """init_process_group("procgroup") with env:// under `procgroup run` and under torchrun."""
+    cmd = {
+        "procgroup": [sys.executable, "-m", "procgroup", "run", "--nproc-per-node", "2"],
+        "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                     f"--master-port={free_port()}"],
+    }[launcher]
+    env = worker_env(0, 2, free_port(), secrets.token_hex(16), {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+              "PROCGROUP_SECRET"):
+        env.pop(k, None)  # the launcher sets them
+    out = subprocess.run([*cmd, str(WORKER), "basic", "env"], env=env, cwd=str(ROOT), capture_output=True,
+                         text=True, timeout=100, check=False)
+    assert out.returncode == 0 and out.stdout.count("OK") >= 2, out.stdout + out.stderr
+
+
+@pytest.mark.timeout(120)
 def test_fallthrough_to_gloo_logged_once() -> None:
     """monitored_barrier and sparse all_reduce are answered by gloo underneath, and each is logged once."""
     run(2, "fallthrough")
