@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Optional
 
 from .. import collectives as collectives  # noqa: PLC0414 - re-exported for the backend module
 from ..backends import cpu as _cpu
@@ -59,6 +59,9 @@ __all__ = [
     "close_group",
     "collectives",
     "create_group",
+    "p2p_source",
+    "rename_group",
+    "set_group_timeout",
 ]
 
 logger = logging.getLogger("procgroup.torch")
@@ -99,6 +102,22 @@ def create_group(name: str, *, store: Any, rank: int, world_size: int, timeout: 
         wd = Watchdog(store, int(rank), lambda: [pg], world.transport.abort).start()
         world.on_close.append(wd.stop)
     return pg
+
+
+def rename_group(pg: ProcessGroup, name: str) -> None:
+    """The name procgroup's errors and flight records give the group."""
+    pg.name = name
+
+
+def set_group_timeout(pg: ProcessGroup, seconds: float) -> None:
+    """The default deadline (seconds) of the group's later operations."""
+    pg.timeout = float(seconds)
+
+
+def p2p_source(work: Any) -> Optional[int]:
+    """The sender's rank of a completed procgroup receive Work (what ``procgroup.recv`` returns), else None."""
+    src = getattr(work, "_result", None)
+    return src if isinstance(src, int) else None
 
 
 def close_group(pg: ProcessGroup) -> None:

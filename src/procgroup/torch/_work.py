@@ -16,7 +16,7 @@ from typing import Any, Callable, List, Optional
 import torch
 import torch.distributed as dist
 
-from ._core import DistTimeoutError
+from ._core import DistTimeoutError, p2p_source
 
 __all__ = ["Executor", "P2PWork", "Work", "seconds"]
 
@@ -177,8 +177,8 @@ class P2PWork(Work):
             except BaseException as e:  # noqa: BLE001 - kept for wait() and the future
                 self.complete(e)
                 return
-            src = getattr(self._inner, "_result", None)
-            if isinstance(src, int):
+            src = p2p_source(self._inner)
+            if src is not None:
                 self._source = src
             try:
                 if self._after is not None:

@@ -164,7 +164,7 @@ class ProcgroupBackend(dist.ProcessGroup):
     def setGroupName(self, name: str) -> None:  # noqa: N802
         """Called by torch once the group is registered."""
         self._group_name = name
-        self._pg.name = f"torch group {name}"
+        _core.rename_group(self._pg, f"torch group {name}")
 
     def getGroupDesc(self) -> str:  # noqa: N802
         """The group description torch assigned."""
@@ -184,7 +184,7 @@ class ProcgroupBackend(dist.ProcessGroup):
         t = seconds(timeout)
         if t is not None:
             self._timeout = t
-            self._pg.timeout = t
+            _core.set_group_timeout(self._pg, t)
 
     def __repr__(self) -> str:
         return f"ProcgroupBackend(rank={self._rank}, size={self._size}, name={self._group_name!r})"
