@@ -256,8 +256,8 @@ class ProcgroupBackend(dist.ProcessGroup):
                 _LOGGED.add((op, why))
                 logger.warning("procgroup.torch: %s on %s is not served by procgroup; it falls through to %s",
                                op, why, kind)
+        self._exec.drain()  # program order: procgroup's queued ops first
         b = self._torch_backend(kind)
-        self._exec.drain()
         return getattr(b, _BACKEND_NAMES.get(op, op))(*args)
 
     def _op_timeout(self, opts: Any) -> Optional[float]:
