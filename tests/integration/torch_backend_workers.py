@@ -385,6 +385,12 @@ def fallthrough() -> None:
 
     logging.getLogger("procgroup.torch").addHandler(Keep())
     pg = default_pg()
+    try:  # before anything built gloo underneath: a point-to-point op cannot build it alone
+        dist.send(torch.zeros(2, dtype=torch.uint16), (RANK + 1) % WS)
+    except ValueError as e:
+        check("every rank of the group must build together" in str(e), f"p2p fallthrough error: {e}")
+    else:
+        raise AssertionError("a uint16 send before the fallback exists should raise, not hang")
     for _ in range(2):
         # torch's dist.monitored_barrier refuses every backend name but "gloo"; holders of the group call it
         pg.monitored_barrier(timedelta(seconds=30), wait_all_ranks=True)
@@ -426,6 +432,12 @@ def delegate() -> None:
     w = dist.all_reduce(t, async_op=True)
     w.get_future().wait()
     eq(t, S * WS, "delegated async all_reduce")
+    if RANK == 0:
+        dist.send(torch.full((2,), 4.0), 1)
+    elif RANK == 1:
+        r = torch.zeros(2)
+        dist.recv(r, 0)
+        eq(r, 4, "delegated send/recv")
     dist.barrier()
     check("gloo" in pg._others and not pg.fallthrough_counts, f"delegation: {pg._others} {pg.fallthrough_counts}")
     check(pg._get_backend(torch.device("cpu")) is pg._others["gloo"], "_get_backend names the delegate")

@@ -260,6 +260,21 @@ class ProcgroupBackend(dist.ProcessGroup):
         b = self._torch_backend(kind)
         return getattr(b, _BACKEND_NAMES.get(op, op))(*args)
 
+    def _other_p2p(self, op: str, why: str, *args: Any) -> Any:
+        """:meth:`_other` for point-to-point ops, which cannot build a backend underneath themselves.
+
+        Building gloo (or nccl) is collective over the group, and only two ranks take part in a send: when the
+        backend is not there yet, this raises ConfigError instead of hanging.
+        """
+        kind = self._options.device_backends[why[7:]] if why.startswith("device:") else self._options.fallback
+        if kind not in self._others and not (kind == "nccl" and why.startswith("device:")):
+            raise _core.ConfigError(
+                f"procgroup.torch: {op} of {why} is not served by procgroup and would need the {kind} backend "
+                f"underneath, which every rank of the group must build together; run a collective on such tensors "
+                f"first (it builds it), or send contiguous CPU tensors of a dtype in {sorted(map(str, NATIVE_DTYPES))}"
+            )
+        return self._other(op, why, *args)
+
     def _op_timeout(self, opts: Any) -> Optional[float]:
         """The options object's timeout in seconds, or None when unset (the group's default applies)."""
         t = opts.timeout.total_seconds()
@@ -597,7 +612,7 @@ class ProcgroupBackend(dist.ProcessGroup):
         """Send ``tensors[0]`` to rank ``dstRank`` (returns at once; the Work completes when delivered)."""
         why = self._route(tensors)
         if why is not None or len(tensors) != 1:
-            return self._other("send", why or "a list of several tensors", tensors, dstRank, tag)
+            return self._other_p2p("send", why or "a list of several tensors", tensors, dstRank, tag)
         inner = _C.isend(tensors[0], dst=int(dstRank), group=self._pg, tag=int(tag))
         return P2PWork(f"send to rank {dstRank} (procgroup)", list(tensors), inner, self._timeout + 30.0)
 
@@ -613,8 +628,8 @@ class ProcgroupBackend(dist.ProcessGroup):
         why = self._route(tensors)
         if why is not None or len(tensors) != 1:
             if src is None:
-                return self._other("recv_anysource", why or "a list of several tensors", tensors, tag)
-            return self._other("recv", why or "a list of several tensors", tensors, src, tag)
+                return self._other_p2p("recv_anysource", why or "a list of several tensors", tensors, tag)
+            return self._other_p2p("recv", why or "a list of several tensors", tensors, src, tag)
         (buf,), back = _contiguous(tensors)
         inner = _C.irecv(buf, src=src, group=self._pg, tag=int(tag))
         what = "any rank" if src is None else f"rank {src}"
