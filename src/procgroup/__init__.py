@@ -7,9 +7,11 @@ below it are:
 * ``protocol/``   sans-IO codecs (store messages, transport frames, object payloads, auth)
 * ``transport/``  memory, shared-memory and TCP transports behind one interface
 * ``algorithms/`` collectives written only against that interface
-* ``store.py``, ``rendezvous.py``, ``group.py``, ``backends/``  the I/O shell and group state
+* ``store/``, ``rendezvous.py``, ``group.py``, ``backends/``  the I/O shell and group state
 * ``launcher/``   ``procgroup run`` (beside the library, never imported by it)
 """
+
+from typing import Any as _Any
 
 # The API is imported on first use (PEP 562), so that `import procgroup.launcher` (the launcher) and
 # `procgroup env` do not pay for numpy and the collective machinery.
@@ -77,7 +79,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> _Any:
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'procgroup' has no attribute {name!r}")
@@ -88,7 +90,7 @@ def __getattr__(name: str):
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 

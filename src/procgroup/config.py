@@ -13,9 +13,10 @@ A bad environment value is reported with its name and value
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from .errors import ConfigError
 
@@ -37,6 +38,12 @@ __all__ = [
     "env_float",
     "env_str",
     "env_bool",
+    "default_timeout",
+    "to_seconds",
+    "ShmOptions",
+    "shm_options",
+    "RuntimeConfig",
+    "job_secret",
 ]
 
 #: Default deadline (seconds) for init, collectives and store waits.
@@ -264,7 +271,9 @@ def env_int(name: str, environ: Optional[Mapping[str, str]] = None, *, minimum: 
     try:
         n = int(v)
     except ValueError:
-        raise ConfigError(f"environment variable {name}={v!r} is not an integer; set it to a whole number or unset it") from None
+        raise ConfigError(
+            f"environment variable {name}={v!r} is not an integer; set it to a whole number or unset it"
+        ) from None
     if minimum is not None and n < minimum:
         raise ConfigError(f"environment variable {name}={n} must be >= {minimum}")
     return n
@@ -304,3 +313,153 @@ def default_timeout(environ: Optional[Mapping[str, str]] = None) -> float:
     """PROCGROUP_TIMEOUT or DEFAULT_TIMEOUT."""
     t = env_float(ENV.TIMEOUT, environ)
     return DEFAULT_TIMEOUT if t is None else t
+
+
+# ------------------------------------------------------------------------------------------------- parsed once
+def to_seconds(value: Any, name: str = "timeout") -> Optional[float]:
+    """``value`` (seconds as a number, or a ``datetime.timedelta`` as torch takes) as float seconds > 0.
+
+    None stays None (the caller's default applies).  Anything else is a :class:`ConfigError` naming ``name``.
+    """
+    if value is None:
+        return None
+    total = getattr(value, "total_seconds", None)
+    if callable(total):
+        value = total()
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={value!r} is not a number of seconds or a timedelta") from None
+    if not t > 0:  # also rejects NaN
+        raise ConfigError(f"{name}={value!r} must be > 0 seconds")
+    return t
+
+
+def env_micros(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
+    """A variable in microseconds (>= 0); None when unset."""
+    v = env_str(name, environ)
+    if v is None:
+        return None
+    try:
+        x = float(v)
+    except ValueError:
+        raise ConfigError(
+            f"environment variable {name}={v!r} is not a number of microseconds; e.g. {name}=50"
+        ) from None
+    if not x >= 0:
+        raise ConfigError(f"environment variable {name}={v!r} must be >= 0 microseconds")
+    return x
+
+
+@dataclass(frozen=True)
+class ShmOptions:
+    """Settings of the shared-memory transport (``PROCGROUP_SHM_*``), parsed once and passed down."""
+
+    #: single-copy (process_vm_readv) path for large messages
+    cma: bool = True
+    #: microseconds a wait spins before it sleeps on a futex; None: the transport's default
+    spin_us: Optional[float] = None
+    #: read a large single-copy message in two threads
+    split: bool = True
+    #: small collectives among the ranks of one host through shared slots
+    arena: bool = True
+
+
+def shm_options(environ: Optional[Mapping[str, str]] = None) -> ShmOptions:
+    """:class:`ShmOptions` from the environment (each bad value is a ConfigError naming its variable)."""
+    return ShmOptions(
+        cma=env_bool(ENV.SHM_CMA, environ, default=True),
+        spin_us=env_micros(ENV.SHM_SPIN_US, environ),
+        split=env_bool(ENV.SHM_SPLIT, environ, default=True),
+        arena=env_bool(ENV.SHM_ARENA, environ, default=True),
+    )
+
+
+_TRANSPORTS = ("auto", "shm", "tcp")
+_LOG_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "WARN": logging.WARNING,
+               "ERROR": logging.ERROR, "CRITICAL": logging.CRITICAL}
+
+#: seconds between rendezvous progress lines when PROCGROUP_PROGRESS_INTERVAL is unset
+DEFAULT_PROGRESS_INTERVAL = 10.0
+
+
+def _log_level(environ: Optional[Mapping[str, str]]) -> Optional[int]:
+    v = env_str(ENV.LOG_LEVEL, environ)
+    if v is None:
+        return None
+    if v.isdigit():
+        return int(v)
+    lv = _LOG_LEVELS.get(v.upper())
+    if lv is None:
+        raise ConfigError(
+            f"environment variable {ENV.LOG_LEVEL}={v!r} is not a log level; use DEBUG, INFO, WARNING or ERROR"
+        )
+    return lv
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Everything the library takes from the environment, read once at ``init_process_group``.
+
+    Precedence: explicit argument > environment variable > default.  Only this module and
+    :mod:`procgroup.identity` read the environment; everything below init receives this object
+    (or the part of it it needs, e.g. :class:`ShmOptions`).
+    """
+
+    timeout: float = DEFAULT_TIMEOUT
+    transport: str = "auto"
+    socket_addr: Optional[str] = None
+    socket_ifname: Optional[str] = None
+    hostname: Optional[str] = None
+    log_level: Optional[int] = None
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL
+    store_hosted: bool = False
+    run_id: Optional[str] = None
+    torchelastic_run_id: Optional[str] = None
+    restart_count: int = 0
+    tty: Optional[str] = None
+    secret: Optional[str] = field(default=None, repr=False)
+    shm: ShmOptions = field(default_factory=ShmOptions)
+
+    @classmethod
+    def load(cls, environ: Optional[Mapping[str, str]] = None, *, timeout: Any = None) -> "RuntimeConfig":
+        """Parse the environment (default ``os.environ``); ``timeout`` (explicit) wins over PROCGROUP_TIMEOUT."""
+        env = os.environ if environ is None else environ
+        transport = (env_str(ENV.TRANSPORT, env) or "auto").lower()
+        if transport not in _TRANSPORTS:
+            raise ConfigError(f"environment variable {ENV.TRANSPORT}={transport!r} is not one of auto, shm, tcp")
+        explicit = to_seconds(timeout)
+        restart = env_int(ENV.RESTART_COUNT, env, minimum=0)
+        if restart is None:
+            restart = env_int(ENV.TORCHELASTIC_RESTART_COUNT, env, minimum=0)
+        return cls(
+            timeout=explicit if explicit is not None else default_timeout(env),
+            transport=transport,
+            socket_addr=env_str(ENV.SOCKET_ADDR, env),
+            socket_ifname=env_str(ENV.SOCKET_IFNAME, env),
+            hostname=env_str(ENV.HOSTNAME, env),
+            log_level=_log_level(env),
+            progress_interval=env_float(ENV.PROGRESS_INTERVAL, env) or DEFAULT_PROGRESS_INTERVAL,
+            store_hosted=env_bool(ENV.STORE_HOSTED, env),
+            run_id=env_str(ENV.RUN_ID, env),
+            torchelastic_run_id=env_str(ENV.TORCHELASTIC_RUN_ID, env),
+            restart_count=restart or 0,
+            tty=env_str(ENV.TTY, env),
+            secret=env_str(ENV.SECRET, env),
+            shm=shm_options(env),
+        )
+
+
+_log = logging.getLogger("procgroup")
+
+
+def job_secret(cfg: RuntimeConfig, job_id: str) -> bytes:
+    """The per-job HMAC key of the store and the transports: PROCGROUP_SECRET, or else a key derived
+    from the job id (logged: it stops accidental cross-talk between jobs, not an attacker)."""
+    if cfg.secret is not None:
+        return cfg.secret.encode()
+    _log.info(
+        "%s is not set: the store and transport authenticate with a key derived from the job id %r, which stops "
+        "accidental cross-talk but not an attacker; `procgroup run` sets a random secret", ENV.SECRET, job_id,
+    )
+    return ("procgroup-derived:" + job_id).encode()
