@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Mapping, Optional
 from ..config import ENV, env_str
 from ..deadline import Deadline
 from ..errors import ConfigError, PortInUseError, RendezvousError
-from .cli import OMP_NUM_THREADS, LaunchConfig, Placement, worker_env
+from .config import OMP_NUM_THREADS, LaunchConfig, Placement, worker_env
 from .report import (
     RunResult,
     WorkerResult,

@@ -48,7 +48,7 @@ from ..errors import (
     StoreTimeoutError,
 )
 from ..netutil import format_hostport
-from .cli import Placement
+from .config import Placement
 from .report import RunResult, result_from_json, result_to_json, worker_from_dict
 
 __all__ = [
