@@ -44,7 +44,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import select
 import shutil
 import signal
 import socket
@@ -55,10 +54,12 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING, Mapping, Optional
 
-from ..config import ENV, env_str
+from ..config import ENV, SHM_DIR, SHM_SEGMENT_PREFIX, env_str
 from ..deadline import Deadline
 from ..errors import ConfigError, PortInUseError, RendezvousError
+from ..protocol.control import ControlMessage, PortAnnounce, Report
 from .config import OMP_NUM_THREADS, LaunchConfig, Placement, worker_env
+from .control import CTL_MARK, HELLO_TIMEOUT, agent_line, read_hello, watch_stdin
 from .report import (
     RunResult,
     WorkerResult,
@@ -101,13 +102,9 @@ OMP_WARNING = (
 DRAIN_TIMEOUT = 2.0
 #: How long killed leftovers get to disappear before they are reported as survivors.
 LEFTOVER_TIMEOUT = 2.0
-#: Control lines an agent started by a head node writes on its stdout: ``CTL_MARK + nonce + " " + JSON``.
-CTL_MARK = "#procgroup-ctl:"
 #: Lines of a failed worker's traceback carried in its failure record.
 TRACEBACK_TAIL = 30
 _PR_SET_PDEATHSIG = 1
-_HELLO_MAX = 1 << 16
-_HELLO_TIMEOUT = 30.0
 
 
 class RunState(str, Enum):
@@ -122,10 +119,6 @@ class RunState(str, Enum):
     INTERRUPTED = "INTERRUPTED"
 
 
-#: Where the shm transport keeps its segments and how every segment's name starts
-#: (``procgroup.transport.shm.SHM_DIR`` / ``segment_prefix``; a unit test keeps them in step).
-SHM_DIR = "/dev/shm"
-SHM_SEGMENT_PREFIX = "procgroup-"
 
 
 def _any_shm_segment() -> bool:
@@ -326,26 +319,9 @@ class LocalAgent(SignalWaiter):
 
     def _read_head_hello(self) -> None:
         """--from-head: one JSON line on stdin with the job secret and the control-line nonce."""
-        fd = self._stdin_fd
-        buf = b""
-        deadline = Deadline.after(_HELLO_TIMEOUT)
-        while b"\n" not in buf:
-            r, _, _ = select.select([fd], [], [], max(0.0, deadline.remaining()))
-            if not r:
-                raise ConfigError(f"--from-head: no hello line from the head node on stdin within {_HELLO_TIMEOUT:g}s "
-                                  "(--from-head is for agents the head node starts over ssh)")
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                raise ConfigError("--from-head: stdin closed before the head node's hello line")
-            buf += chunk
-            if len(buf) > _HELLO_MAX:
-                raise ConfigError("--from-head: the hello line on stdin is too long")
-        try:
-            hello = json.loads(buf.split(b"\n", 1)[0])
-            self._head_secret = str(hello["secret"])
-            self._nonce = str(hello["nonce"])
-        except (ValueError, KeyError, TypeError):
-            raise ConfigError("--from-head: stdin did not start with the head node's hello line") from None
+        hello = read_hello(self._stdin_fd, HELLO_TIMEOUT)
+        self._head_secret = hello.secret
+        self._nonce = hello.nonce
         # Die with the ssh session even if it never closes our stdin.
         if sys.platform.startswith("linux"):
             try:
@@ -358,20 +334,11 @@ class LocalAgent(SignalWaiter):
     def _watch_stdin(self) -> None:
         """--from-head: EOF on stdin (the head exited or closed the session) stops the job, like SIGTERM;
         a ``usr1`` line is the head passing on a SIGUSR1."""
-        buf = b""
-        try:
-            while True:
-                chunk = os.read(self._stdin_fd, 4096)
-                if not chunk:
-                    break
-                buf = (buf + chunk)[-4096:]
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if line.strip() == b"usr1":
-                        self._usr1 += 1
-                        self._poke()
-        except OSError:
-            pass
+        def usr1() -> None:
+            self._usr1 += 1
+            self._poke()
+
+        watch_stdin(self._stdin_fd, usr1)
         self._stdin_closed = True
         self._signals.append(signal.SIGTERM)
         self._poke()
@@ -393,7 +360,7 @@ class LocalAgent(SignalWaiter):
                                          "its --node-rank") from None
                 raise
             if cfg.from_head:
-                self._ctl({"event": "port", "port": port})
+                self._ctl(PortAnnounce(port=port))
         if secret is not None:
             fixed = secret
             self.gang.connect(lambda: fixed)
@@ -532,11 +499,11 @@ class LocalAgent(SignalWaiter):
     def _say(self, msg: str) -> None:
         self.sink.text(f"{self._label()}: {msg}")
 
-    def _ctl(self, obj: dict) -> None:
+    def _ctl(self, msg: ControlMessage) -> None:
         """A control line for the head node (--from-head), on stdout with the head's nonce."""
         if self._nonce is None:
             return
-        self.sink.line(f"{CTL_MARK}{self._nonce} {json.dumps(obj, separators=(',', ':'))}\n".encode(), err=False)
+        self.sink.line(agent_line(self._nonce, msg), err=False)
 
     def _speaks_for_job(self) -> bool:
         """Whether this agent prints the job-wide report: one node, or node 0 (the head relays node 0's)."""
@@ -719,8 +686,8 @@ class LocalAgent(SignalWaiter):
                 self._say(f"error: {e}")
             return
         if cfg.from_head:
-            self._ctl({"event": "report", "node": self.node_rank, "host": self.hostname,
-                       "exit_code": result.exit_code, "result": json.loads(result_to_json(slim(result)))})
+            self._ctl(Report(node=self.node_rank, host=self.hostname, exit_code=result.exit_code,
+                             result=json.loads(result_to_json(slim(result)))))
             return
         report = format_root_cause(result)
         if report:
