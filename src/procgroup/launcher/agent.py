@@ -58,31 +58,30 @@ from ..config import ENV, SHM_DIR, SHM_SEGMENT_PREFIX, env_str
 from ..deadline import Deadline
 from ..errors import ConfigError, PortInUseError, RendezvousError
 from ..protocol.control import ControlMessage, PortAnnounce, Report
-from .config import OMP_NUM_THREADS, LaunchConfig, Placement, worker_env
+from .attempt import (
+    LEFTOVER_TIMEOUT,
+    Attempt,
+    failure_record,
+    kill_leftovers,
+    terminal,
+    worker_result,
+    worker_specs,
+)
+from .config import OMP_NUM_THREADS, LaunchConfig, Placement
 from .control import CTL_MARK, HELLO_TIMEOUT, agent_line, read_hello, watch_stdin
 from .report import (
     RunResult,
-    WorkerResult,
     combine_results,
     format_root_cause,
     format_summary,
-    load_error_file,
     result_to_json,
     slim,
-    worker_to_dict,
 )
 from .signals import SignalWaiter
 from .workers import (
-    BOOTSTRAP_PATH,
     KILL_TIMEOUT,
     LineSink,
-    Worker,
     WorkerGroup,
-    WorkerSpec,
-    kill_pids,
-    proc_table,
-    reap_adopted_zombies,
-    scan_leftovers,
     set_child_subreaper,
     signal_name,
 )
@@ -100,10 +99,6 @@ OMP_WARNING = (
 )
 #: How long to wait for the last output of dead workers (pipes held by nobody).
 DRAIN_TIMEOUT = 2.0
-#: How long killed leftovers get to disappear before they are reported as survivors.
-LEFTOVER_TIMEOUT = 2.0
-#: Lines of a failed worker's traceback carried in its failure record.
-TRACEBACK_TAIL = 30
 _PR_SET_PDEATHSIG = 1
 
 
@@ -175,11 +170,48 @@ class LocalAgent(SignalWaiter):
         self._tmpdir: Optional[str] = None
         self._subreaper = False
         self._reported_nodes: list[int] = []
+        self._last_gen: Optional[int] = None  # the last generation started (its shm segments are checked)
 
     # ------------------------------------------------------------------ public
 
     def run(self) -> RunResult:
         """Run the job to the end; never raises for a worker failure (see the result)."""
+        secret = self._prepare()
+        self._last_gen = None
+        # Only the agents' protocol raises GangAborted; on one node ``except ()`` catches nothing and the
+        # gang module is not even imported.
+        aborted: tuple[type[BaseException], ...] = ()
+        try:
+            self._install_signals()
+            if self.cfg.from_head:
+                threading.Thread(target=self._watch_stdin, name="procgroup-head-stdin", daemon=True).start()
+            if self._multi:
+                from .gang import GangAborted  # noqa: PLC0415
+
+                aborted = (GangAborted,)
+                try:
+                    secret = self._open_gang(secret)
+                except aborted as e:
+                    result = self._aborted_result(str(e), 0)
+                    self._report(result)
+                    return result
+            assert secret is not None
+            result = self._generations(secret, aborted)
+            self._report(result)
+            return result
+        finally:
+            self._cleanup_shm(self._last_gen)
+            if self.gang is not None:
+                self.gang.close(self.node_rank, self._last_gen, self._reported_nodes)
+            self._remove_secret_file()
+            self._restore_signals()
+            if self._tmpdir is not None:
+                shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+    def _prepare(self) -> Optional[str]:
+        """Checks and setup before any signal handler is installed: the program exists, the head's hello
+        (--from-head), whether this is node 0, the secret, the log directory, the child subreaper.
+        Returns the secret (None: an srun node other than 0, see :meth:`_secret`); raises ConfigError."""
         cfg = self.cfg
         if not cfg.module and not cfg.no_python and not os.path.exists(cfg.entrypoint):
             raise ConfigError(
@@ -198,69 +230,56 @@ class LocalAgent(SignalWaiter):
                 raise ConfigError(f"--log-dir {cfg.log_dir!r}: cannot create it ({e.strerror or e}); "
                                   "choose a writable directory") from e
         self._subreaper = set_child_subreaper()
-        restart = 0
-        last_gen: Optional[int] = None
-        # Only the agents' protocol raises GangAborted; on one node ``except ()`` catches nothing and the
-        # gang module is not even imported.
-        aborted: tuple[type[BaseException], ...] = ()
-        try:
-            self._install_signals()
-            if cfg.from_head:
-                threading.Thread(target=self._watch_stdin, name="procgroup-head-stdin", daemon=True).start()
-            if self._multi:
-                from .gang import GangAborted  # noqa: PLC0415
+        return secret
 
-                aborted = (GangAborted,)
-                try:
-                    secret = self._open_gang(secret)
-                except aborted as e:
-                    result = self._aborted_result(str(e), 0)
-                    self._report(result)
-                    return result
-            assert secret is not None
-            while True:
-                try:
-                    placement, assignment = self._plan(restart)
-                except aborted as e:
-                    result = self._aborted_result(str(e), restart)
-                    self.state = RunState.INTERRUPTED if result.interrupted_by is not None else RunState.FAILED
-                    break
-                last_gen = restart
-                if restart == 0 and placement.local_world_size > 1 and OMP_NUM_THREADS not in self.environ \
-                        and not (cfg.from_head and placement.node_rank != 0):
-                    self.sink.text(OMP_WARNING)
-                local = self._run_attempt(secret, restart, placement, assignment)
-                result = self._conclude(local, restart, assignment)
-                if not result.is_failed():
-                    self.state = RunState.SUCCEEDED
-                    break
-                if result.interrupted_by is not None:
-                    self.state = RunState.INTERRUPTED
-                    break
-                if restart >= cfg.max_restarts or result.spawn_error is not None or result.agent_errors:
-                    self.state = RunState.FAILED
-                    break
-                self.state = RunState.RESTARTING
-                if not (cfg.from_head and self.node_rank != 0):  # the head relays node 0's lines only once
-                    report = format_root_cause(result)
-                    if self._speaks_for_job():
-                        report = (report + "\n" if report else "") + format_summary(result, max_restarts=cfg.max_restarts)
-                    if report:
-                        self.sink.text(report)
-                    n = len(result.workers)
-                    where = f" on {result.nnodes} nodes" if result.nnodes > 1 else ""
-                    self._say(f"restarting all {n} workers{where} (restart {restart + 1} of max {cfg.max_restarts})")
-                restart += 1
-            self._report(result)
-            return result
-        finally:
-            self._cleanup_shm(last_gen)
-            if self.gang is not None:
-                self.gang.close(self.node_rank, last_gen, self._reported_nodes)
-            self._remove_secret_file()
-            self._restore_signals()
-            if self._tmpdir is not None:
-                shutil.rmtree(self._tmpdir, ignore_errors=True)
+    def _generations(self, secret: str, aborted: tuple[type[BaseException], ...]) -> RunResult:
+        """Run generation after generation (the gang restarts) until one ends for good; sets ``state``."""
+        cfg = self.cfg
+        restart = 0
+        while True:
+            try:
+                placement, assignment = self._plan(restart)
+            except aborted as e:
+                result = self._aborted_result(str(e), restart)
+                self.state = RunState.INTERRUPTED if result.interrupted_by is not None else RunState.FAILED
+                return result
+            self._last_gen = restart
+            if restart == 0 and placement.local_world_size > 1 and OMP_NUM_THREADS not in self.environ \
+                    and not (cfg.from_head and placement.node_rank != 0):
+                self.sink.text(OMP_WARNING)
+            local = self._run_attempt(secret, restart, placement, assignment)
+            result = self._conclude(local, restart, assignment)
+            final = self._final_state(result, restart)
+            if final is not None:
+                self.state = final
+                return result
+            self.state = RunState.RESTARTING
+            self._announce_restart(result, restart)
+            restart += 1
+
+    def _final_state(self, result: RunResult, restart: int) -> Optional[RunState]:
+        """How the job ends after generation ``restart`` gave ``result``; None: restart the gang."""
+        if not result.is_failed():
+            return RunState.SUCCEEDED
+        if result.interrupted_by is not None:
+            return RunState.INTERRUPTED
+        if restart >= self.cfg.max_restarts or result.spawn_error is not None or result.agent_errors:
+            return RunState.FAILED
+        return None
+
+    def _announce_restart(self, result: RunResult, restart: int) -> None:
+        """Print the failed generation's root cause (and, for the job, its table), then the restart line."""
+        cfg = self.cfg
+        if cfg.from_head and self.node_rank != 0:  # the head relays node 0's lines only once
+            return
+        report = format_root_cause(result)
+        if self._speaks_for_job():
+            report = (report + "\n" if report else "") + format_summary(result, max_restarts=cfg.max_restarts)
+        if report:
+            self.sink.text(report)
+        n = len(result.workers)
+        where = f" on {result.nnodes} nodes" if result.nnodes > 1 else ""
+        self._say(f"restarting all {n} workers{where} (restart {restart + 1} of max {cfg.max_restarts})")
 
     def _cleanup_shm(self, last_gen: Optional[int]) -> None:
         """Unlink shared-memory segments of this job that workers could not (all SIGKILLed while forming)."""
@@ -440,54 +459,6 @@ class LocalAgent(SignalWaiter):
             self._tmpdir = tempfile.mkdtemp(prefix=f"procgroup-{self.cfg.run_id}-")
         return self._tmpdir
 
-    def _specs(self, secret: str, restart: int, placement: Placement) -> list[WorkerSpec]:
-        cfg = self.cfg
-        suffix = "" if restart == 0 else f".restart{restart}"
-        specs = []
-        for local in range(placement.local_world_size):
-            rank = placement.rank(local)
-            error_file = os.path.join(self._error_dir(), f"rank{rank}{suffix}.error.json")
-            try:
-                os.unlink(error_file)  # never mistake an earlier run's error for this one's
-            except FileNotFoundError:
-                pass
-            env = worker_env(cfg, local, master_port=placement.master_port, secret=secret, hostname=self.hostname,
-                             error_file=error_file, restart_count=restart, base=self.environ, placement=placement,
-                             tty=self._tty())
-            argv = [sys.executable, BOOTSTRAP_PATH, "--parent-pid", str(self.pid)]
-            if cfg.no_python:
-                argv += ["--exec"]
-            else:
-                argv += ["--error-file", error_file, "--rank", str(rank), "--local-rank", str(local),
-                         "--host", self.hostname]
-                if cfg.module:
-                    argv += ["-m"]
-            argv += ["--", cfg.entrypoint, *cfg.args]
-            specs.append(WorkerSpec(
-                rank=rank,
-                local_rank=local,
-                argv=tuple(argv),
-                env=env,
-                prefix=cfg.format_prefix(local, self.hostname, placement),
-                error_file=error_file,
-                log_file=os.path.join(cfg.log_dir, f"rank{rank}.log") if cfg.log_dir else None,
-                log_append=restart > 0,
-                to_console=cfg.shows_rank(rank),
-            ))
-        return specs
-
-    def _tty(self) -> Optional[str]:
-        """The terminal this agent runs on (for dist.breakpoint() in a worker), if any."""
-        if self.cfg.from_head:
-            return None
-        for fd in (0, 1, 2):
-            try:
-                if os.isatty(fd):
-                    return os.ttyname(fd)
-            except OSError:
-                continue
-        return None
-
     # ------------------------------------------------------------------ messages
 
     def _label(self) -> str:
@@ -513,135 +484,136 @@ class LocalAgent(SignalWaiter):
 
     # ------------------------------------------------------------------ one generation
 
-    def _worker_result(self, w: Worker) -> WorkerResult:
-        return WorkerResult(
-            rank=w.rank,
-            local_rank=w.spec.local_rank,
-            host=self.hostname,
-            pid=w.pid,
-            returncode=w.returncode,
-            start_time=w.start_time,
-            end_time=w.end_time,
-            signaled_by_agent=w.signaled_by_agent,
-            signaled_at=w.signaled_at,
-            error=load_error_file(w.spec.error_file, not_before=w.start_time),
-            stderr_tail=tuple(w.stderr_tail),
-        )
-
-    def _failure_record(self, w: Worker) -> dict:
-        """What the other agents learn the moment a worker of this node fails."""
-        wr = self._worker_result(w)
-        tb = str((wr.error or {}).get("traceback") or "").rstrip("\n").splitlines() or list(wr.stderr_tail)
-        return {
-            "reason": f"rank {wr.rank} on {self.hostname} failed ({wr.status()})",
-            "host": self.hostname, "node": self.node_rank, "rank": wr.rank, "local_rank": wr.local_rank,
-            "pid": wr.pid, "status": wr.status(), "returncode": wr.returncode, "timestamp": wr.failure_time,
-            "traceback_tail": tb[-TRACEBACK_TAIL:], "worker": worker_to_dict(wr),
-        }
-
     def _run_attempt(self, secret: str, restart: int, placement: Placement,
                      assignment: Optional[Assignment]) -> RunResult:
+        """One generation on this node: start the workers, supervise them until they end, fail, are
+        interrupted or another node stops the job, then tear down and return this node's result."""
+        att = self._start_attempt(secret, restart, placement, assignment)
+        try:
+            self._supervise(att, restart, assignment)
+        except BaseException:  # a bug in the agent itself: never leave the workers behind
+            att.group.stop(signal.SIGKILL, 0.0)
+            att.group.close()
+            raise
+        return self._stop_attempt(att, restart)
+
+    def _start_attempt(self, secret: str, restart: int, placement: Placement,
+                       assignment: Optional[Assignment]) -> Attempt:
+        """Spawn generation ``restart``'s workers; on several nodes, publish their pids, pass on a spawn
+        failure to the other agents and start watching for theirs."""
         cfg = self.cfg
         gang = self.gang
         node = placement.node_rank
-        t0 = time.time()
-        group = WorkerGroup(self._specs(secret, restart, placement), self.sink)
-        spawn_error: Optional[str] = None
-        interrupted: Optional[int] = None
-        errors: list[str] = []
+        specs = worker_specs(cfg, secret=secret, restart=restart, placement=placement, hostname=self.hostname,
+                             environ=self.environ, error_dir=self._error_dir(), agent_pid=self.pid,
+                             tty=terminal(cfg.from_head))
+        att = Attempt(group=WorkerGroup(specs, self.sink), start_time=time.time())
         if restart and cfg.log_dir:
-            for s in group.specs:
+            for s in att.group.specs:
                 if s.log_file:
                     with open(s.log_file, "ab") as f:
                         f.write(f"===== procgroup: restart {restart} =====\n".encode())
         try:
-            group.start()
+            att.group.start()
         except OSError as e:
-            spawn_error = f"{e.strerror or e} while starting {sys.executable} for {cfg.entrypoint!r}"
-        self.state = RunState.HEALTHY if spawn_error is None else RunState.STOPPING
-        watcher = None
+            att.spawn_error = f"{e.strerror or e} while starting {sys.executable} for {cfg.entrypoint!r}"
+        self.state = RunState.HEALTHY if att.spawn_error is None else RunState.STOPPING
         if gang is not None and assignment is not None:
-            gang.publish_pids(restart, node, [[w.rank, w.spec.local_rank, w.pid] for w in group.workers])
-            if spawn_error is not None:
-                gang.abort(restart, {"reason": f"could not start the workers on {self.hostname}: {spawn_error}",
+            gang.publish_pids(restart, node, [[w.rank, w.spec.local_rank, w.pid] for w in att.group.workers])
+            if att.spawn_error is not None:
+                gang.abort(restart, {"reason": f"could not start the workers on {self.hostname}: {att.spawn_error}",
                                      "host": self.hostname, "node": node, "timestamp": time.time()})
-            watcher = gang.watch(restart, node, assignment)
-        mapping_due = gang is not None and assignment is not None and node == 0 and spawn_error is None
+            att.watcher = gang.watch(restart, node, assignment)
+            att.mapping_due = node == 0 and att.spawn_error is None
+        return att
 
-        first_signal = signal.SIGTERM
+    def _supervise(self, att: Attempt, restart: int, assignment: Optional[Assignment]) -> None:
+        """Wait (event-driven) until a worker fails, all succeed, the agent is signalled or another node
+        stops the job; records in ``att`` why the generation ends.  Passes SIGUSR1 on to the workers."""
+        gang = self.gang
+        group = att.group
         usr1 = self._usr1
-        try:
-            while spawn_error is None:
-                if self._usr1 != usr1:
-                    usr1 = self._usr1
-                    group.forward(signal.SIGUSR1)
-                finished = group.poll()
-                failed = [w for w in finished if w.failed]
-                if failed:
-                    if gang is not None:
-                        gang.report_failure(restart, node, self._failure_record(failed[0]))
-                    break
-                if not group.alive():
-                    break
-                if self._signals:
-                    interrupted = self._signals[0]
-                    first_signal = interrupted
-                    if gang is not None:
-                        gang.abort(restart, {"reason": self._interrupt_reason(interrupted), "host": self.hostname,
-                                             "node": node, "timestamp": time.time()})
-                    break
-                if watcher is not None and watcher.triggered:
-                    if watcher.lost is not None:
-                        errors.append(watcher.lost)
-                    errors.extend(watcher.lost_nodes.values())
-                    rec = watcher.abort_record
-                    if rec is not None and "worker" not in rec and rec.get("node") != node:
-                        why = str(rec.get("reason") or "another agent stopped the job")
-                        if why not in errors:
-                            errors.append(why)
-                    break
-                if mapping_due:
-                    assert gang is not None and assignment is not None
-                    pids = gang.pids_if_ready(restart)
-                    if pids is not None:
-                        from .gang import format_mapping  # noqa: PLC0415
+        while att.spawn_error is None:
+            if self._usr1 != usr1:
+                usr1 = self._usr1
+                group.forward(signal.SIGUSR1)
+            finished = group.poll()
+            failed = [w for w in finished if w.failed]
+            if failed:
+                if gang is not None:
+                    gang.report_failure(restart, self.node_rank, failure_record(failed[0], self.hostname,
+                                                                                 self.node_rank))
+                return
+            if not group.alive():
+                return
+            if self._signals:
+                att.interrupted = att.first_signal = self._signals[0]
+                if gang is not None:
+                    gang.abort(restart, {"reason": self._interrupt_reason(att.interrupted), "host": self.hostname,
+                                         "node": self.node_rank, "timestamp": time.time()})
+                return
+            if att.watcher is not None and att.watcher.triggered:
+                self._note_abort(att)
+                return
+            if att.mapping_due:
+                self._print_mapping(att, restart, assignment)
+            self._wake(0.25 if att.mapping_due else 1.0)
 
-                        self.sink.text(format_mapping(assignment, pids, run_id=cfg.run_id, restart=restart))
-                        mapping_due = False
-                self._wake(0.25 if mapping_due else 1.0)
-        except BaseException:  # a bug in the agent itself: never leave the workers behind
-            group.stop(signal.SIGKILL, 0.0)
-            group.close()
-            raise
+    def _note_abort(self, att: Attempt) -> None:
+        """Another node stopped the job (or the store was lost): keep the agents' reasons in ``att.errors``
+        (a worker failure elsewhere is reported from its own record, not as an agent error)."""
+        watcher = att.watcher
+        if watcher.lost is not None:
+            att.errors.append(watcher.lost)
+        att.errors.extend(watcher.lost_nodes.values())
+        rec = watcher.abort_record
+        if rec is not None and "worker" not in rec and rec.get("node") != self.node_rank:
+            why = str(rec.get("reason") or "another agent stopped the job")
+            if why not in att.errors:
+                att.errors.append(why)
 
+    def _print_mapping(self, att: Attempt, restart: int, assignment: Optional[Assignment]) -> None:
+        """Node 0: once every node has published its pids, print the rank <-> host/pid table (once)."""
+        assert self.gang is not None and assignment is not None
+        pids = self.gang.pids_if_ready(restart)
+        if pids is not None:
+            from .gang import format_mapping  # noqa: PLC0415
+
+            self.sink.text(format_mapping(assignment, pids, run_id=self.cfg.run_id, restart=restart))
+            att.mapping_due = False
+
+    def _stop_attempt(self, att: Attempt, restart: int) -> RunResult:
+        """The teardown (signal, grace, SIGKILL, reap, leftovers, drain the output) and this node's result."""
+        cfg = self.cfg
+        group = att.group
         self.state = RunState.STOPPING
         seen = len(self._signals)
         # SIGTERM (or the signal the agent got) to every group, grace, SIGKILL, reap.  A further
         # signal to the agent during the grace period means "now": skip straight to SIGKILL.
-        stuck = group.stop(first_signal, cfg.term_timeout, self._wake, abort=lambda: len(self._signals) > seen)
+        stuck = group.stop(att.first_signal, cfg.term_timeout, self._wake, abort=lambda: len(self._signals) > seen)
         if stuck:
             self._say("warning: " + ", ".join(f"rank {w.rank} (pid {w.pid})" for w in stuck)
                       + " did not exit within 5 s of SIGKILL (uninterruptible sleep in the kernel?)")
-
-        killed, survivors = self._kill_leftovers(group)
+        killed, survivors = kill_leftovers(self.pid, group, cfg.term_timeout, self._wake)
         if not group.pump.drain(Deadline.after(DRAIN_TIMEOUT)):
             self._say("warning: worker output pipes still open after teardown; some output may be missing")
         group.close()
+        interrupted = att.interrupted
         if interrupted is None and self._signals:
             interrupted = self._signals[0]  # arrived during teardown of a failure: still report it
+        errors = list(att.errors)
         if interrupted is not None and self._multi:
             errors.insert(0, self._interrupt_reason(interrupted))
-
         return RunResult(
-            workers=tuple(self._worker_result(w) for w in group.workers),
+            workers=tuple(worker_result(w, self.hostname) for w in group.workers),
             run_id=cfg.run_id,
             host=self.hostname,
             restart_count=restart,
             interrupted_by=interrupted,
             leftovers_killed=tuple(p.describe() for p in killed),
             still_alive=tuple(p.describe() for p in survivors),
-            spawn_error=spawn_error,
-            start_time=t0,
+            spawn_error=att.spawn_error,
+            start_time=att.start_time,
             end_time=time.time(),
             agent_errors=tuple(errors),
         )
@@ -697,32 +669,6 @@ class LocalAgent(SignalWaiter):
         else:
             state = "FAILED" if result.is_failed() else "succeeded"
             self._say(f"the job {state} (exit code {result.exit_code}); node 0's agent prints the table of all ranks")
-
-    def _kill_leftovers(self, group: WorkerGroup):  # type: ignore[no-untyped-def]
-        """Kill every process still descending from the agent; returns (killed, survivors)."""
-        known = [w.pid for w in group.workers]
-        table = proc_table()  # one read of /proc answers both questions (zombies are not "left")
-        reap_adopted_zombies(self.pid, known, table)
-        left = scan_leftovers(self.pid, table=table)
-        if not left:
-            return [], []
-        kill_pids(left, signal.SIGTERM)
-        deadline = Deadline.after(min(self.cfg.term_timeout, LEFTOVER_TIMEOUT))
-        while not deadline.expired():
-            self._wake(0.05)
-            reap_adopted_zombies(self.pid, known)
-            if not scan_leftovers(self.pid):
-                break
-        kill_pids(scan_leftovers(self.pid), signal.SIGKILL)
-        deadline = Deadline.after(LEFTOVER_TIMEOUT)
-        survivors = scan_leftovers(self.pid)
-        while survivors and not deadline.expired():
-            self._wake(0.05)
-            reap_adopted_zombies(self.pid, known)
-            survivors = scan_leftovers(self.pid)
-        reap_adopted_zombies(self.pid, known)
-        return left, survivors
-
 
 def run(cfg: LaunchConfig, sink: Optional[LineSink] = None) -> int:
     """Run the job; the process exit code (0, the first failure's code, 128+signal)."""
