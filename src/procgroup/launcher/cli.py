@@ -78,8 +78,10 @@ def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
         allow_abbrev=False,
         description=(
             "Start NPROC copies of a Python program on this node as one process group "
-            f"(the torchrun equivalent; with --nnodes, --hostfile or under srun, on several nodes). Each worker gets {ENV.RANK}, {ENV.WORLD_SIZE}, {ENV.LOCAL_RANK}, "
-            f"{ENV.MASTER_ADDR}, {ENV.MASTER_PORT}, {ENV.SECRET} ... (see `procgroup env`). If any worker fails, the others are "
+            "(the torchrun equivalent; with --nnodes, --hostfile or under srun, on several nodes). "
+            f"Each worker gets {ENV.RANK}, {ENV.WORLD_SIZE}, {ENV.LOCAL_RANK}, "
+            f"{ENV.MASTER_ADDR}, {ENV.MASTER_PORT}, {ENV.SECRET} ... (see `procgroup env`). "
+            "If any worker fails, the others are "
             "stopped and the first failure is reported with its traceback."
         ),
         epilog=(
@@ -149,7 +151,8 @@ def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
     alias("--max_restarts", dest="max_restarts")
     g.add_argument("--term-timeout", dest="term_timeout", metavar="SECONDS", type=float,
                    default=DEFAULT_TERM_TIMEOUT,
-                   help=f"grace period between SIGTERM and SIGKILL when stopping workers (default {DEFAULT_TERM_TIMEOUT:g})")
+                   help="grace period between SIGTERM and SIGKILL when stopping workers "
+                        f"(default {DEFAULT_TERM_TIMEOUT:g})")
 
     g = p.add_argument_group("output")
     g.add_argument("--log-dir", dest="log_dir", metavar="DIR", default=None,
@@ -213,7 +216,8 @@ def parse_nnodes(value: object, source: str = "--nnodes") -> int:
             s = lo
         else:
             raise ConfigError(
-                f"--nnodes {s} (from {source}): elastic node ranges MIN:MAX are not supported; give a fixed number of nodes"
+                f"--nnodes {s} (from {source}): elastic node ranges MIN:MAX are not supported; "
+                "give a fixed number of nodes"
             )
     return _int("--nnodes", s, source)
 
@@ -259,7 +263,8 @@ def _output_fields(ns: argparse.Namespace, default_prefix: str) -> dict:
     if ns.no_prefix and ns.prefix_format is not None:
         raise ConfigError("--no-prefix and --prefix-format exclude each other; keep one")
     if ns.tee and ns.log_dir is None:
-        raise ConfigError("--tee copies the --log-dir files to the console; without --log-dir output already goes there")
+        raise ConfigError("--tee copies the --log-dir files to the console; "
+                          "without --log-dir output already goes there")
     return dict(
         log_dir=os.path.abspath(ns.log_dir) if ns.log_dir is not None else None,
         tee=bool(ns.tee),
@@ -331,7 +336,8 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
         port_v, src = _resolve(ns, "master_port", environ, DEFAULT_MASTER_PORT)
         master_port = _int("--master-port", port_v, src)
         if master_port < 1 and not (ns.from_head and master_port == 0):  # node 0 of a head-node job: any free port
-            raise ConfigError(f"--master-port {master_port} (from {src}) must be 1..65535; use --standalone to pick a free port")
+            raise ConfigError(f"--master-port {master_port} (from {src}) must be 1..65535; "
+                              "use --standalone to pick a free port")
 
     restarts_v, src = _resolve(ns, "max_restarts", environ, 0)
     max_restarts = _int("--max-restarts", restarts_v, src)

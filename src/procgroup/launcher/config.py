@@ -101,7 +101,8 @@ class LaunchConfig:
         if not 0 <= self.master_port <= 65535:
             raise ConfigError(f"--master-port {self.master_port} is not a TCP port (0..65535)")
         if self.master_port == 0 and not self.standalone and not (self.from_head and self.node_rank == 0):
-            raise ConfigError("--master-port 0 is only meaningful with --standalone; give a fixed port every node can reach")
+            raise ConfigError("--master-port 0 is only meaningful with --standalone; "
+                              "give a fixed port every node can reach")
         if self.standalone and self.nnodes != 1:
             raise ConfigError(
                 f"--standalone runs a single-node job, but --nnodes is {self.nnodes}: drop --standalone and give "
@@ -112,7 +113,8 @@ class LaunchConfig:
         if not self.term_timeout >= 0:
             raise ConfigError(f"--term-timeout {self.term_timeout} must be >= 0 seconds")
         if self.module and self.no_python:
-            raise ConfigError("-m/--module and --no-python exclude each other: -m runs a Python module, --no-python an executable")
+            raise ConfigError("-m/--module and --no-python exclude each other: "
+                              "-m runs a Python module, --no-python an executable")
         if not self.run_id or any(c in self.run_id for c in "/\0"):
             raise ConfigError(f"--run-id {self.run_id!r} must be non-empty and contain no '/'")
         if not self.join_timeout > 0:
@@ -177,7 +179,8 @@ class Placement:
 
 
 def new_run_id() -> str:
-    """A random job id for one node: 12 hex digits (``os.urandom``, not ``uuid``, whose import costs the launcher ~5 ms)."""
+    """A random job id for one node: 12 hex digits (``os.urandom``, not ``uuid``, whose import costs
+    the launcher ~5 ms)."""
     return os.urandom(6).hex()
 
 
