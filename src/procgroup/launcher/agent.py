@@ -41,7 +41,6 @@ watcher wake the agent through ``signal.set_wakeup_fd``'s pipe.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -68,7 +67,15 @@ from .attempt import (
     worker_specs,
 )
 from .config import OMP_NUM_THREADS, LaunchConfig, Placement
-from .control import CTL_MARK, HELLO_TIMEOUT, agent_line, read_hello, watch_stdin
+from .control import (
+    CTL_MARK,
+    HELLO_TIMEOUT,
+    agent_line,
+    die_with_session,
+    read_hello,
+    watch_stdin,
+)
+from .jobsecret import remove_secret_file, resolve_secret
 from .report import (
     RunResult,
     combine_results,
@@ -99,7 +106,6 @@ OMP_WARNING = (
 )
 #: How long to wait for the last output of dead workers (pipes held by nobody).
 DRAIN_TIMEOUT = 2.0
-_PR_SET_PDEATHSIG = 1
 
 
 class RunState(str, Enum):
@@ -294,61 +300,22 @@ class LocalAgent(SignalWaiter):
     # ------------------------------------------------------------------ setup
 
     def _secret(self, node0: bool = True) -> Optional[str]:
-        """The job secret: the head's (stdin) > PROCGROUP_SECRET > --secret-file > srun's shared file > a fresh
-        one (one node).  None: an srun node other than 0, which reads node 0's file while connecting."""
-        cfg = self.cfg
-        if self._head_secret is not None:  # whatever a host's own environment says, the job's is the head's
-            return self._head_secret
-        s = env_str(ENV.SECRET, self.environ)
-        if s is not None:
-            return s
-        if cfg.secret_file is not None:
-            from .slurm import read_secret_file  # noqa: PLC0415
-
-            v = read_secret_file(cfg.secret_file)
-            if v is None:
-                raise ConfigError(f"--secret-file {cfg.secret_file!r}: no such file")
-            return v
-        if cfg.slurm_step is not None and cfg.nnodes > 1:
-            from .slurm import secret_path, write_secret_file  # noqa: PLC0415
-
-            if node0:
-                self._secret_file = secret_path(cfg.slurm_step)
-                return write_secret_file(self._secret_file)
-            return None
-        if cfg.nnodes > 1:
-            raise ConfigError(
-                f"--nnodes {self.cfg.nnodes}: every node must use the same job secret, and separate "
-                f"`procgroup run` invocations cannot agree on a random one; export the same {ENV.SECRET} on every "
-                f"node, e.g. {ENV.SECRET}=$(python -c 'import secrets; print(secrets.token_hex(32))'), or pass "
-                "--secret-file FILE (on a shared filesystem, or copied to every node). The head-node mode "
-                "(--hostfile) and srun share a secret themselves"
-            )
-        # What protocol.auth.new_secret() returns (secrets.token_hex(32)), without importing hmac and
-        # OpenSSL's hashlib into the launcher before it spawns the workers (~5-15 ms).
-        return os.urandom(32).hex()
+        """The job secret (:func:`~.jobsecret.resolve_secret`); remembers the srun file node 0 wrote."""
+        secret, written = resolve_secret(self.cfg, self.environ, head_secret=self._head_secret, node0=node0)
+        if written is not None:
+            self._secret_file = written
+        return secret
 
     def _remove_secret_file(self) -> None:
-        if self._secret_file is not None:
-            try:
-                os.unlink(self._secret_file)
-            except OSError:
-                pass
-            self._secret_file = None
+        remove_secret_file(self._secret_file)
+        self._secret_file = None
 
     def _read_head_hello(self) -> None:
         """--from-head: one JSON line on stdin with the job secret and the control-line nonce."""
         hello = read_hello(self._stdin_fd, HELLO_TIMEOUT)
         self._head_secret = hello.secret
         self._nonce = hello.nonce
-        # Die with the ssh session even if it never closes our stdin.
-        if sys.platform.startswith("linux"):
-            try:
-                ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-            except (OSError, AttributeError):
-                pass
-            if os.getppid() == 1:
-                raise ConfigError("--from-head: the ssh session is already gone")
+        die_with_session()
 
     def _watch_stdin(self) -> None:
         """--from-head: EOF on stdin (the head exited or closed the session) stops the job, like SIGTERM;

@@ -10,8 +10,11 @@ the nonce keeps a worker from forging one.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import select
+import signal
+import sys
 from typing import Callable, Optional
 
 from ..deadline import Deadline
@@ -27,12 +30,13 @@ from ..protocol.control import (
     encode,
 )
 
-__all__ = ["CTL_MARK", "HELLO_TIMEOUT", "read_hello", "watch_stdin", "agent_line", "HeadLink"]
+__all__ = ["CTL_MARK", "HELLO_TIMEOUT", "read_hello", "die_with_session", "watch_stdin", "agent_line", "HeadLink"]
 
 #: Control lines an agent started by a head node writes on its stdout: ``CTL_MARK + nonce + " " + JSON``.
 CTL_MARK = "#procgroup-ctl:"
 #: How long an agent started with --from-head waits for the head's hello line.
 HELLO_TIMEOUT = 30.0
+_PR_SET_PDEATHSIG = 1
 
 
 def read_hello(fd: int, timeout: float = HELLO_TIMEOUT) -> Hello:
@@ -63,6 +67,20 @@ def read_hello(fd: int, timeout: float = HELLO_TIMEOUT) -> Hello:
         if not chunk:
             raise ConfigError("--from-head: stdin closed before the head node's hello line")
         dec.receive_data(chunk)
+
+
+def die_with_session() -> None:
+    """An agent started over ssh: get SIGTERM when the ssh session (our parent) dies, even if it never
+    closes our stdin (PR_SET_PDEATHSIG, Linux only).  Raises :class:`ConfigError` when the session is
+    already gone (we were re-parented to init)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:
+        raise ConfigError("--from-head: the ssh session is already gone")
 
 
 def watch_stdin(fd: int, on_usr1: Callable[[], None]) -> None:
