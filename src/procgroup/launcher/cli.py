@@ -73,6 +73,7 @@ def _pet(dest: str, environ: Mapping[str, str]) -> Optional[str]:
 
 
 def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
+    """The argparse parser of ``procgroup run`` (torchrun's flags; underscore spellings hidden)."""
     p = argparse.ArgumentParser(
         prog=prog,
         allow_abbrev=False,
@@ -197,6 +198,7 @@ def _resolve(ns: argparse.Namespace, dest: str, environ: Mapping[str, str], defa
 
 
 def parse_nproc(value: object, source: str = "--nproc-per-node") -> int:
+    """``--nproc-per-node``: a positive number or ``auto``/``cpu``; raises ConfigError naming ``source``."""
     s = str(value).strip().lower()
     if s in ("auto", "cpu"):
         return os.cpu_count() or 1
@@ -209,6 +211,7 @@ def parse_nproc(value: object, source: str = "--nproc-per-node") -> int:
 
 
 def parse_nnodes(value: object, source: str = "--nnodes") -> int:
+    """``--nnodes``: a whole number, or ``N:N``; an elastic range ``MIN:MAX`` raises ConfigError."""
     s = str(value).strip()
     if ":" in s:
         lo, _, hi = s.partition(":")
@@ -277,6 +280,8 @@ def _output_fields(ns: argparse.Namespace, default_prefix: str) -> dict:
 
 
 def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> Union[LaunchConfig, HeadConfig]:
+    """The parsed flags (plus ``PET_*`` and srun's variables from ``environ``) as this node's
+    :class:`LaunchConfig`, or a :class:`HeadConfig` with ``--hostfile``; raises ConfigError."""
     nproc_v, src = _resolve(ns, "nproc_per_node", environ, "1")
     nproc = parse_nproc(nproc_v, src)
     nnodes_v, src = _resolve(ns, "nnodes", environ, "1")

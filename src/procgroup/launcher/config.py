@@ -138,6 +138,7 @@ class LaunchConfig:
         return (self.node_rank or 0) * self.nproc_per_node + local_rank
 
     def format_prefix(self, local_rank: int, host: str, placement: Optional["Placement"] = None) -> str:
+        """The console prefix of worker ``local_rank`` on ``host`` (``--prefix-format`` filled in; "" for none)."""
         if not self.prefix_format:
             return ""
         pl = placement or Placement.uniform(self, self.master_port)
@@ -169,12 +170,14 @@ class Placement:
 
     @classmethod
     def uniform(cls, cfg: LaunchConfig, master_port: int) -> "Placement":
+        """The placement when every node runs ``cfg.nproc_per_node`` workers (one node, or before a rendezvous)."""
         node = cfg.node_rank or 0
         return cls(node_rank=node, nnodes=cfg.nnodes, rank_offset=node * cfg.nproc_per_node,
                    world_size=cfg.world_size, local_world_size=cfg.nproc_per_node,
                    master_addr=cfg.master_addr, master_port=master_port)
 
     def rank(self, local_rank: int) -> int:
+        """The global rank of this node's worker ``local_rank``."""
         return self.rank_offset + local_rank
 
 

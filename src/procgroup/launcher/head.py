@@ -75,6 +75,9 @@ class Session:
 
 
 class HeadNode(SignalWaiter):
+    """``procgroup run --hostfile``: one agent per host over ssh, their output relayed, Ctrl-C and SIGUSR1
+    passed on, the job's report printed from the agents' control messages (:mod:`.control`)."""
+
     def __init__(self, cfg: HeadConfig, sink: Optional[LineSink] = None,
                  environ: Optional[Mapping[str, str]] = None) -> None:
         self.cfg = cfg
@@ -205,6 +208,7 @@ class HeadNode(SignalWaiter):
     # ------------------------------------------------------------------ run
 
     def run(self) -> int:
+        """Run the job on every host; the process exit code (the job's, 128+signal, or 1 when a host failed)."""
         cfg = self.cfg
         a = cfg.agent
         if not a.module and not a.no_python and not os.path.exists(a.entrypoint):
@@ -314,4 +318,5 @@ class HeadNode(SignalWaiter):
 
 
 def run_head(cfg: HeadConfig, sink: Optional[LineSink] = None) -> int:
+    """Run a head-node job; the process exit code."""
     return HeadNode(cfg, sink).run()

@@ -492,6 +492,7 @@ def scan_leftovers(agent_pid: int, exclude: Iterable[int] = (), table: Optional[
 
 
 def kill_pids(procs: Iterable[ProcInfo], sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to each process; ones already gone (or not ours) are skipped."""
     for p in procs:
         try:
             os.kill(p.pid, sig)
