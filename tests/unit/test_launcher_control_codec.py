@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from procgroup.errors import ProtocolError
 from procgroup.protocol.control import (
+    MAX_LINE,
     ControlDecoder,
     ControlMessageError,
     Hello,
@@ -16,7 +17,11 @@ from procgroup.protocol.control import (
     Report,
     Usr1,
     decode_line,
+    decode_pids,
+    decode_record,
     encode,
+    encode_pids,
+    encode_record,
 )
 
 CASES = [
@@ -192,3 +197,49 @@ def test_round_trip_any_split(msgs, step):
             got.append(m)
     d.eof()
     assert got == msgs
+
+
+# --------------------------------------------------------------------------- agent <-> agent store values
+
+
+def test_records_and_pid_tables_round_trip():
+    rec = {"reason": "rank 1 on h failed (exit code 3)", "node": 1, "worker": {"rank": 1}, "tb": ["a", "b"]}
+    assert decode_record(encode_record(rec)) == rec
+    assert decode_record(encode_record(rec).decode()) == rec  # a store may hand back str
+    rows = [[0, 0, 101], [1, 1, 102]]
+    assert decode_pids(encode_pids(rows)) == rows
+    assert decode_pids(encode_pids([])) == []
+
+
+@pytest.mark.parametrize("data, what", [
+    (b"nope", "not JSON"),
+    (b"[1]", "not a JSON object"),
+    (b"\xff", "not JSON"),
+    (b"{" + b" " * MAX_LINE + b"}", "longer than"),
+])
+def test_malformed_records_raise_value_errors(data, what):
+    with pytest.raises(ControlMessageError, match=what):
+        decode_record(data)
+    with pytest.raises(ValueError):  # the gang's readers catch ValueError
+        decode_record(data)
+
+
+@pytest.mark.parametrize("data", [b"{}", b"[[1, 2]]", b'[[1, 2, "3"]]', b"[[1, 2, true]]", b"x"])
+def test_malformed_pid_tables_raise(data):
+    with pytest.raises(ControlMessageError):
+        decode_pids(data)
+
+
+def test_unencodable_record_raises():
+    with pytest.raises(ControlMessageError, match="cannot encode the record"):
+        encode_record({"x": object()})
+    with pytest.raises(ControlMessageError, match="longer than"):
+        encode_record({"x": "y" * MAX_LINE})
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.text(max_size=6), _json, max_size=5),
+       st.lists(st.lists(st.integers(0, 2**31), min_size=3, max_size=3), max_size=5))
+def test_store_values_round_trip(rec, rows):
+    assert decode_record(encode_record(rec)) == rec
+    assert decode_pids(encode_pids(rows)) == rows

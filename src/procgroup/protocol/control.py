@@ -1,4 +1,5 @@
-"""Sans-IO codec of the launcher's control link: the head node <-> agent messages.
+"""Sans-IO codec of the launcher's control link: the head node <-> agent messages, and the
+agent <-> agent records the agents exchange through their store.
 
 The head node starts one agent per host over ssh.  It writes to the agent's stdin
 (:class:`Hello` first, then :class:`Usr1` whenever the head gets SIGUSR1); the agent
@@ -10,13 +11,18 @@ at most ``max_line`` bytes including the newline.  No I/O happens here: :func:`e
 turns a message into bytes, :func:`decode_line` turns one line back, and
 :class:`ControlDecoder` is fed bytes in arbitrary pieces and hands out whole messages.
 Every malformed input raises :class:`ControlMessageError` naming what was wrong.
+
+Agent <-> agent: the agents of a multi-node job publish values in the store node 0's agent hosts
+(:mod:`procgroup.launcher.gang`): records (an agent's join info, a failure or abort record: JSON
+objects) via :func:`encode_record` / :func:`decode_record`, and each node's worker pids via
+:func:`encode_pids` / :func:`decode_pids`.  Both are bounded by :data:`MAX_LINE` too.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from ..errors import ProtocolError
 
@@ -32,6 +38,10 @@ __all__ = [
     "encode",
     "decode_line",
     "ControlDecoder",
+    "encode_record",
+    "decode_record",
+    "encode_pids",
+    "decode_pids",
 ]
 
 #: Longest control line an agent writes (the output pump's own line limit, so a report is never split).
@@ -40,7 +50,7 @@ MAX_LINE = 1 << 20
 HELLO_MAX_LINE = 1 << 16
 
 
-class ControlMessageError(ProtocolError):
+class ControlMessageError(ProtocolError, ValueError):
     """A control line that is not a valid message: bad JSON, an unknown event, a missing or mistyped
     field, or a line longer than the decoder's ``max_line``."""
 
@@ -202,3 +212,56 @@ class ControlDecoder:
             self._buf.clear()
             self._skipping = False
             raise ControlMessageError(f"control stream ended inside a line ({n} bytes without a newline)")
+
+
+# --------------------------------------------------------------------------- agent <-> agent (store values)
+
+
+def encode_record(record: Mapping[str, Any]) -> bytes:
+    """A record (a JSON object: an agent's join info, a failure or abort record) as a store value.
+
+    Raises :class:`ControlMessageError` when it does not serialise to JSON or exceeds :data:`MAX_LINE`.
+    """
+    try:
+        data = json.dumps(dict(record), separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as e:
+        raise ControlMessageError(f"cannot encode the record: {e}") from None
+    if len(data) > MAX_LINE:
+        raise ControlMessageError(f"record of {len(data)} bytes is longer than {MAX_LINE}")
+    return data
+
+
+def decode_record(data: Union[bytes, str]) -> dict:
+    """The record in a store value.  Raises :class:`ControlMessageError` (a ValueError) when it is
+    too long, not UTF-8 JSON, or not a JSON object."""
+    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    if len(raw) > MAX_LINE:
+        raise ControlMessageError(f"record of {len(raw)} bytes is longer than {MAX_LINE}")
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ControlMessageError(f"record is not JSON ({e}): {raw[:80]!r}") from None
+    if not isinstance(obj, dict):
+        raise ControlMessageError(f"record is not a JSON object: {raw[:80]!r}")
+    return obj
+
+
+def encode_pids(rows: Sequence[Sequence[int]]) -> bytes:
+    """One node's workers as ``[[rank, local_rank, pid], ...]``, as a store value."""
+    return json.dumps([[int(x) for x in row] for row in rows], separators=(",", ":")).encode("ascii")
+
+
+def decode_pids(data: Union[bytes, str]) -> list[list[int]]:
+    """The rows :func:`encode_pids` wrote.  Raises :class:`ControlMessageError` unless the value is a
+    list of ``[rank, local_rank, pid]`` integer triples."""
+    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    if len(raw) > MAX_LINE:
+        raise ControlMessageError(f"pid table of {len(raw)} bytes is longer than {MAX_LINE}")
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ControlMessageError(f"pid table is not JSON ({e}): {raw[:80]!r}") from None
+    if not isinstance(obj, list) or not all(
+            isinstance(r, list) and len(r) == 3 and all(type(x) is int for x in r) for r in obj):
+        raise ControlMessageError(f"pid table is not a list of [rank, local_rank, pid]: {raw[:80]!r}")
+    return obj
