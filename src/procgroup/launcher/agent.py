@@ -474,7 +474,7 @@ class LocalAgent(SignalWaiter):
         specs = worker_specs(cfg, secret=secret, restart=restart, placement=placement, hostname=self.hostname,
                              environ=self.environ, error_dir=self._error_dir(), agent_pid=self.pid,
                              tty=terminal(cfg.from_head))
-        att = Attempt(group=WorkerGroup(specs, self.sink), start_time=time.time())
+        att = Attempt(group=WorkerGroup(specs, self.sink), start_time=time.time(), node=node)
         if restart and cfg.log_dir:
             for s in att.group.specs:
                 if s.log_file:
@@ -508,8 +508,7 @@ class LocalAgent(SignalWaiter):
             failed = [w for w in finished if w.failed]
             if failed:
                 if gang is not None:
-                    gang.report_failure(restart, self.node_rank, failure_record(failed[0], self.hostname,
-                                                                                 self.node_rank))
+                    gang.report_failure(restart, att.node, failure_record(failed[0], self.hostname, self.node_rank))
                 return
             if not group.alive():
                 return
@@ -517,7 +516,7 @@ class LocalAgent(SignalWaiter):
                 att.interrupted = att.first_signal = self._signals[0]
                 if gang is not None:
                     gang.abort(restart, {"reason": self._interrupt_reason(att.interrupted), "host": self.hostname,
-                                         "node": self.node_rank, "timestamp": time.time()})
+                                         "node": att.node, "timestamp": time.time()})
                 return
             if att.watcher is not None and att.watcher.triggered:
                 self._note_abort(att)
@@ -534,7 +533,7 @@ class LocalAgent(SignalWaiter):
             att.errors.append(watcher.lost)
         att.errors.extend(watcher.lost_nodes.values())
         rec = watcher.abort_record
-        if rec is not None and "worker" not in rec and rec.get("node") != self.node_rank:
+        if rec is not None and "worker" not in rec and rec.get("node") != att.node:
             why = str(rec.get("reason") or "another agent stopped the job")
             if why not in att.errors:
                 att.errors.append(why)

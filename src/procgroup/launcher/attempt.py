@@ -58,6 +58,7 @@ class Attempt:
 
     group: WorkerGroup
     start_time: float
+    node: int  # this node's rank in the generation (its placement)
     spawn_error: Optional[str] = None
     interrupted: Optional[int] = None
     first_signal: int = signal.SIGTERM
@@ -138,7 +139,7 @@ def worker_result(w: Worker, host: str) -> WorkerResult:
     )
 
 
-def failure_record(w: Worker, host: str, node: Optional[int]) -> dict:
+def failure_record(w: Worker, host: str, node: Optional[int]) -> dict[str, Any]:
     """What the other agents learn the moment worker ``w`` of this node fails (a JSON-able dict)."""
     wr = worker_result(w, host)
     tb = str((wr.error or {}).get("traceback") or "").rstrip("\n").splitlines() or list(wr.stderr_tail)

@@ -84,7 +84,7 @@ class Report:
     node: Optional[int]
     host: str
     exit_code: int
-    result: dict = field(default_factory=dict, hash=False)
+    result: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
 ControlMessage = Union[Hello, Usr1, PortAnnounce, Report]
@@ -111,7 +111,7 @@ def encode(msg: ControlMessage) -> bytes:
     return text.encode("ascii") + b"\n"
 
 
-def _field(obj: dict, event: str, name: str, kind: Any, optional: bool = False) -> Any:
+def _field(obj: dict[str, Any], event: str, name: str, kind: Any, optional: bool = False) -> Any:
     if name not in obj:
         raise ControlMessageError(f"control message {event!r} has no field {name!r}")
     v = obj[name]
@@ -231,7 +231,7 @@ def encode_record(record: Mapping[str, Any]) -> bytes:
     return data
 
 
-def decode_record(data: Union[bytes, str]) -> dict:
+def decode_record(data: Union[bytes, str]) -> dict[str, Any]:
     """The record in a store value.  Raises :class:`ControlMessageError` (a ValueError) when it is
     too long, not UTF-8 JSON, or not a JSON object."""
     raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
