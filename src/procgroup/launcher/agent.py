@@ -60,8 +60,10 @@ from ..protocol.control import ControlMessage, PortAnnounce, Report
 from .attempt import (
     LEFTOVER_TIMEOUT,
     Attempt,
+    check_workers_port,
     failure_record,
     kill_leftovers,
+    pick_workers_port,
     terminal,
     worker_result,
     worker_specs,
@@ -374,9 +376,9 @@ class LocalAgent(SignalWaiter):
         cfg = self.cfg
         if self.gang is None:
             if self.port is None:
-                self.port = self._pick_port()
+                self.port = pick_workers_port(cfg)
             else:
-                self._check_port(self.port)
+                check_workers_port(cfg.master_addr, self.port)
             return Placement.uniform(cfg, self.port), None
         from ..netutil import free_port  # noqa: PLC0415
         from .gang import AgentInfo  # noqa: PLC0415
@@ -399,25 +401,6 @@ class LocalAgent(SignalWaiter):
             if node == 0 and cfg.notes:
                 self._say("derived: " + "; ".join(cfg.notes))
         return assignment.placement(node, cfg.master_addr), assignment
-
-    def _pick_port(self) -> int:
-        cfg = self.cfg
-        if cfg.master_port == 0:
-            from ..netutil import free_port  # noqa: PLC0415
-
-            return free_port(cfg.master_addr)
-        self._check_port(cfg.master_port)
-        return cfg.master_port
-
-    def _check_port(self, port: int) -> None:
-        """The workers' rank 0 will listen on MASTER_PORT: make sure it can, naming the holder if not."""
-        from ..netutil import bind_listener, is_literal_loopback  # noqa: PLC0415
-
-        host = "127.0.0.1" if is_literal_loopback(self.cfg.master_addr) else "0.0.0.0"
-        try:
-            bind_listener(host, port).close()
-        except PortInUseError as e:
-            raise PortInUseError(str(e).replace(f"0.0.0.0:{port}", f"{self.cfg.master_addr}:{port}")) from None
 
     def _error_dir(self) -> str:
         if self.cfg.log_dir is not None:

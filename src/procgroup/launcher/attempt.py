@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from ..deadline import Deadline
+from ..errors import PortInUseError
 from .config import LaunchConfig, Placement, worker_env
 from .report import WorkerResult, load_error_file, worker_to_dict
 from .workers import (
@@ -34,6 +35,8 @@ __all__ = [
     "Attempt",
     "LEFTOVER_TIMEOUT",
     "TRACEBACK_TAIL",
+    "check_workers_port",
+    "pick_workers_port",
     "failure_record",
     "kill_leftovers",
     "terminal",
@@ -65,6 +68,29 @@ class Attempt:
     errors: list[str] = field(default_factory=list)
     watcher: Any = None  # a gang.AbortWatcher on several nodes
     mapping_due: bool = False  # node 0 prints the rank <-> host/pid table once every node has its pids
+
+
+def pick_workers_port(cfg: LaunchConfig) -> int:
+    """One node: the workers' MASTER_PORT -- a free one for ``--master-port 0`` (--standalone), else
+    ``cfg.master_port`` once :func:`check_workers_port` found it free."""
+    if cfg.master_port == 0:
+        from ..netutil import free_port  # noqa: PLC0415
+
+        return free_port(cfg.master_addr)
+    check_workers_port(cfg.master_addr, cfg.master_port)
+    return cfg.master_port
+
+
+def check_workers_port(master_addr: str, port: int) -> None:
+    """The workers' rank 0 will listen on MASTER_PORT: make sure it can.  Raises
+    :class:`~procgroup.errors.PortInUseError` naming ``master_addr:port`` (and the holder, if known)."""
+    from ..netutil import bind_listener, is_literal_loopback  # noqa: PLC0415
+
+    host = "127.0.0.1" if is_literal_loopback(master_addr) else "0.0.0.0"
+    try:
+        bind_listener(host, port).close()
+    except PortInUseError as e:
+        raise PortInUseError(str(e).replace(f"0.0.0.0:{port}", f"{master_addr}:{port}")) from None
 
 
 def terminal(from_head: bool) -> Optional[str]:
