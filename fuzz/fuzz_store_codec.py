@@ -13,7 +13,11 @@ Checked on every input:
   frame, whose announced length is <= MAX_FRAME; consumed bytes kept in the buffer are at most
   max(64 KiB, what is buffered);
 * every decoded event is of the role's direction and survives ``encode`` -> decode unchanged;
-* EOF: ``eof()`` raises ProtocolError exactly when a partial frame is left.
+* EOF: ``eof()`` raises ProtocolError exactly when a partial frame is left;
+* the server side goes on as StoreServer does: every decoded request is applied to a
+  :class:`~procgroup.protocol.store_state.StoreState`, which never raises, answers a response the
+  server codec can encode (or ``Park`` for a WAIT with a non-zero timeout), and wakes only keys
+  the request named.
 
 Run (see fuzz/README.md)::
 
@@ -32,9 +36,12 @@ import atheris
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-with atheris.instrument_imports(include=["procgroup.protocol.store_codec", "procgroup.errors"]):
-    from procgroup.errors import ProtocolError
+with atheris.instrument_imports(
+    include=["procgroup.protocol.store_codec", "procgroup.protocol.store_state", "procgroup.errors"]
+):
+    from procgroup.errors import ConfigError, ProtocolError
     from procgroup.protocol import store_codec as sc
+    from procgroup.protocol.store_state import Park, StoreState
 
 REQ = frozenset(sc.REQUEST_TYPES)
 RESP = frozenset(sc.RESPONSE_TYPES)
@@ -81,12 +88,29 @@ def roundtrip(ev: object, role: str) -> None:
     assert again.next_event() is sc.NEED_DATA
 
 
+def serve(state: StoreState, ev: object) -> None:
+    """Apply a decoded request as the server does and check the outcome."""
+    assert isinstance(ev, tuple(REQ)), ev
+    out = state.apply(ev, now=1.0)
+    named = set(getattr(ev, "keys", ())) | ({ev.key} if hasattr(ev, "key") else set())
+    assert set(out.wake) <= named, (ev, out)
+    if isinstance(out.reply, Park):
+        assert isinstance(ev, sc.Wait) and ev.timeout_ms != 0, (ev, out)
+        assert out.reply.missing and all(state.get(k) is None for k in out.reply.missing), (ev, out)
+        return
+    try:
+        sc.StoreCodec("server").send(out.reply)
+    except ConfigError:
+        pass  # a reply over the frame limit: the server answers an ERROR instead
+
+
 def TestOneInput(data: bytes) -> None:  # noqa: N802 - atheris' name
     if not data:
         return
     role = "server" if data[0] & 1 else "client"
     stream = data[1:]
     codec = sc.StoreCodec(role)
+    state = StoreState() if role == "server" else None
     err = None
     try:
         for chunk in chunks(stream, data[0] >> 1):
@@ -99,6 +123,8 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 - atheris' name
                     break
                 assert ev is not sc.CLOSED  # no EOF yet
                 roundtrip(ev, role)
+                if state is not None:
+                    serve(state, ev)
         partial = codec.buffered > 0
         try:
             codec.eof()
@@ -123,9 +149,15 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 - atheris' name
 
 def make_corpus(d: str) -> None:
     os.makedirs(d, exist_ok=True)
-    reqs = [sc.Set("k", b"v" * 10), sc.Get("key/1"), sc.Add("n", -3), sc.CompareSet("c", b"", b"x"), sc.Wait(("a", "b"), 100),
-            sc.Check(("a",)), sc.MultiGet(("a", "b")), sc.MultiSet(("a", "b"), (b"1", b"22")), sc.DeleteKey("d"), sc.NumKeys(), sc.Ping()]
-    resps = [sc.Ok(), sc.Value(b"abc"), sc.Int(7), sc.Bool(True), sc.Values((b"x", b"")), sc.Timeout(("m",)), sc.Error("nope")]
+    reqs = [
+        sc.Set("k", b"v" * 10), sc.Get("key/1"), sc.Add("n", -3), sc.CompareSet("c", b"", b"x"),
+        sc.Wait(("a", "b"), 100), sc.Check(("a",)), sc.MultiGet(("a", "b")),
+        sc.MultiSet(("a", "b"), (b"1", b"22")), sc.DeleteKey("d"), sc.NumKeys(), sc.Ping(),
+    ]
+    resps = [
+        sc.Ok(), sc.Value(b"abc"), sc.Int(7), sc.Bool(True), sc.Values((b"x", b"")), sc.Timeout(("m",)),
+        sc.Error("nope"),
+    ]
     i = 0
     for role_bit, evs in ((1, reqs), (0, resps)):
         for seed in (0, 2, 9):

@@ -43,14 +43,26 @@ from typing import Any, Dict, List, Optional, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 
 OPS = [
-    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all", "gather", "scatter", "barrier", "send_recv",
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "gather",
+    "scatter",
+    "barrier",
+    "send_recv",
 ]
 DTYPES = ["int8", "uint8", "int32", "int64", "float16", "float32", "float64", "complex64"]
 
 
 def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--duration", type=float, default=60.0, help="seconds of operations (default 60)")
     p.add_argument("--nproc", type=int, default=4, help="ranks (default 4)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
@@ -71,15 +83,43 @@ def launch(args: argparse.Namespace) -> int:
     env.setdefault("PYTHONUNBUFFERED", "1")
     if args.transport:
         env["PROCGROUP_TRANSPORT"] = args.transport
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "PROCGROUP_RUN_ID"):
+    for k in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "PROCGROUP_RUN_ID",
+    ):
         env.pop(k, None)
     cmd = [
-        sys.executable, "-m", "procgroup", "run", "--standalone", "--nproc-per-node", str(args.nproc),
-        str(Path(__file__).resolve()), "--worker", "--duration", str(args.duration), "--seed", str(seed),
-        "--max-bytes", str(args.max_bytes), "--rss-interval", str(args.rss_interval), "--progress", str(args.progress),
+        sys.executable,
+        "-m",
+        "procgroup",
+        "run",
+        "--standalone",
+        "--nproc-per-node",
+        str(args.nproc),
+        str(Path(__file__).resolve()),
+        "--worker",
+        "--duration",
+        str(args.duration),
+        "--seed",
+        str(seed),
+        "--max-bytes",
+        str(args.max_bytes),
+        "--rss-interval",
+        str(args.rss_interval),
+        "--progress",
+        str(args.progress),
     ]
-    print(f"soak: seed={seed} duration={args.duration}s nproc={args.nproc} transport={env.get('PROCGROUP_TRANSPORT', 'auto')} "
-          f"max_bytes={args.max_bytes}", flush=True)
+    print(
+        f"soak: seed={seed} duration={args.duration}s nproc={args.nproc} "
+        f"transport={env.get('PROCGROUP_TRANSPORT', 'auto')} "
+        f"max_bytes={args.max_bytes}",
+        flush=True,
+    )
     print("soak: " + " ".join(cmd), flush=True)
     return subprocess.call(cmd, env=env, cwd=str(ROOT))
 
@@ -87,12 +127,9 @@ def launch(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- worker side
 def rss_bytes() -> Tuple[int, int]:
     """(VmRSS, RssAnon) of this process in bytes: RssAnon excludes the mapped shm rings and shared libraries."""
-    got = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "RssAnon:")):
-                k, v = line.split(":", 1)
-                got[k] = int(v.split()[0]) * 1024
+    from procgroup import procfs
+
+    got = procfs.status_fields("self", ("VmRSS", "RssAnon"))
     return got.get("VmRSS", 0), got.get("RssAnon", 0)
 
 
@@ -142,7 +179,15 @@ class Soak:
         nbytes = 0 if rng.random() < 0.05 else int(2 ** rng.uniform(0, 22))
         nbytes = min(nbytes, self.args.max_bytes)
         gs = len(ranks)
-        if op in ("all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "all_to_all"):
+        if op in (
+            "all_gather",
+            "all_gather_into_tensor",
+            "reduce_scatter",
+            "reduce_scatter_tensor",
+            "gather",
+            "scatter",
+            "all_to_all",
+        ):
             nbytes //= gs  # keep every buffer, including the gathered one, under max_bytes
         n = nbytes // itemsize
         salt = it % 3
@@ -155,14 +200,16 @@ class Soak:
             rop = "SUM"
         if op == "send_recv":
             pair = rng.sample(range(gs), 2) if gs > 1 else None
-        a2a_sizes = [[rng.randrange(0, max(1, n) + 1) for _ in range(gs)] for _ in range(gs)] if op == "all_to_all" else None
+        a2a_sizes = (
+            [[rng.randrange(0, max(1, n) + 1) for _ in range(gs)] for _ in range(gs)] if op == "all_to_all" else None
+        )
         self.ops[op] = self.ops.get(op, 0) + 1
         if self.rank not in ranks:
             return
         r = self.rank
         gr = ranks.index(r)
         what = f"it={it} {op} dtype={dt} n={n} ranks={ranks} root={root} op={rop}"
-        base = (np.arange(n) % 5 + 1)
+        base = np.arange(n) % 5 + 1
         coef = [q + 1 + salt for q in ranks]
         if op == "all_reduce" or op == "reduce":
             x = self.contrib(r, n, dt, salt)
@@ -181,7 +228,9 @@ class Soak:
             elif rop == "MIN":
                 self.check(np.array_equal(x, (base * min(coef)).astype(dt)), what)
             else:
-                self.check(np.allclose(x, (base * sum(coef) / gs).astype(dt), rtol=1e-2 if dt == "float16" else 1e-6), what)
+                self.check(
+                    np.allclose(x, (base * sum(coef) / gs).astype(dt), rtol=1e-2 if dt == "float16" else 1e-6), what
+                )
         elif op == "broadcast":
             x = self.contrib(r, n, dt, salt) if r == root else np.zeros(n, dt)
             dist.broadcast(x, src=root, group=group)
@@ -193,20 +242,26 @@ class Soak:
         elif op == "all_gather_into_tensor":
             out = np.zeros(gs * n, dt)
             dist.all_gather_into_tensor(out, self.contrib(r, n, dt, salt), group=group)
-            self.check(np.array_equal(out, np.concatenate([self.contrib(q, n, dt, salt) for q in ranks]) if n else out), what)
+            self.check(
+                np.array_equal(out, np.concatenate([self.contrib(q, n, dt, salt) for q in ranks]) if n else out), what
+            )
         elif op in ("reduce_scatter", "reduce_scatter_tensor"):
-            # rank q's input block j is (q + 1 + salt) * (j + 1) * base: block gr of the SUM is sum(coef) * (gr + 1) * base
+            # rank q's input block j is (q + 1 + salt) * (j + 1) * base:
+            # block gr of the SUM is sum(coef) * (gr + 1) * base
             blocks = [((r + 1 + salt) * (j + 1) * base).astype(dt) for j in range(gs)]
             out = np.zeros(n, dt)
             sop = "SUM" if rop in ("SUM", "AVG") else rop
             if op == "reduce_scatter":
                 dist.reduce_scatter(out, blocks, op=getattr(dist.ReduceOp, sop), group=group)
             else:
-                dist.reduce_scatter_tensor(out, np.concatenate(blocks) if n else np.zeros(0, dt), op=getattr(dist.ReduceOp, sop), group=group)
+                dist.reduce_scatter_tensor(
+                    out, np.concatenate(blocks) if n else np.zeros(0, dt), op=getattr(dist.ReduceOp, sop), group=group
+                )
             agg = {"SUM": sum, "MAX": max, "MIN": min}[sop](coef)
             self.check(np.array_equal(out, (agg * (gr + 1) * base).astype(dt)), what)
         elif op == "all_to_all":
             assert a2a_sizes is not None
+
             # rank gi sends a2a_sizes[gi][gj] elements of value (8*gi + gj + 1) * (k % 3 + 1) to group rank gj
             def blk(gi: int, gj: int) -> Any:
                 m = a2a_sizes[gi][gj]
@@ -224,7 +279,9 @@ class Soak:
                 self.check(all(np.array_equal(gl[i], self.contrib(q, n, dt, salt)) for i, q in enumerate(ranks)), what)
         elif op == "scatter":
             out = np.zeros(n, dt)
-            dist.scatter(out, [self.contrib(q, n, dt, salt) for q in ranks] if r == root else None, src=root, group=group)
+            dist.scatter(
+                out, [self.contrib(q, n, dt, salt) for q in ranks] if r == root else None, src=root, group=group
+            )
             self.check(np.array_equal(out, self.contrib(r, n, dt, salt)), what)
         elif op == "barrier":
             dist.barrier(group=group)
@@ -258,13 +315,23 @@ class Soak:
                 dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # every rank stops after the same iteration
                 if self.rank == 0 and self.args.progress and el - last_progress >= self.args.progress:
                     last_progress = el
-                    print(f"SOAK progress {el:.0f}s: {it} iterations, {len(self.wrong)} wrong, "
-                          f"rss {self.rss[-1][1] / 2**20:.1f} MiB (anon {self.rss[-1][2] / 2**20:.1f})", flush=True)
+                    print(
+                        f"SOAK progress {el:.0f}s: {it} iterations, {len(self.wrong)} wrong, "
+                        f"rss {self.rss[-1][1] / 2**20:.1f} MiB (anon {self.rss[-1][2] / 2**20:.1f})",
+                        flush=True,
+                    )
                 if stop[0]:
                     break
         self.sample(t0, force=True)
         elapsed = time.monotonic() - t0
-        mine = {"rank": self.rank, "ops": self.ops, "wrong": len(self.wrong), "rss": self.rss, "its": it, "pid": os.getpid()}
+        mine = {
+            "rank": self.rank,
+            "ops": self.ops,
+            "wrong": len(self.wrong),
+            "rss": self.rss,
+            "its": it,
+            "pid": os.getpid(),
+        }
         everyone: List[Any] = [None] * self.ws
         dist.all_gather_object(everyone, mine)
         if self.rank == 0:
@@ -273,12 +340,15 @@ class Soak:
         return 0 if all(e["wrong"] == 0 for e in everyone) else 1
 
     def summary(self, everyone: List[Dict[str, Any]], elapsed: float) -> None:
-        mib = 2.0 ** 20
+        mib = 2.0**20
         its = everyone[0]["its"]
         by_op = everyone[0]["ops"]  # drawn identically on every rank
         wrong = sum(e["wrong"] for e in everyone)
-        print(f"SOAK SUMMARY ops={its} (collective/p2p calls, + {its // 16} stop-flag all_reduces) wrong={wrong} "
-              f"elapsed={elapsed:.1f}s ranks={self.ws} groups={[g for _, g in self.groups]} seed={self.args.seed}", flush=True)
+        print(
+            f"SOAK SUMMARY ops={its} (collective/p2p calls, + {its // 16} stop-flag all_reduces) wrong={wrong} "
+            f"elapsed={elapsed:.1f}s ranks={self.ws} groups={[g for _, g in self.groups]} seed={self.args.seed}",
+            flush=True,
+        )
         print("SOAK OPS " + " ".join(f"{k}={v}" for k, v in sorted(by_op.items())), flush=True)
         warm_t = min(60.0, 0.1 * elapsed)
         rows = []
@@ -288,8 +358,12 @@ class Soak:
             anon = [a for _, _, a in rss]
             warm = next((b for t, b, _ in rss if t >= warm_t), vals[-1])
             row = {
-                "rank": e["rank"], "samples": len(vals), "start": vals[0] / mib, "after_warmup": warm / mib,
-                "end": vals[-1] / mib, "max": max(vals) / mib,
+                "rank": e["rank"],
+                "samples": len(vals),
+                "start": vals[0] / mib,
+                "after_warmup": warm / mib,
+                "end": vals[-1] / mib,
+                "max": max(vals) / mib,
             }
             row["growth"] = row["end"] - row["start"]
             row["growth_after_warmup"] = row["end"] - row["after_warmup"]
@@ -298,11 +372,18 @@ class Soak:
             half = [b for t, b, _ in rss if t >= elapsed / 2] or vals[-1:]
             row["growth_second_half"] = (vals[-1] - half[0]) / mib
             rows.append(row)
-            print(f"SOAK RSS rank {e['rank']}: start={row['start']:.1f} MiB after-warmup({warm_t:.0f}s)={row['after_warmup']:.1f} "
-                  f"end={row['end']:.1f} max={row['max']:.1f} growth={row['growth']:+.1f} MiB "
-                  f"(after warmup {row['growth_after_warmup']:+.1f}, second half {row['growth_second_half']:+.1f}; "
-                  f"anon {row['anon_start']:.1f}->{row['anon_end']:.1f} max {row['anon_max']:.1f}; {len(vals)} samples)", flush=True)
-        print("SOAK JSON " + json.dumps({"ops": its, "wrong": wrong, "elapsed": elapsed, "rss": rows, "by_op": by_op}), flush=True)
+            print(
+                f"SOAK RSS rank {e['rank']}: start={row['start']:.1f} MiB "
+                f"after-warmup({warm_t:.0f}s)={row['after_warmup']:.1f} "
+                f"end={row['end']:.1f} max={row['max']:.1f} growth={row['growth']:+.1f} MiB "
+                f"(after warmup {row['growth_after_warmup']:+.1f}, second half {row['growth_second_half']:+.1f}; "
+                f"anon {row['anon_start']:.1f}->{row['anon_end']:.1f} max {row['anon_max']:.1f}; {len(vals)} samples)",
+                flush=True,
+            )
+        print(
+            "SOAK JSON " + json.dumps({"ops": its, "wrong": wrong, "elapsed": elapsed, "rss": rows, "by_op": by_op}),
+            flush=True,
+        )
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -7,11 +7,13 @@ below it are:
 * ``protocol/``   sans-IO codecs (store messages, transport frames, object payloads, auth)
 * ``transport/``  memory, shared-memory and TCP transports behind one interface
 * ``algorithms/`` collectives written only against that interface
-* ``store.py``, ``rendezvous.py``, ``process_group.py``  the I/O shell and group state
+* ``store/``, ``rendezvous.py``, ``process_group.py``  the I/O shell and group state
 * ``backends/``   the backend interface and registry (``cpu``/``gloo`` built in)
 * ``state.py``, ``api.py``, ``subgroups.py``, ``collectives.py``, ``objects.py``, ``debug.py``  the public API
 * ``launcher/``   ``procgroup run`` (beside the library, never imported by it)
 """
+
+from typing import Any as _Any
 
 # The API is imported on first use (PEP 562), so that `import procgroup.launcher` (the launcher) and
 # `procgroup env` do not pay for numpy and the collective machinery.
@@ -79,7 +81,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> _Any:
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'procgroup' has no attribute {name!r}")
@@ -90,7 +92,7 @@ def __getattr__(name: str):
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 

@@ -14,17 +14,21 @@ from typing import Dict, Optional, Set, Tuple
 __all__ = [
     "ProcTable",
     "StatLine",
+    "argv",
     "boot_id",
     "cmdline",
     "cpu_jiffies",
+    "loadavg",
     "cpu_model",
     "mem_total_gib",
     "namespace_inode",
     "pid_alive",
     "pids",
+    "pids_in_namespace",
     "port_holder_pid",
     "proc_table",
     "stat",
+    "status_fields",
 ]
 
 PROC = "/proc"
@@ -37,6 +41,7 @@ class StatLine:
     state: str
     ppid: int
     pgid: int
+    session: int
     utime: int  # clock ticks
     stime: int
     starttime: int  # clock ticks after boot
@@ -57,6 +62,7 @@ def stat(pid: int) -> Optional[StatLine]:
             state=rest[0].decode(),
             ppid=int(rest[1]),
             pgid=int(rest[2]),
+            session=int(rest[3]),
             utime=int(rest[11]),
             stime=int(rest[12]),
             starttime=int(rest[19]),
@@ -83,6 +89,15 @@ def pid_alive(pid: int) -> bool:
         return True
     st = data[data.rfind(b")") + 2:data.rfind(b")") + 3]
     return st not in (b"Z", b"X", b"x")
+
+
+def argv(pid: int) -> list[str]:
+    """The arguments of ``pid``'s command line (empty when it is gone or unreadable)."""
+    try:
+        with open(f"{PROC}/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
 
 
 def cmdline(pid: int, limit: int = 160) -> str:
@@ -231,3 +246,33 @@ def mem_total_gib() -> Optional[float]:
     except OSError:
         pass
     return None
+
+
+def pids_in_namespace(kind: str, inodes: Set[int]) -> Set[int]:
+    """The pids whose ``/proc/<pid>/ns/<kind>`` inode is one of ``inodes`` (e.g. every process of some netns)."""
+    if not inodes:
+        return set()
+    return {pid for pid in pids() if namespace_inode(kind, str(pid)) in inodes}
+
+
+def loadavg() -> list[float]:
+    """The 1, 5 and 15 minute load averages (empty where unreadable)."""
+    try:
+        with open(f"{PROC}/loadavg") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    except (OSError, ValueError):
+        return []
+
+
+def status_fields(pid: str = "self", names: tuple[str, ...] = ("VmRSS", "RssAnon")) -> Dict[str, int]:
+    """The named ``kB`` fields of ``/proc/<pid>/status``, in bytes (missing ones are left out)."""
+    got: Dict[str, int] = {}
+    try:
+        with open(f"{PROC}/{pid}/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in names:
+                    got[k] = int(v.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return got

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set
 
+from procgroup import procfs
+
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
 INFRA = REPO / "infra"
@@ -64,36 +66,14 @@ def clean_env(extra: Optional[Mapping[str, str]] = None, *, hide_mpi4py: bool = 
 # ------------------------------------------------------------------------------------ /proc
 
 
-def _stat(pid: int) -> Optional[List[str]]:
-    """Fields of /proc/PID/stat after the command name (state is [0], session is [3])."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return data[data.rfind(b")") + 2:].decode().split()
-
-
 def alive(pid: int) -> bool:
     """Running: exists and is not a zombie (orphans are reaped late on this machine)."""
-    st = _stat(pid)
-    return st is not None and st[0] not in ("Z", "X")
-
-
-def _pids() -> List[int]:
-    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
-
-
-def _cmdline(pid: int) -> List[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
+    st = procfs.stat(pid)
+    return st is not None and st.state not in ("Z", "X")
 
 
 def describe(pid: int) -> str:
-    return f"pid {pid}: {' '.join(_cmdline(pid))[:200] or '?'}"
+    return f"pid {pid}: {' '.join(procfs.argv(pid))[:200] or '?'}"
 
 
 def netns_inodes(names: Iterable[str]) -> Set[int]:
@@ -107,38 +87,28 @@ def netns_inodes(names: Iterable[str]) -> Set[int]:
 
 
 def pids_in_netns(inodes: Set[int]) -> Set[int]:
-    out = set()
-    if not inodes:
-        return out
-    for pid in _pids():
-        try:
-            if os.stat(f"/proc/{pid}/ns/net").st_ino in inodes:
-                out.add(pid)
-        except OSError:
-            pass
-    return out
+    return procfs.pids_in_namespace("net", inodes)
 
 
 def related_pids(session: Optional[int], tag: Optional[str], netns: Set[int], baseline: Set[int]) -> Set[int]:
     """Live pids that belong to one launch (see the module docstring)."""
     me = os.getpid()
     found = set()
-    for pid in _pids():
-        if pid == me or not alive(pid):
+    for pid in procfs.pids():
+        st = procfs.stat(pid)
+        if pid == me or st is None or st.state in ("Z", "X"):
             continue
-        st = _stat(pid)
-        if st is None:
-            continue
-        if session is not None and st[3] == str(session):
+        if session is not None and st.session == session:
             found.add(pid)
-        elif tag is not None and tag in _cmdline(pid):
+        elif tag is not None and tag in procfs.argv(pid):
             found.add(pid)
     found |= {p for p in pids_in_netns(netns) - baseline if alive(p)}
     return found
 
 
-def reap(session: Optional[int], tag: Optional[str], netns: Set[int], baseline: Set[int],
-         grace: float = GRACE_S) -> List[str]:
+def reap(
+    session: Optional[int], tag: Optional[str], netns: Set[int], baseline: Set[int], grace: float = GRACE_S
+) -> List[str]:
     """Wait up to ``grace`` s for the launch's processes to go; SIGKILL and describe the rest."""
     deadline = time.monotonic() + grace
     left = related_pids(session, tag, netns, baseline)
@@ -178,14 +148,29 @@ class Launch:
         return f"{head}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr[-6000:]}"
 
 
-def launch(cmd: Sequence[str], *, env: Mapping[str, str], timeout: float, tag: Optional[str] = None,
-           netns: Sequence[str] = (), grace: float = GRACE_S) -> Launch:
+def launch(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    timeout: float,
+    tag: Optional[str] = None,
+    netns: Sequence[str] = (),
+    grace: float = GRACE_S,
+) -> Launch:
     """Run ``cmd`` in a new session; kill it at ``timeout``; reap what it left behind after ``grace`` s."""
     inodes = netns_inodes(netns)
     baseline = pids_in_netns(inodes)
     t0 = time.monotonic()
-    p = subprocess.Popen(list(cmd), env=dict(env), cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, errors="replace", start_new_session=True)
+    p = subprocess.Popen(
+        list(cmd),
+        env=dict(env),
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
     timed_out = False
     out = err = ""
     try:
@@ -217,11 +202,12 @@ def launch(cmd: Sequence[str], *, env: Mapping[str, str], timeout: float, tag: O
 
 def mpi4py_library() -> Optional[str]:
     """``MPI.Get_library_version()`` of the installed mpi4py (read without initializing MPI), or None."""
-    code = ("import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False; from mpi4py import MPI; "
-            "print(MPI.Get_library_version().splitlines()[0])")
+    code = (
+        "import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False; from mpi4py import MPI; "
+        "print(MPI.Get_library_version().splitlines()[0])"
+    )
     try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                           env=clean_env())
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=clean_env())
     except subprocess.TimeoutExpired:
         return None
     return (r.stdout.strip() or None) if r.returncode == 0 else None
@@ -257,9 +243,12 @@ def check_world(r: Launch, world: int, per_node: int, hosts: Optional[Sequence[s
     for rank, (w, local, lws, node, host) in sorted(seen.items()):
         want = (world, rank % per_node, per_node, rank // per_node)
         assert (w, local, lws, node) == want, (
-            f"rank {rank}: (world, local, local_world, node)={(w, local, lws, node)}, expected {want}\n{ctx}")
+            f"rank {rank}: (world, local, local_world, node)={(w, local, lws, node)}, expected {want}\n{ctx}"
+        )
         if hosts is not None:
-            assert host == hosts[rank // per_node], f"rank {rank} ran on {host}, expected {hosts[rank // per_node]}\n{ctx}"
+            assert host == hosts[rank // per_node], (
+                f"rank {rank} ran on {host}, expected {hosts[rank // per_node]}\n{ctx}"
+            )
 
 
 def worker_cmd(python: str, tag: str, world: int, per_node: int, hosts: Optional[Sequence[str]] = None) -> List[str]:

@@ -35,9 +35,31 @@ def test_multihost_benchmark_smoke(netns_hosts: NetnsHosts, tmp_path):
     inodes = netns_inodes(names)
     before = pids_in_netns(inodes)
     shm_before = set(os.listdir("/dev/shm"))
-    cmd = [sys.executable, str(BENCH), "--prefix", "h", "--no-lock", "--sizes", "4K,64K", "--iters", "3",
-           "--warmup", "1", "--repeat", "1", "--mpi-configs", "yield", "--timeout", "60", "--run-timeout", "60",
-           "--out-dir", str(tmp_path), "--name", "smoke"]
+    cmd = [
+        sys.executable,
+        str(BENCH),
+        "--prefix",
+        "h",
+        "--no-lock",
+        "--sizes",
+        "4K,64K",
+        "--iters",
+        "3",
+        "--warmup",
+        "1",
+        "--repeat",
+        "1",
+        "--mpi-configs",
+        "yield",
+        "--timeout",
+        "60",
+        "--run-timeout",
+        "60",
+        "--out-dir",
+        str(tmp_path),
+        "--name",
+        "smoke",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=100, env=clean_env(), stdin=subprocess.DEVNULL)
     ctx = f"$ {' '.join(cmd)}\nexit status {r.returncode}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr[-6000:]}"
     assert r.returncode == 0, ctx

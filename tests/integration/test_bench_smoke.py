@@ -32,8 +32,24 @@ def _env() -> dict:
 def _bench(tmp_path: Path, *extra: str, timeout: float = 150) -> dict:
     out = tmp_path / "bench.json"
     md = tmp_path / "bench.md"
-    cmd = [sys.executable, "-m", "procgroup", "bench", "--nproc", "2", "--max-bytes", "1K", "--iters", "3",
-           "--json", str(out), "--markdown", str(md), "--quiet", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "procgroup",
+        "bench",
+        "--nproc",
+        "2",
+        "--max-bytes",
+        "1K",
+        "--iters",
+        "3",
+        "--json",
+        str(out),
+        "--markdown",
+        str(md),
+        "--quiet",
+        *extra,
+    ]
     r = subprocess.run(cmd, cwd=str(ROOT), env=_env(), capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
     assert "all_reduce" in r.stdout and "busbw" in r.stdout
@@ -105,8 +121,14 @@ def test_store_scale_256_clients():
 @pytest.mark.timeout(120)
 def test_store_scale_script(tmp_path):
     out = tmp_path / "s.json"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "store_scale.py"), "--clients", "256", "--json", str(out)],
-                       cwd=str(ROOT), env=_env(), capture_output=True, text=True, timeout=100)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "store_scale.py"), "--clients", "256", "--json", str(out)],
+        cwd=str(ROOT),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "256 TCPStore clients" in r.stdout
     assert json.loads(out.read_text())["store_scale"][0]["ok"]

@@ -371,7 +371,8 @@ def test_log_dir_one_file_per_rank(launch, workdir):  # type: ignore[no-untyped-
 
 def test_ranks_filter_and_prefix_format(launch, workdir):  # type: ignore[no-untyped-def]
     s = script(workdir, "hi.py", "import os; print('hi', os.environ['RANK'])\n")
-    ln = launch("--standalone", "--nproc-per-node", "4", "--ranks-filter", "0,3", "--prefix-format", "<{rank}/{world_size}> ", s)
+    ln = launch("--standalone", "--nproc-per-node", "4", "--ranks-filter", "0,3",
+                "--prefix-format", "<{rank}/{world_size}> ", s)
     assert ln.finish() == 0, ln.text()
     assert sorted(ln.stdout_lines) == ["<0/4> hi 0", "<3/4> hi 3"], ln.text()
 
@@ -409,7 +410,8 @@ def test_two_nodes_on_one_host_share_one_store(launch, workdir):  # type: ignore
     """)
     port = str(free_port())
     env = {"PROCGROUP_SECRET": "shared-secret"}
-    common = ("--nnodes", "2", "--nproc-per-node", "2", "--master-port", port, "--prefix-format", "[n{node_rank}:{rank}] ")
+    common = ("--nnodes", "2", "--nproc-per-node", "2", "--master-port", port,
+              "--prefix-format", "[n{node_rank}:{rank}] ")
     n1 = launch(*common, "--node-rank", "1", s, env=env)  # before node 0: it waits for node 0's store
     n0 = launch(*common, "--node-rank", "0", s, env=env)
     assert n0.finish() == 0, n0.text()
@@ -515,7 +517,8 @@ def test_log_dir_ranks_filter_and_uneven_nodes(launch, workdir):  # type: ignore
 
     s = script(workdir, "hi.py", """
         import os
-        print("hi", os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_WORLD_SIZE"])
+        print("hi", os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"],
+              os.environ["LOCAL_WORLD_SIZE"])
     """)
     logs = workdir / "logs"
     port = str(free_port())

@@ -17,10 +17,19 @@ SOAK = ROOT / "tools" / "soak.py"
 
 @pytest.mark.timeout(150)
 def test_soak_smoke() -> None:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PROCGROUP_RUN_ID", "TORCHELASTIC_RUN_ID")}
-    p = subprocess.run([sys.executable, str(SOAK), "--duration", "10", "--seed", "7", "--rss-interval", "2", "--progress", "0"],
-                       cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=140)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PROCGROUP_RUN_ID", "TORCHELASTIC_RUN_ID")
+    }
+    p = subprocess.run(
+        [sys.executable, str(SOAK), "--duration", "10", "--seed", "7", "--rss-interval", "2", "--progress", "0"],
+        cwd=str(ROOT),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=140,
+    )
     out = p.stdout + p.stderr
     assert p.returncode == 0, out
     m = re.search(r"SOAK SUMMARY ops=(\d+) .* wrong=(\d+) ", out)
@@ -32,5 +41,17 @@ def test_soak_smoke() -> None:
     js = json.loads(re.search(r"SOAK JSON (.*)$", out, re.M).group(1))
     assert js["wrong"] == 0 and len(js["rss"]) == 4 and all(row["samples"] >= 3 for row in js["rss"]), out
     # every op kind was drawn
-    assert set(js["by_op"]) == {"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-                                "reduce_scatter_tensor", "all_to_all", "gather", "scatter", "barrier", "send_recv"}, js["by_op"]
+    assert set(js["by_op"]) == {
+        "all_reduce",
+        "broadcast",
+        "reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "all_to_all",
+        "gather",
+        "scatter",
+        "barrier",
+        "send_recv",
+    }, js["by_op"]

@@ -198,6 +198,20 @@ def test_arena_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _segments(job) == []
 
 
+def test_arena_switched_off_by_explicit_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    from procgroup.config import ShmOptions
+
+    monkeypatch.setenv("PROCGROUP_SHM_ARENA", "1")  # explicit options win over the environment
+    job = f"arena-{uuid.uuid4().hex[:10]}"
+    ts = _form("shm", 2, job, shm_options=ShmOptions(arena=False))
+    try:
+        assert ts[0].arena(0, [0, 1]) is None
+    finally:
+        for t in ts:
+            t.close()
+    assert _segments(job) == []
+
+
 def test_exchange_accepts_numpy_bytes(world: Any) -> None:
     ts = world(4 if world.kind == "router" else 2)
     members = _members(world.kind, len(ts))

@@ -57,7 +57,7 @@ def test_closed_forms_match_the_op(op, n, nbytes):
 
 
 def test_sizes_and_layout():
-    assert cases.sizes_between(4, 64 << 20) == [4 ** k for k in range(1, 14)]
+    assert cases.sizes_between(4, 64 << 20) == [4**k for k in range(1, 14)]
     assert cases.sizes_between(1000, 5000) == [1024, 4096]
     assert cases.parse_size("64M") == 64 << 20 and cases.parse_size("1K") == 1024 and cases.parse_size("4") == 4
     with pytest.raises(ValueError):
@@ -80,15 +80,20 @@ def test_plan_is_the_same_everywhere_and_respects_iters():
 
 def test_ratios_and_targets():
     res = {
-        "procgroup": [{"op": "all_reduce", "bytes": 4, "median_s": 1e-5},
-                      {"op": "all_reduce", "bytes": 64 << 20, "median_s": 0.05}],
+        "procgroup": [
+            {"op": "all_reduce", "bytes": 4, "median_s": 1e-5},
+            {"op": "all_reduce", "bytes": 64 << 20, "median_s": 0.05},
+        ],
         "gloo": [{"op": "all_reduce", "bytes": 4, "median_s": 2e-4}],
         "mpi": [{"op": "all_reduce", "bytes": 64 << 20, "median_s": 0.05}],
     }
     by = report.rows_by_op(res)
     assert by["all_reduce"][0]["ratio_gloo"] == pytest.approx(0.05)
     assert by["all_reduce"][1]["ratio_mpi"] == pytest.approx(1.0)
-    v = {t["target"]: t["status"] for t in report.evaluate_targets(by, 4, {"nproc": 4, "procgroup": {"median_s": 0.5}}, None)}
+    v = {
+        t["target"]: t["status"]
+        for t in report.evaluate_targets(by, 4, {"nproc": 4, "procgroup": {"median_s": 0.5}}, None)
+    }
     assert v["small all_reduce <= 0.1x gloo"] == "met"
     assert v["64 MiB all_reduce <= 0.8x Open MPI"] == "missed"
     assert report.evaluate_targets(report.rows_by_op({"procgroup": res["procgroup"]}), 4, None, None) == []
@@ -109,10 +114,34 @@ def test_mpi_unavailable_says_why(monkeypatch):
 
 def test_rounds_combine_to_medians_and_keep_per_round_ratios():
     recs = {
-        "procgroup": [{"op": "barrier", "bytes": 0, "median_s": m, "p90_s": m, "mean_s": m, "min_s": m, "max_s": m,
-                       "iters": 10, "round": k} for k, m in enumerate([1e-4, 3e-4, 2e-4])],
-        "gloo": [{"op": "barrier", "bytes": 0, "median_s": m, "p90_s": m, "mean_s": m, "min_s": m, "max_s": m,
-                  "iters": 10, "round": k} for k, m in enumerate([1e-3, 1e-3, 4e-3])],
+        "procgroup": [
+            {
+                "op": "barrier",
+                "bytes": 0,
+                "median_s": m,
+                "p90_s": m,
+                "mean_s": m,
+                "min_s": m,
+                "max_s": m,
+                "iters": 10,
+                "round": k,
+            }
+            for k, m in enumerate([1e-4, 3e-4, 2e-4])
+        ],
+        "gloo": [
+            {
+                "op": "barrier",
+                "bytes": 0,
+                "median_s": m,
+                "p90_s": m,
+                "mean_s": m,
+                "min_s": m,
+                "max_s": m,
+                "iters": 10,
+                "round": k,
+            }
+            for k, m in enumerate([1e-3, 1e-3, 4e-3])
+        ],
     }
     combined = {s: report.combine_rounds(r) for s, r in recs.items()}
     assert combined["procgroup"][0]["median_s"] == pytest.approx(2e-4)

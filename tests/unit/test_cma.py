@@ -16,7 +16,8 @@ def _addr(a: np.ndarray) -> int:
     return int(a.ctypes.data)
 
 
-@pytest.mark.parametrize("n", [1, 4095, _cma.SPLIT_MIN - 1, _cma.SPLIT_MIN, _cma.SPLIT_MIN + 4097, 3 * _cma.SPLIT_MIN + 1])
+@pytest.mark.parametrize(
+    "n", [1, 4095, _cma.SPLIT_MIN - 1, _cma.SPLIT_MIN, _cma.SPLIT_MIN + 4097, 3 * _cma.SPLIT_MIN + 1])
 def test_read_parallel_copies_every_byte(n: int) -> None:
     src = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
     dst = np.zeros(n + 16, dtype=np.uint8)  # a guard band after the destination must stay untouched
@@ -41,3 +42,11 @@ def test_read_parallel_reports_a_failure_of_either_half(monkeypatch: pytest.Monk
         monkeypatch.setattr(_cma, "read", flaky)
         with pytest.raises(OSError, match="injected"):
             _cma.read_parallel(os.getpid(), _addr(dst), _addr(src), n)
+
+
+def test_enabled_follows_the_options_not_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from procgroup.config import ShmOptions
+
+    monkeypatch.setenv("PROCGROUP_SHM_CMA", "0")  # read once by config.shm_options(), never by _cma itself
+    assert _cma.enabled(ShmOptions()) is True
+    assert _cma.enabled(ShmOptions(cma=False)) is False

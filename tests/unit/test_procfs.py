@@ -57,3 +57,20 @@ def test_machine_figures():
     busy, total = procfs.cpu_jiffies()
     assert 0 <= busy <= total
     assert procfs.mem_total_gib() > 0
+
+
+def test_argv_session_namespace_members_and_load():
+    assert procfs.argv(os.getpid())[0].endswith(("python", "python3")) or "python" in procfs.argv(os.getpid())[0]
+    assert procfs.argv(2**22 + 12345) == []
+    assert procfs.stat(os.getpid()).session == os.getsid(0)
+    mine = procfs.namespace_inode("net")
+    members = procfs.pids_in_namespace("net", {mine})
+    assert os.getpid() in members and os.getppid() in members
+    assert procfs.pids_in_namespace("net", set()) == set()
+    assert len(procfs.loadavg()) == 3
+
+
+def test_status_fields_in_bytes():
+    got = procfs.status_fields()
+    assert got["VmRSS"] >= got["RssAnon"] > 0 and got["VmRSS"] % 1024 == 0
+    assert procfs.status_fields(str(2**22 + 12345)) == {}

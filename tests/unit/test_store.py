@@ -462,7 +462,7 @@ def test_tcp_connect_retries_until_server_appears():
 
 def _record_connect_sleeps(monkeypatch) -> list[float]:
     """Replace the client's retry sleep with a short real one, recording the requested durations."""
-    import procgroup.store as store_mod
+    import procgroup.store.tcp as store_mod
 
     slept: list[float] = []
     real_sleep = time.sleep
@@ -478,7 +478,7 @@ def _record_connect_sleeps(monkeypatch) -> list[float]:
 def test_tcp_connect_refused_retries_stay_fast(monkeypatch):
     """"Connection refused" (the host is up, rank 0 not listening yet) is retried every <= ~25 ms,
     not on a doubling backoff, so the clients find the store right after it opens."""
-    import procgroup.store as store_mod
+    import procgroup.store.tcp as store_mod
 
     lst = bind_listener("127.0.0.1", 0)
     port = lst.getsockname()[1]
@@ -492,7 +492,7 @@ def test_tcp_connect_refused_retries_stay_fast(monkeypatch):
 
 def test_tcp_connect_other_errors_back_off(monkeypatch):
     """Any other failure (here: the name does not resolve) keeps the doubling backoff."""
-    import procgroup.store as store_mod
+    import procgroup.store.tcp as store_mod
 
     def no_such_host(host, port):
         raise ConfigError(f"cannot resolve {host!r}")
@@ -517,7 +517,7 @@ def test_tcp_server_gone_mid_request_is_broken_error(connect, server):
 def test_tcp_unresponsive_server_client_deadline(monkeypatch):
     """A server that authenticates but never answers: the client's own deadline fires, the
     connection is dropped (a late reply can never answer a later request) and re-opened on next use."""
-    import procgroup.store as store_mod
+    import procgroup.store.tcp as store_mod
 
     monkeypatch.setattr(store_mod, "_WAIT_GRACE", 0.2)
     lst = bind_listener("127.0.0.1", 0)
@@ -672,6 +672,45 @@ def test_filestore_repairs_partial_tail(tmp_path):
     assert c.multi_get(["k", "k2"]) == [b"v", b"v2"]
     b.close()
     c.close()
+
+
+def test_filestore_write_that_cannot_be_logged_leaves_no_trace(tmp_path):
+    """A key over the size limit is refused (ConfigError) before anything is logged, and the store's view
+    stays what the file holds: the state machine's change is undone."""
+    p = str(tmp_path / "fs")
+    a = FileStore(p, timeout=0.2)
+    a.set("k", b"1")
+    long_key = "x" * (sc.MAX_KEY_LEN + 1)
+    with pytest.raises(ConfigError, match="byte limit"):
+        a.set(long_key, b"v")
+    with pytest.raises(ConfigError, match="byte limit"):
+        a.multi_set(["ok", long_key], [b"1", b"2"])
+    with pytest.raises(ConfigError, match="byte limit"):
+        a.add(long_key, 1)
+    assert a.compare_set(long_key, b"nope", b"v") == b"nope"  # stores nothing, so nothing to refuse
+    assert not a.check([long_key]) and not a.check(["ok"]) and a.num_keys() == 1
+    assert a.add("k", 2) == 3
+    b = FileStore(p)
+    assert b.num_keys() == 1 and b.get("k") == b"3"
+    a.close()
+    b.close()
+
+
+def test_filestore_add_and_compare_set_log_only_changes(tmp_path):
+    p = str(tmp_path / "fs")
+    a = FileStore(p)
+    a.set("t", b"text")
+    size = os.path.getsize(p)
+    with pytest.raises(StoreError, match="not a decimal integer"):
+        a.add("t", 1)
+    assert a.compare_set("t", b"other", b"x") == b"text"
+    assert a.compare_set("t", b"text", b"text") == b"text"  # same value: nothing to append
+    assert os.path.getsize(p) == size
+    assert a.compare_set("t", b"text", b"new") == b"new"
+    b = FileStore(p)
+    assert b.get("t") == b"new"
+    a.close()
+    b.close()
 
 
 def test_filestore_closed(tmp_path):

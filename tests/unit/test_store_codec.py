@@ -359,7 +359,10 @@ def test_fuzz_framed_garbage(role, data, chunks):
 
 
 @settings(max_examples=200, deadline=None)
-@given(idx=st.integers(0, len(CASES) - 1), flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4))
+@given(
+    idx=st.integers(0, len(CASES) - 1),
+    flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4),
+)
 def test_fuzz_mutated_valid_frames(idx, flips):
     sender, receiver, ev = CASES[idx]
     data = bytearray(StoreCodec(sender).send(ev))

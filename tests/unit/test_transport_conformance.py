@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 from procgroup.deadline import Deadline
-from procgroup.errors import ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError, StoreTimeoutError
+from procgroup.errors import (ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError,
+                             StoreTimeoutError)
+from procgroup.protocol.frames import FLAG_MORE, encode_header
 from procgroup.transport import ANY_SOURCE, LoopbackTransport, MemoryHub, RouterTransport, Transport, connect_transport
 from procgroup.transport.shm import SHM_DIR, segment_prefix
 
@@ -763,3 +765,96 @@ def test_send_completes_although_the_receiver_closes_at_once(real_world: Any) ->
             return bool(np.array_equal(out, big))
 
         assert run_ranks(ts, body) == [True, big.nbytes]
+
+
+# -- the tcp reader is the FrameDecoder's message view: what the decoder rejects fails the peer -----------------
+
+
+def _tcp_pair_with_raw_wire() -> Any:
+    ts = _form("tcp", 2, "raw")
+    return ts, ts[0]._conns[1].sock  # type: ignore[attr-defined]  # rank 0's socket to rank 1: write raw frames
+
+
+@pytest.mark.parametrize(
+    "wire, match",
+    [
+        (lambda: encode_header(TAG, 100) + b"0123456789", r"closed inside a frame payload \(10/100 bytes\)"),
+        (lambda: encode_header(TAG, 100)[:11], r"closed inside a frame header \(11/24 bytes\)"),
+        (lambda: encode_header(TAG, 2, FLAG_MORE) + b"ab", "closed inside a multi-frame message"),
+        (lambda: encode_header(TAG, 2, FLAG_MORE) + b"ab" + encode_header(TAG + 1, 2) + b"cd",
+         f"continuation frame with tag {TAG + 1} inside a message with tag {TAG}"),
+    ],
+    ids=["payload", "header", "multi-frame", "continuation-tag"],
+)
+def test_tcp_truncated_or_inconsistent_message_fails_the_peer(wire: Callable[[], bytes], match: str) -> None:
+    ts, sock = _tcp_pair_with_raw_wire()
+    try:
+        req = ts[1].irecv(0, TAG, bytearray(100))
+        sock.sendall(wire())
+        import socket
+
+        sock.shutdown(socket.SHUT_WR)
+        with pytest.raises(PeerFailureError, match=match) as ei:
+            req.wait(dl(5))
+        assert ei.value.peer == 0 and "protocol error" in str(ei.value)
+    finally:
+        for t in ts:
+            t.close()
+
+
+def test_tcp_multi_frame_message_too_big_for_buffer_keeps_the_stream_in_sync() -> None:
+    """The first frame fits the posted buffer, the whole message does not: a size error, then the next message."""
+    ts = _form("tcp-small-frames", 2, "sync")
+    try:
+        def body(t: Transport) -> Any:
+            if t.rank == 0:
+                t.recv(1, TAG + 1, bytearray(2), dl())  # rank 1 posted its receive: the frames go into its buffer
+                t.send(1, TAG, pattern(10000, 1), dl())
+                t.send(1, TAG, pattern(9000, 2), dl())
+                return None
+            out = np.zeros(6000, dtype=np.uint8)
+            req = t.irecv(0, TAG, out)
+            t.send(0, TAG + 1, b"go", dl())
+            with pytest.raises(ProcGroupError, match="message of 8192 bytes") as ei:  # at the second frame
+                req.wait(dl())
+            assert np.array_equal(out[:4096], pattern(4096, 1))
+            assert not isinstance(ei.value, (DistTimeoutError, PeerFailureError))
+            big = np.zeros(9000, dtype=np.uint8)
+            st = t.recv(0, TAG, big, dl())
+            return st.nbytes == 9000 and np.array_equal(big, pattern(9000, 2))
+
+        assert run_ranks(ts, body)[1] is True
+    finally:
+        for t in ts:
+            t.close()
+
+
+def test_tcp_unexpected_multi_frame_messages_interleaved_with_posted_ones() -> None:
+    """Messages of many frames that find their receive posted, between ones that arrive before it."""
+    ts = _form("tcp-small-frames", 2, "mixed")
+    sizes = [0, 1, 4095, 4096, 4097, 20000, 100000, 12289]
+    try:
+        def body(t: Transport) -> Any:
+            if t.rank == 0:
+                t.recv(1, TAG, bytearray(2), dl())  # rank 1 posted its receives
+                for i, n in enumerate(sizes):
+                    t.send(1, TAG + 1 + i, pattern(n, i), dl())
+                return None
+            posted = {i: np.zeros(n, dtype=np.uint8) for i, n in enumerate(sizes) if i % 2}
+            reqs = {i: t.irecv(0, TAG + 1 + i, out) for i, out in posted.items()}
+            t.send(0, TAG, b"go", dl())
+            ok = []
+            for i, n in reversed(list(enumerate(sizes))):  # the unexpected ones wait queued, in any order
+                if i in reqs:
+                    st = reqs[i].wait(dl())
+                    out = posted[i]
+                else:
+                    out = np.zeros(n, dtype=np.uint8)
+                    st = t.recv(0, TAG + 1 + i, out, dl())
+                ok.append(st.nbytes == n and np.array_equal(out, pattern(n, i)))
+            return ok
+
+        assert run_ranks(ts, body)[1] == [True] * len(sizes)
+    finally:
+        for t in ts:
+            t.close()

@@ -22,8 +22,12 @@ def worker_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--max-bytes", default="64M")
     p.add_argument("--iters", default="auto")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any one collective may take")
-    p.add_argument("--profile", default=None, metavar="DIR",
-                   help="run the cases under cProfile; every rank writes DIR/<system>-rank<r>-<pid>.prof and .txt")
+    p.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="run the cases under cProfile; every rank writes DIR/<system>-rank<r>-<pid>.prof and .txt",
+    )
     return p
 
 
@@ -43,8 +47,15 @@ def drive(a: Adapter, ns: argparse.Namespace, info: Optional[dict] = None) -> in
     f = open(ns.out, "a", encoding="utf-8") if a.rank == 0 else None
     try:
         if f is not None:
-            head = {"kind": "header", "system": a.name, "world_size": a.size, "pid": os.getpid(),
-                    "cases": len(cases), **versions(), **(info or {})}
+            head = {
+                "kind": "header",
+                "system": a.name,
+                "world_size": a.size,
+                "pid": os.getpid(),
+                "cases": len(cases),
+                **versions(),
+                **(info or {}),
+            }
             f.write(json.dumps(head) + "\n")
             f.flush()
         prof = None
@@ -73,7 +84,7 @@ def drive(a: Adapter, ns: argparse.Namespace, info: Optional[dict] = None) -> in
     return 0
 
 
-def _dump_profile(prof, base: str) -> None:  # type: ignore[no-untyped-def]
+def _dump_profile(prof, base: str) -> None:
     import io
     import pstats
 

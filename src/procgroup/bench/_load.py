@@ -7,19 +7,14 @@ import resource
 import time
 from typing import Optional
 
+from .. import procfs
+
 __all__ = ["BackgroundMeter", "busy_fraction"]
 
 
 def _cpu_jiffies() -> Optional[tuple[int, int]]:
-    """(busy, total) jiffies of all CPUs since boot, from /proc/stat (None where unavailable)."""
-    try:
-        with open("/proc/stat") as f:
-            parts = f.readline().split()
-    except OSError:
-        return None
-    vals = [int(v) for v in parts[1:]]
-    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
-    return sum(vals[:8]) - idle, sum(vals[:8])
+    """(busy, total) jiffies of all CPUs since boot (None where unavailable)."""
+    return procfs.cpu_jiffies()
 
 
 def _our_cpu_s() -> float:

@@ -69,8 +69,19 @@ def busbw_factor(op: str, n: int) -> float:
     return 1.0
 
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 1 << 10,
+    "KB": 1 << 10,
+    "KIB": 1 << 10,
+    "M": 1 << 20,
+    "MB": 1 << 20,
+    "MIB": 1 << 20,
+    "G": 1 << 30,
+    "GB": 1 << 30,
+    "GIB": 1 << 30,
+}
 
 
 def parse_size(text: str) -> int:
@@ -167,7 +178,7 @@ def plan(ops: Sequence[str], sizes: Sequence[int], n: int, iters: Optional[int])
     """The ordered list of cases; identical on every rank and every system."""
     out = []
     for op in ops:
-        for s in ([0] if op == "barrier" else sizes):
+        for s in [0] if op == "barrier" else sizes:
             w, it = auto_iters(op, s)
             if iters is not None:
                 w, it = min(w, max(1, iters // 5)), iters
@@ -332,14 +343,18 @@ class TorchStyleAdapter(Adapter):
             return lambda: d.all_to_all_single(to, ti)
         if op == "sendrecv":
             if r == 0:
+
                 def ping() -> None:
                     d.send(ti, dst=1)
                     d.recv(ti, src=1)
+
                 return ping
             if r == 1:
+
                 def pong() -> None:
                     d.recv(ti, src=0)
                     d.send(ti, dst=0)
+
                 return pong
             return lambda: None
         raise ValueError(f"unknown op {op!r}")
@@ -399,7 +414,7 @@ def run_case(a: Adapter, case: Case) -> Optional[dict]:
             err = check(out, want, f"{case.op} rank {rank}")
         except Exception as e:  # noqa: BLE001 - reported in the table; every rank raises alike (unsupported op)
             err = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-            fn = None  # type: ignore[assignment]
+            fn = None
     # agree on the verdict before timing a broken op
     flags = a.gather_rows(np.array([0.0 if err is None else 1.0], dtype=np.float64))
     bad = a.bcast_int(int(flags.sum()) if flags is not None else 0)
@@ -448,7 +463,9 @@ def run_case(a: Adapter, case: Case) -> Optional[dict]:
         return None
     assert m is not None
     if m[:, 0].any():
-        rec["error"] = err or f"the result check failed after the timed loop on rank(s) {np.flatnonzero(m[:, 0]).tolist()}"
+        rec["error"] = (
+            err or f"the result check failed after the timed loop on rank(s) {np.flatnonzero(m[:, 0]).tolist()}"
+        )
         return rec
     part = m[m[:, 1] > 0, 2:]
     per_iter = part.max(axis=0)

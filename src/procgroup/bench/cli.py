@@ -57,44 +57,88 @@ checked against its closed form before it is timed.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="procgroup bench",
-                                description="Measure procgroup's collectives on this machine, optionally beside gloo and MPI.",
-                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="procgroup bench",
+        description="Measure procgroup's collectives on this machine, optionally beside gloo and MPI.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--nproc", type=int, default=2, help="world size: processes on this machine (default 2)")
     p.add_argument("--ops", default=None, help=f"comma-separated subset of {','.join(OPS)} (default all)")
     p.add_argument("--min-bytes", default=str(DEFAULT_MIN_BYTES), help="smallest size, e.g. 4, 1K (default 4)")
     p.add_argument("--max-bytes", default=fmt_size(DEFAULT_MAX_BYTES), help="largest size, e.g. 1K, 64M (default 64M)")
-    p.add_argument("--iters", default="auto",
-                   help="timed iterations per case, or 'auto' (200 for small sizes down to 8 at 64 MiB, and at most about 1.5 s per case)")
-    p.add_argument("--compare", default="", help="also run the same cases through: gloo (torch.distributed), mpi (mpi4py + mpirun)")
-    p.add_argument("--transport", choices=("auto", "shm", "tcp"), default="auto",
-                   help="procgroup's transport between ranks (PROCGROUP_TRANSPORT), default auto")
+    p.add_argument(
+        "--iters",
+        default="auto",
+        help="timed iterations per case, or 'auto' "
+        "(200 for small sizes down to 8 at 64 MiB, and at most about 1.5 s per case)",
+    )
+    p.add_argument(
+        "--compare", default="", help="also run the same cases through: gloo (torch.distributed), mpi (mpi4py + mpirun)"
+    )
+    p.add_argument(
+        "--transport",
+        choices=("auto", "shm", "tcp"),
+        default="auto",
+        help="procgroup's transport between ranks (PROCGROUP_TRANSPORT), default auto",
+    )
     p.add_argument("--json", metavar="PATH", help="write every number, the configuration and machine info here")
     p.add_argument("--plot", metavar="PATH", help="write a PNG (latency and busbw vs size; needs matplotlib)")
     p.add_argument("--markdown", metavar="PATH", help="write the tables as markdown")
-    p.add_argument("--startup", action="store_true",
-                   help="measure the wall time of `procgroup run` of an init + barrier script (with --compare: "
-                        "torchrun and mpirun of the equivalent too)")
+    p.add_argument(
+        "--startup",
+        action="store_true",
+        help="measure the wall time of `procgroup run` of an init + barrier script (with --compare: "
+        "torchrun and mpirun of the equivalent too)",
+    )
     p.add_argument("--startup-nproc", type=int, default=4, help="processes for --startup (default 4)")
-    p.add_argument("--startup-runs", type=int, default=5, help="timed runs for --startup; the median is reported (default 5)")
-    p.add_argument("--store-clients", type=int, default=0, metavar="N",
-                   help="also measure a store rendezvous of N TCPStore clients against one StoreServer")
-    p.add_argument("--sweep", action="store_true",
-                   help="run the collective sweep even with --startup/--store-clients (it is skipped when those "
-                        "are given without --ops)")
-    p.add_argument("--profile", metavar="DIR",
-                   help="profile every rank of every system with cProfile into DIR (slows the Python parts: "
-                        "use for where the time goes, not for the numbers)")
-    p.add_argument("--calm", type=float, default=None, metavar="FRACTION",
-                   help="on a shared machine: before each run wait until the CPUs are at most this busy "
-                        "(e.g. 0.15), for up to --calm-wait seconds")
+    p.add_argument(
+        "--startup-runs", type=int, default=5, help="timed runs for --startup; the median is reported (default 5)"
+    )
+    p.add_argument(
+        "--store-clients",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also measure a store rendezvous of N TCPStore clients against one StoreServer",
+    )
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="run the collective sweep even with --startup/--store-clients (it is skipped when those "
+        "are given without --ops)",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="profile every rank of every system with cProfile into DIR (slows the Python parts: "
+        "use for where the time goes, not for the numbers)",
+    )
+    p.add_argument(
+        "--calm",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="on a shared machine: before each run wait until the CPUs are at most this busy "
+        "(e.g. 0.15), for up to --calm-wait seconds",
+    )
     p.add_argument("--calm-wait", type=float, default=120.0, metavar="SECONDS", help="see --calm (default 120)")
-    p.add_argument("--repeat", type=int, default=1, metavar="R",
-                   help="run the sweep R times (rounds interleaved); report the median over rounds of each "
-                        "case's median, and each ratio's range over rounds (default 1)")
-    p.add_argument("--no-interleave", action="store_true",
-                   help="with --compare: run each system's whole sweep in one go (default: systems take turns op by op)")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds one system's whole run may take (default 1800)")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="R",
+        help="run the sweep R times (rounds interleaved); report the median over rounds of each "
+        "case's median, and each ratio's range over rounds (default 1)",
+    )
+    p.add_argument(
+        "--no-interleave",
+        action="store_true",
+        help="with --compare: run each system's whole sweep in one go (default: systems take turns op by op)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=1800.0, help="seconds one system's whole run may take (default 1800)"
+    )
     p.add_argument("--quiet", action="store_true", help="no per-case progress lines")
     return p
 
@@ -109,9 +153,23 @@ def child_env(extra: Optional[dict] = None) -> dict:
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
     # a worker inherits nothing that would make it think it is a rank of an enclosing job
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-              "TORCHELASTIC_RUN_ID", "PROCGROUP_RUN_ID", "PROCGROUP_STORE_HOSTED", "PROCGROUP_SECRET",
-              "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID"):
+    for k in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "PROCGROUP_RUN_ID",
+        "PROCGROUP_STORE_HOSTED",
+        "PROCGROUP_SECRET",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_RANK",
+        "PMI_SIZE",
+        "SLURM_PROCID",
+    ):
         env.pop(k, None)
     if extra:
         env.update(extra)
@@ -132,23 +190,10 @@ def _version_of(mod: str) -> Optional[str]:
 def machine_info() -> dict:
     import numpy as np
 
-    from .. import __version__
+    from .. import __version__, procfs
 
-    cpu_model = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem = round(int(line.split()[1]) / 1024 / 1024, 1)
-    except OSError:
-        pass
+    cpu_model = procfs.cpu_model()
+    mem = procfs.mem_total_gib()
     info = {
         "hostname": platform.node(),
         "platform": platform.platform(),
@@ -186,8 +231,9 @@ def _source_state() -> dict:
         if head.returncode != 0:
             return st
         st["git_commit"] = head.stdout.strip()
-        dirty = subprocess.run([git, "status", "--porcelain", "--", "."], cwd=PKG_PARENT, capture_output=True,
-                               text=True, timeout=10)
+        dirty = subprocess.run(
+            [git, "status", "--porcelain", "--", "."], cwd=PKG_PARENT, capture_output=True, text=True, timeout=10
+        )
         st["git_uncommitted"] = [ln[3:] for ln in dirty.stdout.splitlines() if ln.strip()]
     except (OSError, subprocess.SubprocessError):
         pass
@@ -206,7 +252,8 @@ def mpi_unavailable() -> Optional[str]:
     except (OSError, subprocess.SubprocessError) as e:
         return f"mpirun --version failed: {e}"
     if "Open MPI" not in out:
-        return f"mpirun is not Open MPI ({out.strip().splitlines()[0] if out.strip() else 'no version'}); the comparison needs Open MPI's mpirun"
+        version = out.strip().splitlines()[0] if out.strip() else "no version"
+        return f"mpirun is not Open MPI ({version}); the comparison needs Open MPI's mpirun"
     return None
 
 
@@ -220,11 +267,35 @@ def _commands(system: str, n: int, worker_args: list[str]) -> list[str]:
         mod = "procgroup.bench.torch_worker"
     else:
         mpirun = shutil.which("mpirun") or "mpirun"
-        return [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(n),
-                "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "PYTHONUNBUFFERED",
-                sys.executable, "-m", "procgroup.bench.mpi_worker", *worker_args]
-    return [sys.executable, "-m", "procgroup", "run", "--standalone", "--nproc-per-node", str(n),
-            "-m", mod, *worker_args]
+        return [
+            mpirun,
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            str(n),
+            "-x",
+            "PYTHONPATH",
+            "-x",
+            "OMP_NUM_THREADS",
+            "-x",
+            "PYTHONUNBUFFERED",
+            sys.executable,
+            "-m",
+            "procgroup.bench.mpi_worker",
+            *worker_args,
+        ]
+    return [
+        sys.executable,
+        "-m",
+        "procgroup",
+        "run",
+        "--standalone",
+        "--nproc-per-node",
+        str(n),
+        "-m",
+        mod,
+        *worker_args,
+    ]
 
 
 def _progress(rec: dict) -> str:
@@ -262,21 +333,37 @@ def wait_calm(threshold: float, max_wait: float, quiet: bool) -> dict:
     b = busy_fraction()
     while b is not None and b > threshold and time.monotonic() - t0 < max_wait:
         if not quiet:
-            sys.stderr.write(f"procgroup bench: the machine is {100 * b:.0f}% busy; waiting for <= "
-                             f"{100 * threshold:.0f}% (--calm) ...\n")
+            sys.stderr.write(
+                f"procgroup bench: the machine is {100 * b:.0f}% busy; waiting for <= "
+                f"{100 * threshold:.0f}% (--calm) ...\n"
+            )
         b = busy_fraction(2.0)
     return {"busy_at_start": b, "waited_s": round(time.monotonic() - t0, 1)}
 
 
-def run_system(system: str, n: int, worker_args: list[str], workdir: Path, env_extra: dict,
-               timeout: float, quiet: bool, tag: str = "", calm: Optional[tuple[float, float]] = None) -> dict:
+def run_system(
+    system: str,
+    n: int,
+    worker_args: list[str],
+    workdir: Path,
+    env_extra: dict,
+    timeout: float,
+    quiet: bool,
+    tag: str = "",
+    calm: Optional[tuple[float, float]] = None,
+) -> dict:
     """Run one system's sweep; returns {"status", "records", "header", "wall_s", "command", ...}."""
     out = workdir / f"{tag or system}.jsonl"
     log = workdir / f"{tag or system}.log"
     cmd = _commands(system, n, ["--out", str(out), *worker_args])
     env = child_env(env_extra)
-    info: dict = {"command": cmd, "status": "failed", "records": [], "header": None,
-                  "loadavg_before": list(os.getloadavg())}
+    info: dict = {
+        "command": cmd,
+        "status": "failed",
+        "records": [],
+        "header": None,
+        "loadavg_before": list(os.getloadavg()),
+    }
     if calm is not None:
         info["calm"] = wait_calm(calm[0], calm[1], quiet)
     if not quiet:
@@ -284,8 +371,9 @@ def run_system(system: str, n: int, worker_args: list[str], workdir: Path, env_e
     meter = BackgroundMeter()
     t0 = time.monotonic()
     with open(log, "w") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
         seen = 0
         try:
             while True:
@@ -356,8 +444,10 @@ def _kill(proc: subprocess.Popen) -> None:
 
 STARTUP_SCRIPTS = {
     "procgroup": "import procgroup as dist\ndist.init_process_group()\ndist.barrier()\ndist.destroy_process_group()\n",
-    "gloo": ("import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\n"
-             "dist.destroy_process_group()\n"),
+    "gloo": (
+        "import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\n"
+        "dist.destroy_process_group()\n"
+    ),
     "mpi": "from mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\n",
 }
 
@@ -372,17 +462,36 @@ def measure_startup(n: int, runs: int, systems: Sequence[str], workdir: Path, qu
             cmd = [sys.executable, "-m", "procgroup", "run", "--standalone", "--nproc-per-node", str(n), str(script)]
             what = f"procgroup run --standalone --nproc-per-node {n}"
         elif s == "gloo":
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n), str(script)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                str(n),
+                str(script),
+            ]
             what = f"torchrun --standalone --nproc-per-node {n}"
         else:
-            cmd = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n),
-                   "-x", "PYTHONPATH", sys.executable, str(script)]
+            cmd = [
+                shutil.which("mpirun") or "mpirun",
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-np",
+                str(n),
+                "-x",
+                "PYTHONPATH",
+                sys.executable,
+                str(script),
+            ]
             what = f"mpirun -np {n}"
         times, err = [], None
         meter = BackgroundMeter()
         for i in range(runs + 1):
             t0 = time.perf_counter()
-            r = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=300, stdin=subprocess.DEVNULL)
+            r = subprocess.run(
+                cmd, capture_output=True, text=True, env=child_env(), timeout=300, stdin=subprocess.DEVNULL
+            )
             dt = time.perf_counter() - t0
             if r.returncode != 0:
                 err = f"exit code {r.returncode}: {(r.stdout + r.stderr)[-1500:]}"
@@ -403,8 +512,10 @@ def measure_startup(n: int, runs: int, systems: Sequence[str], workdir: Path, qu
 
 
 def format_startup(st: dict) -> str:
-    lines = [f"startup: launch {st['nproc']} processes that init, pass a barrier and exit "
-             f"(wall time, median of {st['runs']} after 1 warm-up)"]
+    lines = [
+        f"startup: launch {st['nproc']} processes that init, pass a barrier and exit "
+        f"(wall time, median of {st['runs']} after 1 warm-up)"
+    ]
     for s in report.SYSTEMS:
         e = st.get(s)
         if not e:
@@ -455,8 +566,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "tool": "procgroup bench",
         "created": started.isoformat(timespec="seconds"),
         "argv": ["procgroup", "bench", *(sys.argv[1:] if argv is None else argv)],
-        "config": {"nproc": ns.nproc, "ops": list(ops), "sizes": sizes, "iters": ns.iters, "compare": compare,
-                   "transport": ns.transport, "dtype": "float32"},
+        "config": {
+            "nproc": ns.nproc,
+            "ops": list(ops),
+            "sizes": sizes,
+            "iters": ns.iters,
+            "compare": compare,
+            "transport": ns.transport,
+            "dtype": "float32",
+        },
         "machine": machine_info(),
         "notes": [],
     }
@@ -489,13 +607,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             runs: dict[str, dict] = {}
             for rnd in range(ns.repeat):
                 for gi, group in enumerate(groups):
-                    wargs = ["--ops", ",".join(group), "--min-bytes", str(lo), "--max-bytes", str(hi), "--iters", ns.iters]
+                    wargs = [
+                        "--ops",
+                        ",".join(group),
+                        "--min-bytes",
+                        str(lo),
+                        "--max-bytes",
+                        str(hi),
+                        "--iters",
+                        ns.iters,
+                    ]
                     if ns.profile:
                         wargs += ["--profile", os.path.abspath(ns.profile)]
                     for s in systems:
                         extra = {"PROCGROUP_TRANSPORT": ns.transport} if s == "procgroup" else {}
-                        r = run_system(s, ns.nproc, wargs, work, extra, ns.timeout, ns.quiet, tag=f"{s}-{rnd}-{gi}",
-                                       calm=(ns.calm, ns.calm_wait) if ns.calm is not None else None)
+                        r = run_system(
+                            s,
+                            ns.nproc,
+                            wargs,
+                            work,
+                            extra,
+                            ns.timeout,
+                            ns.quiet,
+                            tag=f"{s}-{rnd}-{gi}",
+                            calm=(ns.calm, ns.calm_wait) if ns.calm is not None else None,
+                        )
                         for rec in r["records"]:
                             rec["background_cpu"] = r.get("background_cpu")
                             rec["round"] = rnd
@@ -527,12 +663,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     verdicts = report.evaluate_targets(by_op, ns.nproc, result.get("startup"), result.get("store_scale"))
     result["targets"] = verdicts
     if verdicts:
-        out_text.append("targets (from the performance issue; ratios from this run):\n" + report.format_targets(verdicts))
+        out_text.append(
+            "targets (from the performance issue; ratios from this run):\n" + report.format_targets(verdicts)
+        )
     result["machine"]["loadavg_end"] = list(os.getloadavg())
     result["wall_s"] = time.monotonic() - t_all
-    out_text.append(f"machine: {result['machine']['cpu_count']} CPUs ({result['machine']['cpu_model']}), "
-                    f"load average at start {result['machine']['loadavg_start'][0]:.2f}, at end "
-                    f"{result['machine']['loadavg_end'][0]:.2f}; total wall time {result['wall_s']:.1f} s")
+    out_text.append(
+        f"machine: {result['machine']['cpu_count']} CPUs ({result['machine']['cpu_model']}), "
+        f"load average at start {result['machine']['loadavg_start'][0]:.2f}, at end "
+        f"{result['machine']['loadavg_end'][0]:.2f}; total wall time {result['wall_s']:.1f} s"
+    )
     for note in result["notes"]:
         out_text.append(f"note: {note}")
     print("\n".join(out_text), flush=True)
@@ -545,8 +685,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         Path(ns.markdown).write_text(_markdown(result, by_op, systems, ns.nproc), encoding="utf-8")
     if ns.plot:
         if by_op:
-            note = report.plot(by_op, systems, ns.nproc, ns.plot, result.get("startup"),
-                               title=f"procgroup bench, N={ns.nproc}, {result['machine']['cpu_count']} CPUs")
+            note = report.plot(
+                by_op,
+                systems,
+                ns.nproc,
+                ns.plot,
+                result.get("startup"),
+                title=f"procgroup bench, N={ns.nproc}, {result['machine']['cpu_count']} CPUs",
+            )
             if note:
                 sys.stderr.write(f"procgroup bench: note: {note}\n")
         else:
@@ -567,27 +713,41 @@ def _markdown(result: dict, by_op: dict, systems: Sequence[str], n: int) -> str:
     m = result["machine"]
     src = m.get("procgroup_source", {})
     commit = src.get("git_commit", "")[:10]
-    lines = [f"### procgroup bench{f', N={n}' if by_op else ''}", "",
-             f"`{' '.join(result['argv'])}` on {m['cpu_count']} CPUs ({m['cpu_model']}), {m['mem_gib']} GiB; "
-             f"Python {m['python']}, numpy {m['numpy']}, torch {m['torch']}, mpi4py {m['mpi4py']}, {m['mpirun']}; "
-             f"procgroup {m['procgroup']}{f' at {commit}' if commit else ''}"
-             f"{' with uncommitted changes' if src.get('git_uncommitted') else ''}; "
-             f"load average {m['loadavg_start'][0]:.2f} at start, {m['loadavg_end'][0]:.2f} at end; "
-             f"{result['created']}.", ""]
+    lines = [
+        f"### procgroup bench{f', N={n}' if by_op else ''}",
+        "",
+        f"`{' '.join(result['argv'])}` on {m['cpu_count']} CPUs ({m['cpu_model']}), {m['mem_gib']} GiB; "
+        f"Python {m['python']}, numpy {m['numpy']}, torch {m['torch']}, mpi4py {m['mpi4py']}, {m['mpirun']}; "
+        f"procgroup {m['procgroup']}{f' at {commit}' if commit else ''}"
+        f"{' with uncommitted changes' if src.get('git_uncommitted') else ''}; "
+        f"load average {m['loadavg_start'][0]:.2f} at start, {m['loadavg_end'][0]:.2f} at end; "
+        f"{result['created']}.",
+        "",
+    ]
     if by_op:
-        lines += ["Times in microseconds: median and p90 over iterations of the slowest rank's time; "
-                  "ratio = procgroup median / other median (< 1: procgroup faster); "
-                  "busbw in the nccl-tests convention; sendrecv is one-way (half a ping-pong).", ""]
+        lines += [
+            "Times in microseconds: median and p90 over iterations of the slowest rank's time; "
+            "ratio = procgroup median / other median (< 1: procgroup faster); "
+            "busbw in the nccl-tests convention; sendrecv is one-way (half a ping-pong).",
+            "",
+        ]
         lines.append(report.markdown(by_op, systems, n))
     if result.get("startup"):
         st = result["startup"]
-        lines += [f"#### startup (N={st['nproc']}, median of {st['runs']})", "", "| command | median s | min s | other users' CPU load |", "|---|---:|---:|---:|"]
+        lines += [
+            f"#### startup (N={st['nproc']}, median of {st['runs']})",
+            "",
+            "| command | median s | min s | other users' CPU load |",
+            "|---|---:|---:|---:|",
+        ]
         for s in report.SYSTEMS:
             e = st.get(s)
             if e and "median_s" in e:
                 bg = e.get("background_cpu")
-                lines.append(f"| `{e['command']}` | {e['median_s']:.3f} | {e['min_s']:.3f} | "
-                             f"{'-' if bg is None else f'{100 * bg:.0f}%'} |")
+                lines.append(
+                    f"| `{e['command']}` | {e['median_s']:.3f} | {e['min_s']:.3f} | "
+                    f"{'-' if bg is None else f'{100 * bg:.0f}%'} |"
+                )
         lines.append("")
     if result.get("store_scale"):
         from .store_scale import format_result
@@ -596,7 +756,7 @@ def _markdown(result: dict, by_op: dict, systems: Sequence[str], n: int) -> str:
     if result.get("targets"):
         lines += ["#### targets", "", "| target | measured | status |", "|---|---:|---|"]
         for v in result["targets"]:
-            val = (("-" if v["ratio"] is None else f"{v['ratio']:.3f}x") if "ratio" in v else f"{v['value_s']:.3f} s")
+            val = ("-" if v["ratio"] is None else f"{v['ratio']:.3f}x") if "ratio" in v else f"{v['value_s']:.3f} s"
             if v.get("ratio_rounds") and len(v["ratio_rounds"]) > 1:
                 val += f" (rounds {min(v['ratio_rounds']):.3f}-{max(v['ratio_rounds']):.3f})"
             lines.append(f"| {v['target']} | {val} | {v['status']} |")

@@ -20,7 +20,7 @@ from .cases import Adapter
 class MPIAdapter(Adapter):
     name = "mpi"
 
-    def __init__(self, MPI) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, MPI) -> None:
         self.MPI = MPI
         self.comm = MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
@@ -60,14 +60,18 @@ class MPIAdapter(Adapter):
             return lambda: c.Alltoall(inp, out)
         if op == "sendrecv":
             if r == 0:
+
                 def ping() -> None:
                     c.Send(inp, dest=1, tag=7)
                     c.Recv(inp, source=1, tag=7)
+
                 return ping
             if r == 1:
+
                 def pong() -> None:
                     c.Recv(inp, source=0, tag=7)
                     c.Send(inp, dest=0, tag=7)
+
                 return pong
             return lambda: None
         raise ValueError(f"unknown op {op!r}")

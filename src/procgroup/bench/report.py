@@ -212,7 +212,9 @@ def markdown(by_op: dict[str, list[dict]], systems: Sequence[str], n: int) -> st
     return "\n".join(out)
 
 
-def evaluate_targets(by_op: dict[str, list[dict]], n: int, startup: Optional[dict], store: Optional[dict]) -> list[dict]:
+def evaluate_targets(
+    by_op: dict[str, list[dict]], n: int, startup: Optional[dict], store: Optional[dict]
+) -> list[dict]:
     """Verdicts for the issue's targets that this run can judge (met / missed / not measured)."""
     out = []
     for name, op, b, other, limit, only_n in TARGETS:
@@ -230,21 +232,37 @@ def evaluate_targets(by_op: dict[str, list[dict]], n: int, startup: Optional[dic
             if not rows:
                 continue  # the size was outside this run's range
         ratio = rows[0].get(f"ratio_{other}") if rows else None
-        v = {"target": name, "limit": limit, "ratio": ratio,
-             "ratio_rounds": rows[0].get(f"ratio_{other}_rounds") if rows else None,
-             "bytes": rows[0]["bytes"] if rows else b,
-             "status": "not measured" if ratio is None else ("met" if ratio <= limit else "missed")}
+        v = {
+            "target": name,
+            "limit": limit,
+            "ratio": ratio,
+            "ratio_rounds": rows[0].get(f"ratio_{other}_rounds") if rows else None,
+            "bytes": rows[0]["bytes"] if rows else b,
+            "status": "not measured" if ratio is None else ("met" if ratio <= limit else "missed"),
+        }
         out.append(v)
     if startup and startup.get("nproc") == 4 and startup.get("procgroup", {}).get("median_s") is not None:
         m = startup["procgroup"]["median_s"]
-        out.append({"target": f"startup (N={startup.get('nproc')}) <= {STARTUP_TARGET_S:.1f} s", "limit": STARTUP_TARGET_S,
-                    "value_s": m, "status": "met" if m <= STARTUP_TARGET_S else "missed"})
+        out.append(
+            {
+                "target": f"startup (N={startup.get('nproc')}) <= {STARTUP_TARGET_S:.1f} s",
+                "limit": STARTUP_TARGET_S,
+                "value_s": m,
+                "status": "met" if m <= STARTUP_TARGET_S else "missed",
+            }
+        )
     if store and store.get("total_s") is not None:
         c, lim = STORE_TARGET
         if store.get("clients") == c:
             t = store["total_s"]
-            out.append({"target": f"store rendezvous of {c} clients <= {lim:.0f} s", "limit": lim, "value_s": t,
-                        "status": "met" if store.get("ok") and t <= lim else "missed"})
+            out.append(
+                {
+                    "target": f"store rendezvous of {c} clients <= {lim:.0f} s",
+                    "limit": lim,
+                    "value_s": t,
+                    "status": "met" if store.get("ok") and t <= lim else "missed",
+                }
+            )
     return out
 
 
@@ -264,8 +282,14 @@ def format_targets(verdicts: Iterable[dict]) -> str:
 # ----------------------------------------------------------------------------- plot
 
 
-def plot(by_op: dict[str, list[dict]], systems: Sequence[str], n: int, path: str,
-         startup: Optional[dict] = None, title: str = "") -> Optional[str]:
+def plot(
+    by_op: dict[str, list[dict]],
+    systems: Sequence[str],
+    n: int,
+    path: str,
+    startup: Optional[dict] = None,
+    title: str = "",
+) -> Optional[str]:
     """Write a PNG (latency and busbw vs size, log-log, one line per system); returns a note when skipped."""
     try:
         import matplotlib
@@ -289,8 +313,11 @@ def plot(by_op: dict[str, list[dict]], systems: Sequence[str], n: int, path: str
             ax = flat[i]
             i += 1
             for s in systems:
-                pts = [(r["bytes"], r[s][metric] * (1e6 if metric == "median_s" else 1.0))
-                       for r in rows if r.get(s) and metric in r[s] and r[s][metric] > 0]
+                pts = [
+                    (r["bytes"], r[s][metric] * (1e6 if metric == "median_s" else 1.0))
+                    for r in rows
+                    if r.get(s) and metric in r[s] and r[s][metric] > 0
+                ]
                 if pts:
                     xs, ys = zip(*pts)
                     ax.plot(xs, ys, marker="o", ms=3, label=LABEL[s], color=colors.get(s))
@@ -307,12 +334,23 @@ def plot(by_op: dict[str, list[dict]], systems: Sequence[str], n: int, path: str
     bars = []
     if "barrier" in by_op:
         row = by_op["barrier"][0]
-        bars.append(("barrier median (us)", [(LABEL[s], row[s]["median_s"] * 1e6) for s in systems
-                                            if row.get(s) and "median_s" in row[s]]))
+        bars.append(
+            (
+                "barrier median (us)",
+                [(LABEL[s], row[s]["median_s"] * 1e6) for s in systems if row.get(s) and "median_s" in row[s]],
+            )
+        )
     if startup:
-        bars.append((f"startup, N={startup.get('nproc')} (s)",
-                     [(LABEL.get(s, s), v["median_s"]) for s, v in startup.items()
-                      if isinstance(v, dict) and v.get("median_s") is not None]))
+        bars.append(
+            (
+                f"startup, N={startup.get('nproc')} (s)",
+                [
+                    (LABEL.get(s, s), v["median_s"])
+                    for s, v in startup.items()
+                    if isinstance(v, dict) and v.get("median_s") is not None
+                ],
+            )
+        )
     for label, data in bars:
         ax = flat[i]
         i += 1

@@ -34,7 +34,7 @@ import secrets
 import sys
 import threading
 import time
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 __all__ = ["run_store_scale", "main"]
 
@@ -51,8 +51,7 @@ def raise_nofile(need: int) -> tuple[int, int]:
     return soft, hard
 
 
-def _client_proc(port: int, secret: str, lo: int, hi: int, total: int, threads: int,
-                 go, results) -> None:  # type: ignore[no-untyped-def]
+def _client_proc(port: int, secret: str, lo: int, hi: int, total: int, threads: int, go, results) -> None:
     from procgroup.store import TCPStore
 
     raise_nofile(hi - lo + RESERVE_FDS)
@@ -105,9 +104,13 @@ def run_store_scale(clients: int = 4096, procs: Optional[int] = None, threads: i
     threads = max(1, min(threads, math.ceil(clients / procs)))
     soft, hard = raise_nofile(clients + RESERVE_FDS)
     if soft != resource.RLIM_INFINITY and soft < clients + RESERVE_FDS:
-        return {"clients": clients, "ok": False, "total_s": None,
-                "error": f"the open-files limit is {soft} (hard {hard}); {clients} clients need about "
-                         f"{clients + RESERVE_FDS}: raise it (ulimit -n) or use fewer clients"}
+        return {
+            "clients": clients,
+            "ok": False,
+            "total_s": None,
+            "error": f"the open-files limit is {soft} (hard {hard}); {clients} clients need about "
+            f"{clients + RESERVE_FDS}: raise it (ulimit -n) or use fewer clients",
+        }
     from ._load import BackgroundMeter
 
     ctx = mp.get_context("spawn")
@@ -117,15 +120,21 @@ def run_store_scale(clients: int = 4096, procs: Optional[int] = None, threads: i
     server = StoreServer("127.0.0.1", 0, secret=secret, backlog=max(4096, clients))
     port = server.start()
     bounds = [clients * p // procs for p in range(procs + 1)]
-    ps = [ctx.Process(target=_client_proc, args=(port, secret, bounds[p], bounds[p + 1], clients, threads, go, results),
-                      daemon=True) for p in range(procs)]
+    ps = [
+        ctx.Process(
+            target=_client_proc,
+            args=(port, secret, bounds[p], bounds[p + 1], clients, threads, go, results),
+            daemon=True,
+        )
+        for p in range(procs)
+    ]
     try:
         for p in ps:
             p.start()
         go.wait(timeout=60)  # every worker has started and imported procgroup
         meter = BackgroundMeter()
         t0 = time.monotonic()
-        got = []
+        got: list[dict[str, Any]] = []
         deadline = t0 + timeout
         while len(got) < procs:
             try:
@@ -163,11 +172,15 @@ def run_store_scale(clients: int = 4096, procs: Optional[int] = None, threads: i
 
 def format_result(r: dict) -> str:
     if not r.get("ok"):
-        return f"store rendezvous of {r['clients']} clients FAILED: {'; '.join(r.get('errors') or [r.get('error', '?')])}"
-    return (f"store rendezvous: {r['clients']} TCPStore clients ({r['procs']} processes x {r['threads_per_proc']} threads) "
-            f"against one StoreServer: all set+add done in {r['set_add_s']:.3f} s, all released from wait(done) in "
-            f"{r['total_s']:.3f} s"
-            + (f"  [other users' CPU load {100 * r['background_cpu']:.0f}%]" if r.get("background_cpu") is not None else ""))
+        return (
+            f"store rendezvous of {r['clients']} clients FAILED: {'; '.join(r.get('errors') or [r.get('error', '?')])}"
+        )
+    return (
+        f"store rendezvous: {r['clients']} TCPStore clients ({r['procs']} processes x {r['threads_per_proc']} threads) "
+        f"against one StoreServer: all set+add done in {r['set_add_s']:.3f} s, all released from wait(done) in "
+        f"{r['total_s']:.3f} s"
+        + (f"  [other users' CPU load {100 * r['background_cpu']:.0f}%]" if r.get("background_cpu") is not None else "")
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

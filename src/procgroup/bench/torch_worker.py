@@ -12,7 +12,6 @@ procgroup's store.
 from __future__ import annotations
 
 import datetime
-import os
 import sys
 from typing import Optional, Sequence
 
@@ -20,13 +19,17 @@ from ._common import argv_list, drive, worker_parser
 from .cases import TorchStyleAdapter
 
 
-def _torch_store(torch_dist, timeout: float):  # type: ignore[no-untyped-def]
-    from ..config import ENV
+def _torch_store(torch_dist, timeout: float):
+    from ..config import DEFAULT_MASTER_ADDR, RuntimeConfig
+    from ..identity import detect_identity
     from ..store import TCPStore
 
-    rank, n = int(os.environ[ENV.RANK]), int(os.environ[ENV.WORLD_SIZE])
-    host = os.environ.get(ENV.MASTER_ADDR, "127.0.0.1")
-    ours = TCPStore(host, int(os.environ[ENV.MASTER_PORT]), secret=os.environ[ENV.SECRET], timeout=timeout)
+    ident, cfg = detect_identity(), RuntimeConfig.load()
+    rank, n = ident.rank, ident.world_size
+    host = ident.master_addr or DEFAULT_MASTER_ADDR
+    if ident.master_port is None or cfg.secret is None:
+        raise RuntimeError("the gloo bench worker runs under `procgroup run`, which sets MASTER_PORT and the secret")
+    ours = TCPStore(host, ident.master_port, secret=cfg.secret.encode(), timeout=timeout)
     key = "procgroup.bench/torch_store_port"
     td = datetime.timedelta(seconds=timeout)
     if rank == 0:
@@ -44,10 +47,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from ..config import ENV, env_bool
+    from ..config import RuntimeConfig
 
     td = datetime.timedelta(seconds=ns.timeout)
-    if env_bool(ENV.STORE_HOSTED):
+    if RuntimeConfig.load().store_hosted:
         store, rank, n = _torch_store(dist, ns.timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=n, timeout=td)
     else:

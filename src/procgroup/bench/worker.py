@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Optional, Sequence
 
 import procgroup as dist
 
+from ..config import RuntimeConfig
 from ._common import argv_list, drive, worker_parser
 from .cases import TorchStyleAdapter
 
@@ -17,8 +17,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dist.init_process_group(timeout=ns.timeout)
     try:
         a = TorchStyleAdapter("procgroup", dist)
-        info = {"procgroup": dist.__version__,
-                "transport": os.environ.get("PROCGROUP_TRANSPORT", "auto")}
+        info = {"procgroup": dist.__version__, "transport": RuntimeConfig.load().transport}
         return drive(a, ns, info)
     finally:
         dist.destroy_process_group()

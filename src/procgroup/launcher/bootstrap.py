@@ -61,14 +61,15 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
         return False
 
 
-def _env_name(attr: str) -> str:
-    """A name from the contract table, imported only when the agent did not pass the value."""
+def _env(attr: str) -> Optional[str]:
+    """The value of the contract variable ``ENV.<attr>`` (None when unset or empty), read through
+    :func:`procgroup.config.env_str`; procgroup is imported only when the agent did not pass the value."""
     try:
-        from procgroup.config import ENV  # noqa: PLC0415 - deliberately lazy, see module docstring
+        from procgroup.config import ENV, env_str  # noqa: PLC0415 - deliberately lazy, see module docstring
     except ImportError:  # run by path without procgroup on sys.path: use the tree this file is in
         sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-        from procgroup.config import ENV  # noqa: PLC0415
-    return str(getattr(ENV, attr))
+        from procgroup.config import ENV, env_str  # noqa: PLC0415
+    return env_str(str(getattr(ENV, attr)), os.environ)
 
 
 def _is_own(filename: str) -> bool:
@@ -187,7 +188,7 @@ def _parse(argv: list[str]) -> _Args:
 def _identity(a: _Args) -> tuple[Optional[int], Optional[int], str]:
     def env_int(attr: str) -> Optional[int]:
         try:
-            return int(os.environ.get(_env_name(attr), ""))
+            return int(_env(attr) or "")
         except (ValueError, ImportError):
             return None
 
@@ -196,7 +197,7 @@ def _identity(a: _Args) -> tuple[Optional[int], Optional[int], str]:
     host = a.host
     if host is None:
         try:
-            host = os.environ.get(_env_name("HOSTNAME")) or socket.gethostname()
+            host = _env("HOSTNAME") or socket.gethostname()
         except ImportError:
             host = socket.gethostname()
     return rank, local, host
@@ -206,7 +207,7 @@ def _error_file(a: _Args) -> Optional[str]:
     if a.error_file:
         return a.error_file
     try:
-        return os.environ.get(_env_name("ERROR_FILE")) or None
+        return _env("ERROR_FILE")
     except ImportError:
         return None
 
@@ -228,10 +229,10 @@ def main(argv: Optional[list[str]] = None) -> None:
                              "(--no-python runs an executable from PATH or a path; drop --no-python for a .py file)\n")
             os._exit(127)
 
-    if not os.environ.get("PYTHONFAULTHANDLER"):
-        import faulthandler  # a segfault then shows a Python stack in the root-cause report
+    import faulthandler  # a builtin module: imports nothing
 
-        faulthandler.enable()
+    if not faulthandler.is_enabled():  # PYTHONFAULTHANDLER / -X faulthandler already enabled it
+        faulthandler.enable()  # a segfault then shows a Python stack in the root-cause report
 
     if a.module:
         sys.argv = [a.target, *a.argv]  # runpy replaces argv[0] with the module's path

@@ -30,7 +30,6 @@ ordered deterministically and are an error that says to pass --node-rank.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -48,7 +47,8 @@ from ..errors import (
     StoreTimeoutError,
 )
 from ..netutil import format_hostport
-from .cli import Placement
+from ..protocol.control import decode_pids, decode_record, encode_pids, encode_record
+from .config import Placement
 from .report import RunResult, result_from_json, result_to_json, worker_from_dict
 
 __all__ = [
@@ -95,12 +95,14 @@ class AgentInfo:
     hosts_store: bool
     worker_port: Optional[int] = None  # node 0: the workers' MASTER_PORT for this generation
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+    def to_json(self) -> bytes:
+        """This agent's join info as a store value (:func:`~procgroup.protocol.control.encode_record`)."""
+        return encode_record(asdict(self))
 
     @classmethod
     def from_json(cls, data: "bytes | str") -> "AgentInfo":
-        d = json.loads(data)
+        """The join info in a store value; raises ControlMessageError (a ValueError) for a malformed one."""
+        d = decode_record(data)
         return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})  # type: ignore[arg-type]
 
     def who(self) -> str:
@@ -267,7 +269,7 @@ class Watcher:
                     pass
                 else:
                     try:
-                        rec = json.loads(st.get(key))
+                        rec = decode_record(st.get(key))
                     except ValueError:
                         rec = {"reason": "another agent stopped the job"}
                     if isinstance(rec.get("lost_node"), int):  # another agent found a node silent: so is it here
@@ -430,7 +432,7 @@ class Gang:
         key = _k(gen, "abort")
         if self.store.check([key]):
             try:
-                return json.loads(self.store.get(key))
+                return decode_record(self.store.get(key))
             except ValueError:
                 return {"reason": "another agent stopped the job"}
         return None
@@ -498,7 +500,7 @@ class Gang:
     def publish_pids(self, gen: int, node_rank: int, rows: list[list[int]]) -> None:
         assert self.store is not None
         try:
-            self.store.set(_k(gen, "pids", node_rank), json.dumps(rows))
+            self.store.set(_k(gen, "pids", node_rank), encode_pids(rows))
         except _LOST_ERRORS:
             pass  # the watcher reports the lost store
 
@@ -508,7 +510,7 @@ class Gang:
         try:
             if not self.store.check(keys):
                 return None
-            return {n: json.loads(v) for n, v in enumerate(self.store.multi_get(keys))}
+            return {n: decode_pids(v) for n, v in enumerate(self.store.multi_get(keys))}
         except _LOST_ERRORS:
             return None
 
@@ -516,7 +518,7 @@ class Gang:
         """Tell every agent to stop this generation (the first record wins)."""
         st = store or self.store
         try:
-            st.compare_set(_k(gen, "abort"), b"", json.dumps(record).encode())  # type: ignore[union-attr]
+            st.compare_set(_k(gen, "abort"), b"", encode_record(record))  # type: ignore[union-attr]
         except _LOST_ERRORS:
             pass
 
@@ -524,7 +526,7 @@ class Gang:
         """A worker of this node failed: record it, then stop everyone."""
         assert self.store is not None
         try:
-            self.store.set(_k(gen, "fail", node_rank), json.dumps(record))
+            self.store.set(_k(gen, "fail", node_rank), encode_record(record))
         except _LOST_ERRORS:
             pass
         self.abort(gen, record)
@@ -588,7 +590,7 @@ class Gang:
                 continue
             try:
                 if st.check([_k(gen, "fail", n)]):
-                    rec = json.loads(st.get(_k(gen, "fail", n)))
+                    rec = decode_record(st.get(_k(gen, "fail", n)))
                     if isinstance(rec.get("worker"), dict):
                         wr = worker_from_dict(rec["worker"])
                         got[n] = RunResult(workers=(wr,), host=assignment.nodes[n].host, restart_count=gen,

@@ -39,7 +39,9 @@ from ..config import ENV, env_str
 from ..deadline import Deadline
 from ..errors import ConfigError
 from ..protocol.auth import new_secret
-from .agent import CTL_MARK, DRAIN_TIMEOUT, LEFTOVER_TIMEOUT
+from ..protocol.control import PortAnnounce, Report
+from .agent import DRAIN_TIMEOUT, LEFTOVER_TIMEOUT
+from .control import HeadLink
 from .hosts import HeadConfig, agent_argv, remote_command, ssh_argv
 from .report import RunResult, format_root_cause, format_summary, result_from_json
 from .signals import SignalWaiter
@@ -60,7 +62,7 @@ class Session:
     slots: int
     worker: Worker  # the ssh client, wrapped for the output pump
     port: Optional[int] = None
-    report: Optional[dict] = None
+    report: Optional[Report] = None
     ended: Optional[float] = None
 
     @property
@@ -73,6 +75,9 @@ class Session:
 
 
 class HeadNode(SignalWaiter):
+    """``procgroup run --hostfile``: one agent per host over ssh, their output relayed, Ctrl-C and SIGUSR1
+    passed on, the job's report printed from the agents' control messages (:mod:`.control`)."""
+
     def __init__(self, cfg: HeadConfig, sink: Optional[LineSink] = None,
                  environ: Optional[Mapping[str, str]] = None) -> None:
         self.cfg = cfg
@@ -80,7 +85,7 @@ class HeadNode(SignalWaiter):
         self.environ = dict(os.environ if environ is None else environ)
         self.sessions: list[Session] = []
         self._nonce = secrets.token_hex(8)
-        self._mark = f"{CTL_MARK}{self._nonce} ".encode()
+        self._link = HeadLink(self._nonce)
         self._init_signals()
         self._lock = threading.Lock()
         self.pump = OutputPump(self.sink, intercept=self._intercept)
@@ -104,17 +109,16 @@ class HeadNode(SignalWaiter):
         return new_secret()
 
     def _intercept(self, worker: Worker, line: bytes) -> bool:
-        if not line.startswith(self._mark):
+        if not self._link.is_control(line):
             return False
-        try:
-            msg = json.loads(line[len(self._mark):])
-        except ValueError:
+        msg = self._link.parse(line)
+        if msg is None:
             return True
         s = next((x for x in self.sessions if x.worker is worker), None)
-        if s is not None and isinstance(msg, dict):
-            if msg.get("event") == "port":
-                s.port = int(msg["port"])
-            elif msg.get("event") == "report":
+        if s is not None:
+            if isinstance(msg, PortAnnounce):
+                s.port = msg.port
+            elif isinstance(msg, Report):
                 s.report = msg
         self._poke()
         return True
@@ -124,7 +128,7 @@ class HeadNode(SignalWaiter):
         for s in self.sessions:
             if s.ended is None and s.proc.stdin is not None and not s.proc.stdin.closed:
                 try:
-                    s.proc.stdin.write(b"usr1\n")
+                    s.proc.stdin.write(self._link.usr1())
                     s.proc.stdin.flush()
                 except OSError:
                     pass
@@ -148,10 +152,10 @@ class HeadNode(SignalWaiter):
         s = Session(node=node, host=h.host, slots=h.slots, worker=Worker(spec=spec, proc=proc, start_time=time.time()))
         self.sessions.append(s)
         self.pump.add(s.worker)
-        hello = json.dumps({"secret": secret, "nonce": self._nonce}) + "\n"
+        hello = self._link.hello(secret)
         try:
             assert proc.stdin is not None
-            proc.stdin.write(hello.encode())
+            proc.stdin.write(hello)
             proc.stdin.flush()
         except (BrokenPipeError, OSError):
             pass  # the session died at once: its exit status and ssh's message tell why
@@ -204,6 +208,7 @@ class HeadNode(SignalWaiter):
     # ------------------------------------------------------------------ run
 
     def run(self) -> int:
+        """Run the job on every host; the process exit code (the job's, 128+signal, or 1 when a host failed)."""
         cfg = self.cfg
         a = cfg.agent
         if not a.module and not a.no_python and not os.path.exists(a.entrypoint):
@@ -304,7 +309,7 @@ class HeadNode(SignalWaiter):
         best: Optional[RunResult] = None
         for r in reports:
             try:
-                res = result_from_json(json.dumps(r.get("result")))
+                res = result_from_json(json.dumps(r.result))
             except (ValueError, TypeError):
                 continue
             if best is None or len(res.workers) > len(best.workers):
@@ -313,4 +318,5 @@ class HeadNode(SignalWaiter):
 
 
 def run_head(cfg: HeadConfig, sink: Optional[LineSink] = None) -> int:
+    """Run a head-node job; the process exit code."""
     return HeadNode(cfg, sink).run()

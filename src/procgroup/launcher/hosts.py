@@ -29,7 +29,7 @@ from typing import Mapping, Optional, Sequence
 
 from ..config import ENV
 from ..errors import ConfigError
-from .cli import LaunchConfig
+from .config import LaunchConfig
 
 __all__ = [
     "HostSlot",

@@ -334,37 +334,42 @@ class _Writer:
 
 
 def _encode_body(ev: object, w: _Writer) -> None:
-    t = type(ev)
-    if t is Set:
-        w.key(ev.key); w.blob(ev.value)  # type: ignore[attr-defined]  # noqa: E702
-    elif t is Get or t is DeleteKey:
-        w.key(ev.key)  # type: ignore[attr-defined]
-    elif t is Add:
-        w.key(ev.key); w.i64(ev.amount)  # type: ignore[attr-defined]  # noqa: E702
-    elif t is CompareSet:
-        w.key(ev.key); w.blob(ev.expected); w.blob(ev.desired)  # type: ignore[attr-defined]  # noqa: E702
-    elif t is Wait:
-        w.u64(ev.timeout_ms); w.keys(ev.keys)  # type: ignore[attr-defined]  # noqa: E702
-    elif t is Check or t is MultiGet or t is Timeout:
-        w.keys(ev.keys if t is not Timeout else ev.missing)  # type: ignore[attr-defined]
-    elif t is MultiSet:
-        if len(ev.keys) != len(ev.values):  # type: ignore[attr-defined]
-            raise ConfigError(
-                f"multi_set got {len(ev.keys)} keys but {len(ev.values)} values"  # type: ignore[attr-defined]
-            )
-        w.keys(ev.keys); w.blobs(ev.values)  # type: ignore[attr-defined]  # noqa: E702
-    elif t is NumKeys or t is Ping or t is Ok:
+    if isinstance(ev, Set):
+        w.key(ev.key)
+        w.blob(ev.value)
+    elif isinstance(ev, (Get, DeleteKey)):
+        w.key(ev.key)
+    elif isinstance(ev, Add):
+        w.key(ev.key)
+        w.i64(ev.amount)
+    elif isinstance(ev, CompareSet):
+        w.key(ev.key)
+        w.blob(ev.expected)
+        w.blob(ev.desired)
+    elif isinstance(ev, Wait):
+        w.u64(ev.timeout_ms)
+        w.keys(ev.keys)
+    elif isinstance(ev, (Check, MultiGet)):
+        w.keys(ev.keys)
+    elif isinstance(ev, Timeout):
+        w.keys(ev.missing)
+    elif isinstance(ev, MultiSet):
+        if len(ev.keys) != len(ev.values):
+            raise ConfigError(f"multi_set got {len(ev.keys)} keys but {len(ev.values)} values")
+        w.keys(ev.keys)
+        w.blobs(ev.values)
+    elif isinstance(ev, (NumKeys, Ping, Ok)):
         pass
-    elif t is Value:
-        w.blob(ev.value)  # type: ignore[attr-defined]
-    elif t is Int:
-        w.i64(ev.value)  # type: ignore[attr-defined]
-    elif t is Bool:
-        w.raw(b"\x01" if ev.value else b"\x00")  # type: ignore[attr-defined]
-    elif t is Values:
-        w.blobs(ev.values)  # type: ignore[attr-defined]
-    elif t is Error:
-        w.blob(ev.message.encode("utf-8", "replace"))  # type: ignore[attr-defined]
+    elif isinstance(ev, Value):
+        w.blob(ev.value)
+    elif isinstance(ev, Int):
+        w.i64(ev.value)
+    elif isinstance(ev, Bool):
+        w.raw(b"\x01" if ev.value else b"\x00")
+    elif isinstance(ev, Values):
+        w.blobs(ev.values)
+    elif isinstance(ev, Error):
+        w.blob(ev.message.encode("utf-8", "replace"))
     else:  # pragma: no cover - guarded by the callers
         raise TypeError(f"not a store protocol event: {ev!r}")
 
@@ -413,16 +418,20 @@ class _Reader:
         return self._take(1, what)[0]
 
     def u16(self, what: str) -> int:
-        return _U16.unpack(self._take(2, what))[0]
+        v: int = _U16.unpack(self._take(2, what))[0]
+        return v
 
     def u32(self, what: str) -> int:
-        return _U32.unpack(self._take(4, what))[0]
+        v: int = _U32.unpack(self._take(4, what))[0]
+        return v
 
     def u64(self, what: str) -> int:
-        return _U64.unpack(self._take(8, what))[0]
+        v: int = _U64.unpack(self._take(8, what))[0]
+        return v
 
     def i64(self, what: str) -> int:
-        return _I64.unpack(self._take(8, what))[0]
+        v: int = _I64.unpack(self._take(8, what))[0]
+        return v
 
     def key(self) -> str:
         n = self.u16("key length")

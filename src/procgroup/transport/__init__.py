@@ -9,8 +9,9 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
+from ..config import ShmOptions, shm_options as _shm_options_from_env
 from ..deadline import as_deadline
 from ..errors import ConfigError, format_ranks
 from ._engine import LoopbackTransport
@@ -54,6 +55,7 @@ def connect_transport(
     prefix: str = "transport",
     ring_size: Optional[int] = None,
     max_frame_size: Optional[int] = None,
+    shm_options: Optional[ShmOptions] = None,
 ) -> Transport:
     """Connect this rank to every other rank; collective (every rank calls it), bounded by ``deadline``.
 
@@ -67,6 +69,9 @@ def connect_transport(
     Returns a :class:`ShmTransport` or :class:`TcpTransport` when one
     transport reaches every peer, a :class:`RouterTransport` over both when
     the job spans several hosts, a :class:`LoopbackTransport` for world size 1.
+
+    ``shm_options``: settings of the shm transport; None reads them from the
+    environment once (``PROCGROUP_SHM_*``, a bad value is a ConfigError naming it).
     """
     mode = (mode or "auto").lower()
     if mode not in MODES:
@@ -99,8 +104,9 @@ def connect_transport(
     tcp: Optional[TcpTransport] = None
     try:
         if len(local) > 1:
+            opts = shm_options if shm_options is not None else _shm_options_from_env()
             shm = ShmTransport(store, rank, world_size, local_ranks=local, job_id=job_id, deadline=dl,
-                               prefix=f"{pfx}/shm", ring_size=ring_size)
+                               prefix=f"{pfx}/shm", ring_size=ring_size, options=opts)
         if remote:
             kw = {} if max_frame_size is None else {"max_frame_size": max_frame_size}
             tcp = TcpTransport(store, rank, world_size, peers=remote, secret=secret, advertise_addr=advertise_addr,
@@ -110,7 +116,7 @@ def connect_transport(
             shm.close()
         raise
     if shm is not None and tcp is not None:
-        per_peer: dict = {r: shm for r in local if r != rank}
+        per_peer: Dict[int, Transport] = {r: shm for r in local if r != rank}
         per_peer.update({r: tcp for r in remote})
         return RouterTransport(per_peer, LoopbackTransport(rank, world_size), rank, world_size)
     t = shm if shm is not None else tcp

@@ -11,7 +11,7 @@ It needs the same permission as ptrace attach (same uid, and Yama's
 ``ptrace_scope`` <= 0 or a ptracer relationship; seccomp may forbid the
 call).  The transport probes every peer once at formation (reading the
 peer's segment magic through :func:`read`) and falls back to the ring for
-peers it cannot read.  ``PROCGROUP_SHM_CMA=0`` turns it off.
+peers it cannot read.  ``ShmOptions.cma`` (``PROCGROUP_SHM_CMA=0``) turns it off.
 
 :data:`AVAILABLE` is False where the call does not exist; :func:`read` raises
 ``OSError`` (errno set: ESRCH for a dead process, EFAULT for a bad address,
@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import os
 import platform
+from typing import Any, List, Optional
+
+from ..config import ShmOptions
 
 __all__ = ["AVAILABLE", "enabled", "read", "read_parallel", "address_of", "SPLIT_MIN"]
 
 AVAILABLE = False
-_readv = None
+_readv: Any = None  # the ctypes function, when libc has it
 
 try:  # pragma: no branch - platform dependent
     import ctypes
@@ -39,7 +42,8 @@ try:  # pragma: no branch - platform dependent
 
         _readv = _libc["process_vm_readv"]
         _readv.restype = ctypes.c_ssize_t
-        _readv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+        _readv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
+                           ctypes.c_ulong]
         AVAILABLE = True
 except Exception:  # noqa: BLE001 - no libc symbol, no ctypes: the ring it is
     AVAILABLE = False
@@ -48,11 +52,12 @@ except Exception:  # noqa: BLE001 - no libc symbol, no ctypes: the ring it is
 _STEP = 1 << 30
 
 
-def enabled() -> bool:
-    """Whether the transport may use cross-memory attach (available and not turned off)."""
-    from ..config import ENV, env_bool
+def enabled(options: Optional[ShmOptions] = None) -> bool:
+    """Whether the transport may use cross-memory attach: available here and not turned off by ``options.cma``.
 
-    return AVAILABLE and env_bool(ENV.SHM_CMA, default=True)
+    ``options``: the transport's :class:`~procgroup.config.ShmOptions` (the defaults when None: on).
+    """
+    return AVAILABLE and (options is None or options.cma)
 
 
 def address_of(view: memoryview) -> int:
@@ -63,17 +68,21 @@ def address_of(view: memoryview) -> int:
 
 
 def read(pid: int, local: int, remote: int, n: int) -> None:
-    """Copy ``n`` bytes at ``remote`` in process ``pid`` to ``local`` in ours; OSError on failure."""
+    """Copy ``n`` bytes at ``remote`` in process ``pid`` to ``local`` in ours.
+
+    Raises OSError with errno set: ESRCH (the process is gone), EFAULT (a bad address, or no progress),
+    EPERM (no permission), ENOSYS (the call is not available here).
+    """
     if not AVAILABLE:
         raise OSError(38, "process_vm_readv is not available")
-    li = _IOVec()  # type: ignore[name-defined]
-    ri = _IOVec()  # type: ignore[name-defined]
+    li = _IOVec()
+    ri = _IOVec()
     done = 0
     while done < n:
         k = min(n - done, _STEP)
         li.iov_base, li.iov_len = local + done, k
         ri.iov_base, ri.iov_len = remote + done, k
-        got = _readv(pid, ctypes.addressof(li), 1, ctypes.addressof(ri), 1, 0)  # type: ignore[misc]
+        got = _readv(pid, ctypes.addressof(li), 1, ctypes.addressof(ri), 1, 0)
         if got < 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
@@ -99,7 +108,7 @@ def read_parallel(pid: int, local: int, remote: int, n: int) -> None:
         return
     import threading
 
-    err: list = []
+    err: List[OSError] = []
 
     def tail() -> None:
         try:

@@ -34,13 +34,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Callable, Deque, Dict, Iterable, List, Optional
+from typing import Callable, Deque, Dict, FrozenSet, Iterable, List, Optional
 
 from ..deadline import Deadline, as_deadline
 from ..errors import ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError
-from .base import ANY_SOURCE, TAG_LIMIT, Buffer, CompletedRequest, Request, Status, Transport, as_bytes_view, as_writable_view
+from .base import (ANY_SOURCE, TAG_LIMIT, Buffer, CompletedRequest, Request, Status, Transport, as_bytes_view,
+                   as_writable_view)
 
-__all__ = ["delete_key_quiet", "EngineTransport", "RecvReq", "SendReq", "Unexpected", "ClaimGroup", "LoopbackTransport", "timeout_error"]
+__all__ = ["delete_key_quiet", "EngineRequest", "EngineTransport", "RecvReq", "SendReq", "Unexpected", "ClaimGroup",
+           "LoopbackTransport", "timeout_error"]
 
 
 class ClaimGroup:
@@ -60,7 +62,13 @@ class ClaimGroup:
             return self.winner is who
 
 
-class _Req(Request):
+class EngineRequest(Request):
+    """A send or receive of an :class:`EngineTransport`: done once ``status`` or ``error`` is set (under its lock).
+
+    ``wait`` returns the status or raises the error; while neither is set it defers to the transport's
+    waiting strategy (``_wait_req``), which raises :class:`DistTimeoutError` at the deadline.
+    """
+
     __slots__ = ("owner", "peer", "tag", "status", "error")
 
     def __init__(self, owner: "EngineTransport", peer: int, tag: int) -> None:
@@ -86,17 +94,18 @@ class _Req(Request):
         return self.owner._wait_req(self, deadline)
 
 
-class RecvReq(_Req):
+class RecvReq(EngineRequest):
     __slots__ = ("out", "group")
     kind = "recv"
 
-    def __init__(self, owner: "EngineTransport", src: int, tag: int, out: memoryview, group: Optional[ClaimGroup] = None) -> None:
+    def __init__(self, owner: "EngineTransport", src: int, tag: int, out: memoryview,
+                 group: Optional[ClaimGroup] = None) -> None:
         super().__init__(owner, src, tag)
         self.out = out
         self.group = group
 
 
-class SendReq(_Req):
+class SendReq(EngineRequest):
     """A send that could not complete at post time (the transport finishes it later)."""
 
     __slots__ = ("view", "nbytes", "off", "hdr_done", "extra")
@@ -138,7 +147,7 @@ def _src_name(src: int) -> str:
     return "any rank" if src == ANY_SOURCE else f"rank {src}"
 
 
-def timeout_error(me: int, req: _Req, deadline: Deadline, kind: str) -> DistTimeoutError:
+def timeout_error(me: int, req: EngineRequest, deadline: Deadline, kind: str) -> DistTimeoutError:
     if isinstance(req, RecvReq):
         what = f"recv from {_src_name(req.peer)}"
     else:
@@ -176,7 +185,7 @@ class EngineTransport(Transport):
 
     # -- public API -----------------------------------------------------------------
     @property
-    def peers(self) -> frozenset:
+    def peers(self) -> FrozenSet[int]:
         """The remote ranks this transport reaches (self-sends always work too)."""
         return self._peers
 
@@ -198,7 +207,13 @@ class EngineTransport(Transport):
         return self._send_remote(dst, tag, view)
 
     def irecv(self, src: int, tag: int, out: Buffer) -> Request:
-        return self._irecv(src, tag, out, None)  # type: ignore[return-value]
+        """Post a receive into ``out`` (see :class:`~procgroup.transport.base.Transport`); ConfigError if misused.
+
+        Raises the abort error after :meth:`abort`, :class:`ClosedError` after :meth:`close`.
+        """
+        req = self._irecv(src, tag, out, None)
+        assert req is not None, "a receive outside a claim group is always posted"
+        return req
 
     def mark_peer_failed(self, peer: int, reason: str) -> None:
         with self._lock:
@@ -226,7 +241,7 @@ class EngineTransport(Transport):
         self._after_close()
 
     def add_activity_hook(self, fn: Callable[[], None]) -> None:
-        """``fn()`` is called (under the transport lock: keep it tiny) whenever a request completes or a message arrives."""
+        """Call ``fn()`` whenever a request completes or a message arrives (under the transport lock: keep it tiny)."""
         self._hooks.append(fn)
 
     # -- internals for the router --------------------------------------------------
@@ -337,7 +352,7 @@ class EngineTransport(Transport):
         if n:
             req.out[:n] = memoryview(entry.buf)[:n]
         req.status = Status(entry.src, n)
-        req.out = None  # type: ignore[assignment]  # drop the buffer export (a bytearray may be resized again)
+        req.out = None  # type: ignore[assignment]  # drop the export: a bytearray may be resized again
 
     def _entry_matched_locked(self, entry: Unexpected) -> None:
         """A receive became the waiter of the incomplete ``entry`` (subclasses: e.g. start a rendezvous read)."""
@@ -365,7 +380,7 @@ class EngineTransport(Transport):
                 else:
                     req.out[:n] = view
                     req.status = Status(self.rank, n)
-                    req.out = None  # type: ignore[assignment]
+                    req.out = None  # type: ignore[assignment]  # drop the buffer export; out is typed for live use
             else:
                 self._add_unexpected_locked(tag, Unexpected(self.rank, bytearray(view), n, True))
             self._notify_locked()
@@ -378,7 +393,7 @@ class EngineTransport(Transport):
                                f"(it reaches {sorted(self._peers)})")
         return ConfigError(f"rank {self.rank}: {what} rank {peer}, which is outside [0, {self.world_size})")
 
-    def _peer_error(self, req: _Req, peer: int, reason: str) -> PeerFailureError:
+    def _peer_error(self, req: EngineRequest, peer: int, reason: str) -> PeerFailureError:
         if isinstance(req, RecvReq):
             what = f"recv from {_src_name(req.peer)}"
         else:
@@ -454,10 +469,10 @@ class EngineTransport(Transport):
     def _send_remote(self, dst: int, tag: int, view: memoryview) -> Request:
         raise NotImplementedError
 
-    def _test_req(self, req: _Req) -> bool:
+    def _test_req(self, req: EngineRequest) -> bool:
         return req.status is not None or req.error is not None
 
-    def _wait_req(self, req: _Req, deadline: Optional[Deadline]) -> Status:
+    def _wait_req(self, req: EngineRequest, deadline: Optional[Deadline]) -> Status:
         raise NotImplementedError
 
 
@@ -474,7 +489,7 @@ class LoopbackTransport(EngineTransport):
         self._cond.notify_all()
         super()._notify_locked()
 
-    def _wait_req(self, req: _Req, deadline: Optional[Deadline]) -> Status:
+    def _wait_req(self, req: EngineRequest, deadline: Optional[Deadline]) -> Status:
         with self._cond:
             while True:
                 if req.status is not None:
@@ -482,6 +497,6 @@ class LoopbackTransport(EngineTransport):
                 if req.error is not None:
                     raise req.error
                 rem = None if deadline is None else deadline.remaining()
-                if rem is not None and rem <= 0:
-                    raise timeout_error(self.rank, req, deadline, self.kind)  # type: ignore[arg-type]
+                if deadline is not None and rem is not None and rem <= 0:
+                    raise timeout_error(self.rank, req, deadline, self.kind)
                 self._cond.wait(None if rem is None or rem == float("inf") else rem)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from typing import Any, Optional, Tuple
 
 __all__ = ["AVAILABLE", "futex_wait", "futex_wake", "raw_waker", "buffer_address", "FALLBACK_SLEEP"]
 
@@ -38,9 +39,9 @@ _INT_MAX = 0x7FFFFFFF
 _EAGAIN, _EINTR, _ETIMEDOUT, _ENOSYS = 11, 4, 110, 38
 
 AVAILABLE = False
-_syscall = None
-_syscall_wake = None
-_Timespec = None
+_syscall: Any = None  # ctypes functions and struct, when the syscall is there
+_syscall_wake: Any = None
+_Timespec: Any = None
 
 try:  # pragma: no branch - platform dependent
     import ctypes
@@ -57,8 +58,10 @@ try:  # pragma: no branch - platform dependent
         _syscall_wake.restype = ctypes.c_long
         _syscall_wake.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
 
-        class _Timespec(ctypes.Structure):  # type: ignore[no-redef]
+        class _TimespecStruct(ctypes.Structure):
             _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+        _Timespec = _TimespecStruct
 
         _NR_FUTEX = _nr
         AVAILABLE = True
@@ -82,8 +85,8 @@ def futex_wait(addr: int, expected: int, timeout: float) -> None:
     if not AVAILABLE:
         time.sleep(min(timeout, FALLBACK_SLEEP))
         return
-    ts = _Timespec(int(timeout), int((timeout - int(timeout)) * 1e9))  # type: ignore[misc]
-    r = _syscall(_NR_FUTEX, addr, _FUTEX_WAIT, expected & 0xFFFFFFFF, ctypes.addressof(ts))  # type: ignore[misc]
+    ts = _Timespec(int(timeout), int((timeout - int(timeout)) * 1e9))
+    r = _syscall(_NR_FUTEX, addr, _FUTEX_WAIT, expected & 0xFFFFFFFF, ctypes.addressof(ts))
     if r != 0:
         err = ctypes.get_errno()
         if err == _ENOSYS:
@@ -98,7 +101,7 @@ def futex_wake(addr: int, n: int = _INT_MAX) -> int:
     """Wake up to ``n`` waiters on ``addr``; returns how many were woken (0 in fallback mode)."""
     if not AVAILABLE:
         return 0
-    r = _syscall_wake(_NR_FUTEX, addr, _FUTEX_WAKE, n)  # type: ignore[misc]
+    r = _syscall_wake(_NR_FUTEX, addr, _FUTEX_WAKE, n)
     if r < 0:
         if ctypes.get_errno() == _ENOSYS:
             _disable()
@@ -106,7 +109,7 @@ def futex_wake(addr: int, n: int = _INT_MAX) -> int:
     return int(r)
 
 
-def raw_waker():
+def raw_waker() -> Optional[Tuple[Any, int]]:
     """``(fn, nr)`` for the hot path: ``fn(nr, addr, 1, n)`` is FUTEX_WAKE without the wrapper; None if unavailable."""
     if not AVAILABLE or _syscall_wake is None:
         return None
@@ -120,7 +123,7 @@ def buffer_address(buf: object) -> int:
     """
     import ctypes as _ct
 
-    c = (_ct.c_char * 1).from_buffer(buf)  # type: ignore[arg-type]
+    c = (_ct.c_char * 1).from_buffer(buf)  # type: ignore[arg-type]  # any writable buffer; typeshed wants one
     addr = _ct.addressof(c)
     del c
     return addr

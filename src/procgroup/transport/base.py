@@ -58,7 +58,8 @@ from typing import Optional, Sequence, Union
 
 from ..deadline import Deadline
 
-__all__ = ["ANY_SOURCE", "ARENA_BYTES", "Arena", "Status", "Request", "Transport", "CompletedRequest", "as_bytes_view", "as_writable_view"]
+__all__ = ["ANY_SOURCE", "ARENA_BYTES", "Arena", "Status", "Request", "Transport", "CompletedRequest", "as_bytes_view",
+           "as_writable_view"]
 
 #: Source wildcard for irecv/recv.
 ANY_SOURCE = -1
@@ -187,6 +188,7 @@ class Arena(abc.ABC):
 
 def as_bytes_view(data: Buffer) -> memoryview:
     """A flat, read-only-or-writable byte view of a C-contiguous buffer (no copy)."""
+    # Buffer admits any buffer-protocol object (numpy, torch), which typing can name only from Python 3.12 on
     mv = data if isinstance(data, memoryview) else memoryview(data)  # type: ignore[arg-type]
     if not mv.c_contiguous:
         from ..errors import ConfigError

@@ -16,7 +16,8 @@ from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
 from ..deadline import Deadline
 from ..errors import ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError
-from .base import ANY_SOURCE, ARENA_BYTES, TAG_LIMIT, Arena, Buffer, CompletedRequest, Request, Status, Transport, as_bytes_view, as_writable_view
+from .base import (ANY_SOURCE, ARENA_BYTES, TAG_LIMIT, Arena, Buffer, CompletedRequest, Request, Status, Transport,
+                   as_bytes_view, as_writable_view)
 
 __all__ = ["MemoryHub", "MemoryTransport"]
 
@@ -61,11 +62,11 @@ class _RecvRequest(Request):
                     self.error = ClosedError(f"rank {self._me}: transport closed while a recv was pending")
                     continue
                 remaining = None if deadline is None else deadline.remaining_or_none()
-                if remaining is not None and remaining <= 0:
+                if deadline is not None and remaining is not None and remaining <= 0:
                     src = "any rank" if self.src == ANY_SOURCE else f"rank {self.src}"
                     raise DistTimeoutError(
                         f"rank {self._me}: recv from {src} (tag {self.tag}) did not complete "
-                        f"after {deadline.elapsed():.2f}s"  # type: ignore[union-attr]
+                        f"after {deadline.elapsed():.2f}s"
                     )
                 hub.cond.wait(remaining)
 
@@ -109,8 +110,8 @@ class MemoryHub:
         self.failed: Dict[int, str] = {}
         self.closed = [False] * world_size
         self.aborted: Dict[int, BaseException] = {}  # rank -> error its requests fail with
-        #: (key, members) -> per parity, per member: [published count, check, bytearray of ARENA_BYTES]
-        self.arenas: Dict[Tuple[int, Tuple[int, ...]], List[List[list]]] = {}
+        #: (key, members) -> per parity, per member: its slot
+        self.arenas: Dict[Tuple[int, Tuple[int, ...]], List[List[_Slot]]] = {}
 
     def transport(self, rank: int) -> "MemoryTransport":
         return MemoryTransport(self, rank)
@@ -121,6 +122,17 @@ class MemoryHub:
             self.failed[rank] = reason
             self.closed[rank] = True
             self.cond.notify_all()
+
+
+class _Slot:
+    """One member's arena slot: how many exchanges it published, the last one's check word, and its bytes."""
+
+    __slots__ = ("count", "check", "data")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.check = 0
+        self.data = bytearray(ARENA_BYTES)
 
 
 class _MemoryArena(Arena):
@@ -134,7 +146,7 @@ class _MemoryArena(Arena):
         with t.hub.cond:
             self.slots = t.hub.arenas.setdefault(
                 (key, tuple(self.members)),
-                [[[0, 0, bytearray(ARENA_BYTES)] for _ in self.members] for _ in range(2)],
+                [[_Slot() for _ in self.members] for _ in range(2)],
             )
         self.count = 0
 
@@ -150,24 +162,26 @@ class _MemoryArena(Arena):
                 v = as_bytes_view(data)
                 if v.nbytes > self.max_bytes:
                     raise ConfigError(f"arena exchange of {v.nbytes} bytes exceeds the slot size {self.max_bytes}")
-                mine[2][:v.nbytes] = v
-            mine[0], mine[1] = val, check
+                mine.data[:v.nbytes] = v
+            mine.count, mine.check = val, check
             hub.cond.notify_all()
             while True:
-                missing = [m for i, m in enumerate(self.members) if slots[i][0] != val or slots[i][1] != check]
+                missing = [m for i, m in enumerate(self.members) if slots[i].count != val or slots[i].check != check]
                 if not missing:
-                    return [memoryview(s[2]) for s in slots]
+                    return [memoryview(s.data) for s in slots]
                 self.t._check(me, "arena exchange")
                 dead = [m for m in missing if m in hub.failed]
                 if dead:
                     raise PeerFailureError(
-                        f"rank {me}: shared-slot exchange cannot complete: rank {dead[0]} failed ({hub.failed[dead[0]]})",
+                        f"rank {me}: shared-slot exchange cannot complete: rank {dead[0]} failed "
+                        f"({hub.failed[dead[0]]})",
                         peer=dead[0],
                     )
                 remaining = None if deadline is None else deadline.remaining_or_none()
-                if remaining is not None and remaining <= 0:
+                if deadline is not None and remaining is not None and remaining <= 0:
                     raise DistTimeoutError(
-                        f"rank {me}: shared-slot exchange: ranks {missing} did not arrive after {deadline.elapsed():.2f}s"  # type: ignore[union-attr]
+                        f"rank {me}: shared-slot exchange: ranks {missing} did not arrive "
+                        f"after {deadline.elapsed():.2f}s"
                     )
                 hub.cond.wait(remaining)
 
@@ -200,7 +214,8 @@ class MemoryTransport(Transport):
         hub = self.hub
         with hub.cond:
             if dst in hub.failed:
-                raise PeerFailureError(f"rank {self.rank}: send to rank {dst} failed: rank {dst} failed ({hub.failed[dst]})", peer=dst)
+                raise PeerFailureError(f"rank {self.rank}: send to rank {dst} failed: rank {dst} failed "
+                                       f"({hub.failed[dst]})", peer=dst)
             box = hub.mailboxes[dst]
             for req in box.posted:
                 if req.tag == tag and (req.src == ANY_SOURCE or req.src == self.rank):

@@ -8,9 +8,10 @@ sub-transport as a member of one :class:`~procgroup.transport._engine.ClaimGroup
 the first sub-transport whose matching picks a member claims the group,
 and the other members are withdrawn (so exactly one message is consumed).
 Waiting uses a *shared notification*: every sub-transport reports activity
-through a hook, which rings the shm transport's own doorbell (a futex word,
-so the waiter sleeps in the kernel and is also woken directly by shm
-peers), or, without an shm sub-transport, notifies a condition variable.
+through a hook, which pokes the shm transport's public doorbell
+(:attr:`ShmTransport.doorbell <procgroup.transport.shm.ShmTransport.doorbell>`,
+a futex word, so the waiter sleeps in the kernel and is also woken directly
+by shm peers), or, without an shm sub-transport, notifies a condition variable.
 Between wakes the waiter re-tests the members (which also drives the shm
 progress engine and its peer-liveness checks) at least every 50 ms.
 
@@ -31,7 +32,16 @@ from typing import Callable, Dict, List, Optional, Sequence
 from ..deadline import Deadline
 from ..errors import ClosedError, ConfigError, DistTimeoutError
 from ._engine import ClaimGroup, EngineTransport, LoopbackTransport, RecvReq
-from .base import ANY_SOURCE, Arena, Buffer, CompletedRequest, Request, Status, Transport
+from .base import (
+    ANY_SOURCE,
+    Arena,
+    Buffer,
+    CompletedRequest,
+    Request,
+    Status,
+    Transport,
+)
+from .shm import Doorbell, ShmTransport
 
 __all__ = ["RouterTransport"]
 
@@ -48,10 +58,15 @@ class _Routed(Request):
         self._inner = inner
 
     def test(self) -> bool:
+        """Drive shm progress once, then test the sub-transport request (True when it finished)."""
         self._router._kick()
         return self._inner.test()
 
     def wait(self, deadline: Optional[Deadline] = None) -> Status:
+        """Wait for the sub-transport request while driving shm progress.
+
+        Returns its status, or raises its error (a timeout past ``deadline``).
+        """
         inner = self._inner
         if not inner.test():
             self._router._wait_loop(self.test, deadline)
@@ -99,9 +114,10 @@ class _AnyRecv(Request):
         for m in self._members:
             if m is not w:
                 m.owner._cancel(m)
-                m.out = None  # type: ignore[assignment]
+                m.out = None  # type: ignore[assignment]  # RecvReq.out is typed non-optional; drop the export
 
     def test(self) -> bool:
+        """True once one member matched (or none can any more); drives every member's progress."""
         if self._settle():
             return True
         for m in self._members:
@@ -110,16 +126,22 @@ class _AnyRecv(Request):
         return self._settle()
 
     def wait(self, deadline: Optional[Deadline] = None) -> Status:
+        """The status of the member that matched.
+
+        Raises a member's PeerFailureError/ClosedError, or DistTimeoutError past ``deadline``.
+        """
         if not self.test():
             self._router._wait_loop(self.test, deadline)
         if not self._settle():
+            waited = f"after {deadline.elapsed():.2f}s" if deadline is not None else "in time"
             raise DistTimeoutError(
                 f"rank {self._router.rank}: recv from any rank (tag {self.tag}, router transport) did not complete "
-                f"after {deadline.elapsed():.2f}s; extend the deadline with timeout= (or PROCGROUP_TIMEOUT)"  # type: ignore[union-attr]
+                f"{waited}; extend the deadline with timeout= (or PROCGROUP_TIMEOUT)"
             )
         if self._error is not None:
             raise self._error
-        return self._result  # type: ignore[return-value]
+        assert self._result is not None  # settled without an error
+        return self._result
 
 
 class RouterTransport(Transport):
@@ -136,7 +158,8 @@ class RouterTransport(Transport):
             rank, world_size = subs[0].rank, subs[0].world_size
         for t in subs:
             if t.rank != rank or t.world_size != world_size:
-                raise ConfigError(f"sub-transport {t!r} is rank {t.rank} of {t.world_size}, not rank {rank} of {world_size}")
+                raise ConfigError(
+                    f"sub-transport {t!r} is rank {t.rank} of {t.world_size}, not rank {rank} of {world_size}")
         if rank in per_peer:
             raise ConfigError(f"per_peer maps this rank ({rank}) itself; pass self_transport for self-sends")
         self.rank = rank
@@ -150,7 +173,8 @@ class RouterTransport(Transport):
         self._subs = uniq
         self._closed = False
         # shared notification
-        self._shm = next((t for t in uniq if getattr(t, "kind", "") == "shm"), None)
+        self._shm: Optional[ShmTransport] = next((t for t in uniq if isinstance(t, ShmTransport)), None)
+        self._bell: Optional[Doorbell] = self._shm.doorbell if self._shm is not None else None
         self._cond = threading.Condition()
         self._ticks = 0
         for t in uniq:
@@ -175,12 +199,20 @@ class RouterTransport(Transport):
         return _Routed(self, req)
 
     def isend(self, dst: int, tag: int, data: Buffer) -> Request:
+        """Send to ``dst`` through its sub-transport (loopback for ourselves).
+
+        Raises ConfigError when no sub-transport reaches ``dst``, ClosedError once closed.
+        """
         if self._closed:
             raise ClosedError(f"rank {self.rank}: send to rank {dst} on a closed router transport")
         t = self._route(dst, "send to")
         return self._wrap(t, t.isend(dst, tag, data))
 
     def irecv(self, src: int, tag: int, out: Buffer) -> Request:
+        """Receive from ``src`` through its sub-transport.
+
+        ``ANY_SOURCE`` posts on every sub-transport and takes the first match.  ClosedError once closed.
+        """
         if self._closed:
             raise ClosedError(f"rank {self.rank}: recv on a closed router transport")
         if src != ANY_SOURCE:
@@ -209,20 +241,23 @@ class RouterTransport(Transport):
         return t.arena(key, members)
 
     def mark_peer_failed(self, peer: int, reason: str) -> None:
+        """Record ``peer`` as failed (``reason``) on the sub-transport that reaches it."""
         t = self._per_peer.get(peer)
         if t is not None:
             t.mark_peer_failed(peer, reason)
 
     def abort(self, exc: BaseException) -> None:
+        """Fail every pending request of every sub-transport with ``exc`` and wake every waiter."""
         for t in self._subs:
             t.abort(exc)
         with self._cond:
             self._ticks += 1
             self._cond.notify_all()
-        if self._shm is not None:
-            self._shm._poke()  # type: ignore[attr-defined]
+        if self._bell is not None:
+            self._bell.poke()
 
     def close(self) -> None:
+        """Close every sub-transport (idempotent); pending requests fail with ClosedError."""
         if self._closed:
             return
         self._closed = True
@@ -234,13 +269,14 @@ class RouterTransport(Transport):
 
     @property
     def transports(self) -> List[Transport]:
+        """The distinct sub-transports (the loopback last)."""
         return list(self._subs)
 
     # -- shared notification ------------------------------------------------------------------------
     def _poke(self) -> None:
-        shm = self._shm
-        if shm is not None:
-            shm._poke()  # type: ignore[attr-defined]
+        bell = self._bell
+        if bell is not None:
+            bell.poke()
             return
         # called under a sub-transport's lock; the router condition is never held while taking one
         with self._cond:
@@ -248,14 +284,14 @@ class RouterTransport(Transport):
             self._cond.notify_all()
 
     def _snapshot(self) -> int:
-        shm = self._shm
-        if shm is not None:
-            return shm._activity_snapshot()  # type: ignore[attr-defined]
+        bell = self._bell
+        if bell is not None:
+            return bell.snapshot()
         return self._ticks
 
     def _kick(self) -> None:
-        if self._shm is not None:
-            self._shm._kick()  # type: ignore[attr-defined]
+        if self._bell is not None:
+            self._bell.kick()
 
     def _wait_loop(self, done: Callable[[], bool], deadline: Optional[Deadline]) -> None:
         """Until ``done()`` (which must drive progress) or the deadline: sleep on the shared notification."""
@@ -274,9 +310,9 @@ class RouterTransport(Transport):
     def _block(self, snap: int, timeout: float) -> None:
         if timeout <= 0:
             return
-        shm = self._shm
-        if shm is not None:
-            shm._sleep_on_bell(snap, timeout)  # type: ignore[attr-defined]
+        bell = self._bell
+        if bell is not None:
+            bell.sleep(snap, timeout)
             return
         with self._cond:
             if self._ticks == snap and not self._closed:

@@ -1,0 +1,1 @@
+"""The multi-host benchmark behind ``benchmarks/multihost.py``, split along its seams."""
