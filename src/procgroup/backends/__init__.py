@@ -68,5 +68,7 @@ def create_group(
 
 def destroy_group(pg: ProcessGroup) -> None:
     """Close a group made by :func:`create_group` and its world (transports, watchdog); idempotent."""
-    pg.close()
-    pg.world.close()
+    try:
+        pg.close()
+    finally:
+        pg.world.close()

@@ -64,7 +64,8 @@ def build_world(spec: WorldSpec) -> World:
         advertise_addr=me.addr,
         job_id=spec.job_id,
         deadline=deadline,
-        mode=cfg.transport,  # TODO(shm helper): pass cfg.shm once connect_transport takes ShmOptions
+        mode=cfg.transport,
+        shm_options=cfg.shm,
     )
     hosts = [m.host_key for m in members]
     local = [m for m in members if m.host_key == me.host_key]
