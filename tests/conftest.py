@@ -7,7 +7,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import pytest
 
-from procgroup.group import ProcessGroup, World
+from procgroup.process_group import ProcessGroup, World
 from procgroup.transport.memory import MemoryHub
 
 

@@ -81,13 +81,14 @@ import socket
 import zlib
 from typing import Mapping, Optional
 
-from .config import ENV, KUBEFLOW, MPICH, OPENMPI, SLURM, Identity, env_int, env_str
+from .config import DEFAULT_MASTER_PORT, ENV, KUBEFLOW, MPICH, OPENMPI, SLURM, Identity, env_int, env_str
 from .errors import ConfigError
 
 __all__ = [
     "detect_identity",
     "describe_identity",
     "resolve_master",
+    "torchelastic_launched",
     "resolve_master_via_mpi",
     "derive_port",
     "expand_hostlist",
@@ -102,8 +103,6 @@ __all__ = [
 #: collides with a port the kernel handed to some client socket.
 PORT_BASE = 20000
 PORT_SPAN = 10000
-#: torch's default MASTER_PORT; used where a launcher exposes no job id (Hydra).
-DEFAULT_MASTER_PORT = 29500
 
 _HOW_TO_START = (
     "set RANK and WORLD_SIZE (and MASTER_ADDR, MASTER_PORT), or start the program with "
@@ -640,7 +639,7 @@ def detect_identity(environ: Optional[Mapping[str, str]] = None) -> Identity:
     step = _slurm_step(env)
     ompi = has(OPENMPI.RANK)
     pmi = has(MPICH.RANK) or has(MPICH.PMI_ID)
-    inside = (f" (ignoring the SLURM_* variables: they describe the srun step that started the MPI launcher's "
+    inside = (" (ignoring the SLURM_* variables: they describe the srun step that started the MPI launcher's "
               "daemons, not this process)")
     if ompi and (step is None or has(OPENMPI.HNP_URI)):
         d = _from_openmpi(env)
@@ -739,7 +738,7 @@ def resolve_master_via_mpi(
                 addr = "127.0.0.1"
             else:
                 peer = next(h for h in hosts if h != me)
-                addr = netutil.advertised_addr(peer, 0, environ)
+                addr = netutil.advertised_addr(peer, 0, os.environ if environ is None else environ)
             msg = (addr, netutil.free_port(addr), None)
         except (OSError, ConfigError) as e:
             msg = (None, None,
@@ -748,6 +747,11 @@ def resolve_master_via_mpi(
     if err is not None:
         raise ConfigError(err)
     return str(addr), int(port)
+
+
+def torchelastic_launched(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """True when torchrun (torchelastic) started this process: TORCHELASTIC_RUN_ID is set."""
+    return env_str(ENV.TORCHELASTIC_RUN_ID, os.environ if environ is None else environ) is not None
 
 
 def resolve_master(identity: Identity, environ: Optional[Mapping[str, str]] = None) -> Identity:

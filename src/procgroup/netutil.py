@@ -362,17 +362,29 @@ def interface_addr(ifname: str) -> str:
     )
 
 
-def advertised_addr(master_addr: str, master_port: int, environ: Optional[Mapping[str, str]] = None) -> str:
+def advertised_addr(
+    master_addr: str,
+    master_port: int,
+    environ: Optional[Mapping[str, str]] = None,
+    *,
+    socket_addr: Optional[str] = None,
+    socket_ifname: Optional[str] = None,
+) -> str:
     """The address this rank advertises to its peers.
 
-    ``PROCGROUP_SOCKET_ADDR`` if set, else the address of
-    ``PROCGROUP_SOCKET_IFNAME`` if set, else the local address of the
-    interface that routes to the master (:func:`local_addr_towards`).
+    ``socket_addr`` (``PROCGROUP_SOCKET_ADDR``) if set, else the address of ``socket_ifname``
+    (``PROCGROUP_SOCKET_IFNAME``) if set, else the local address of the interface that routes to the
+    master (:func:`local_addr_towards`).  The two settings come from the parsed configuration, or from
+    ``environ`` when a mapping is given (this module never reads ``os.environ`` itself).
+    Raises ConfigError for an interface that does not exist or has no IPv4 address.
     """
-    addr = env_str(ENV.SOCKET_ADDR, environ)
+    if environ is not None:
+        socket_addr = env_str(ENV.SOCKET_ADDR, environ)
+        socket_ifname = env_str(ENV.SOCKET_IFNAME, environ)
+    addr = socket_addr
     if addr:
         return addr
-    ifname = env_str(ENV.SOCKET_IFNAME, environ)
+    ifname = socket_ifname
     if ifname:
         return interface_addr(ifname)
     addr = local_addr_towards(master_addr, master_port)

@@ -449,7 +449,9 @@ def test_reduce_scatter(alg, p):
         for k, (dt, op, n) in enumerate(cases):
             # block j of rank r's sendbuf is contrib(...) of a "virtual rank" r, shifted by j*31 elements
             full = contrib(dt, op, r, p * n + 31 * p)
-            send = np.concatenate([full[j * 31 + j * n : j * 31 + j * n + n] for j in range(p)]) if n else full[:0].copy()
+            send = (
+                np.concatenate([full[j * 31 + j * n : j * 31 + j * n + n] for j in range(p)]) if n else full[:0].copy()
+            )
             keep = send.copy()
             recv = garbage(dt, n)
             f(make(k + 1), send, recv, kernel(op, dt))
@@ -557,7 +559,8 @@ class RecordingTransport:
 @pytest.mark.parametrize("hosts", HOST_LAYOUTS, ids=["-".join(h) for h in HOST_LAYOUTS])
 def test_hierarchical_all_reduce(hosts):
     p = len(hosts)
-    assert select.choose_all_reduce(Comm(None, range(p), 0, 0, Deadline.after(1), hosts), 4, 1) is AR.allreduce_hierarchical
+    comm = Comm(None, range(p), 0, 0, Deadline.after(1), hosts)
+    assert select.choose_all_reduce(comm, 4, 1) is AR.allreduce_hierarchical
     leaders = {h: hosts.index(h) for h in hosts}
     cases = red_cases() + [("float32", ReduceOp.SUM, 100_003), ("float64", ReduceOp.MAX, 100_003)]
     log: list = []
@@ -598,7 +601,9 @@ def test_multileader_all_reduce(hosts):
     mk = Comm(None, range(p), 0, 0, Deadline.after(1), hosts)
     assert select.choose_all_reduce(mk, 4, 1) is AR.allreduce_hierarchical  # small: one leader per host
     assert select.choose_all_reduce(mk, 1 << 20, 1 << 18) is AR.allreduce_multileader
-    cases = red_cases() + [("float32", ReduceOp.SUM, 100_003), ("float64", ReduceOp.MAX, 100_003), ("int32", ReduceOp.SUM, 2)]
+    cases = red_cases() + [
+        ("float32", ReduceOp.SUM, 100_003), ("float64", ReduceOp.MAX, 100_003), ("int32", ReduceOp.SUM, 2)
+    ]
     log: list = []
     lock = threading.Lock()
     out: dict = {}
@@ -647,7 +652,10 @@ BIG = 4 * 1024 * 1024 + 3  # not divisible by 2, 3, 4, 5
 
 @pytest.mark.parametrize(
     "p, what",
-    [(3, "ring"), (4, "select"), (5, "reduce_scatter_gather"), (3, "bcast"), (4, "reduce_scatter_ring"), (5, "hierarchical")],
+    [
+        (3, "ring"), (4, "select"), (5, "reduce_scatter_gather"), (3, "bcast"), (4, "reduce_scatter_ring"),
+        (5, "hierarchical"),
+    ],
 )
 def test_large(p, what):
     """~4M float32 elements through the bandwidth-optimal paths."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import procgroup as dist
-from procgroup.api import _make_group
+from procgroup.subgroups import _make_group
 from procgroup.errors import ConfigError
 from procgroup.store import HashStore
 

@@ -44,7 +44,8 @@ def clean_default_group():
 
 # -------------------------------------------------------------------------------- roots / peers out of range
 @pytest.mark.parametrize("call, phrase", [
-    (lambda g: dist.broadcast(np.zeros(2), src=3, group=g), r"src=3 is not a rank of group WORLD .*use group_src= for a rank within the group"),
+    (lambda g: dist.broadcast(np.zeros(2), src=3, group=g),
+     r"src=3 is not a rank of group WORLD .*use group_src= for a rank within the group"),
     (lambda g: dist.broadcast(np.zeros(2), group_src=5, group=g), r"group_src=5 is outside \[0, 3\)"),
     (lambda g: dist.reduce(np.zeros(2), dst=-1, group=g), r"dst=-1 is not a rank of group WORLD .*use group_dst="),
     (lambda g: dist.gather(np.zeros(2), None, dst=7, group=g), r"dst=7 is not a rank of group WORLD"),
@@ -78,7 +79,8 @@ def test_send_and_recv_to_self(g3):
 ])
 def test_non_contiguous_output(g1, call):
     x = np.zeros((4, 4))[:, ::2]
-    with pytest.raises(ConfigError, match=r"is not C-contiguous .*pass a contiguous array \(x = np.ascontiguousarray\(x\)\)"):
+    with pytest.raises(ConfigError,
+                       match=r"is not C-contiguous .*pass a contiguous array \(x = np.ascontiguousarray\(x\)\)"):
         call(g1, x)
 
 
@@ -126,7 +128,8 @@ def test_not_a_buffer(g1):
 @pytest.mark.parametrize("dtype, op, phrase", [
     (np.float32, "BAND", r"BAND is not defined for float32; use an integer or bool tensor"),
     (np.float64, "BXOR", r"BXOR is not defined for float64; use an integer or bool tensor"),
-    (np.complex64, "MAX", r"MAX is not defined for complex64: complex numbers are not ordered; reduce .real/.abs\(\) instead"),
+    (np.complex64, "MAX",
+     r"MAX is not defined for complex64: complex numbers are not ordered; reduce .real/.abs\(\) instead"),
     (np.int32, "AVG", r"AVG is not defined for int32: .*convert to float, or use SUM and divide yourself"),
 ])
 def test_unsupported_op_for_dtype(g1, dtype, op, phrase):
@@ -137,7 +140,8 @@ def test_unsupported_op_for_dtype(g1, dtype, op, phrase):
 
 
 def test_not_a_reduce_op(g1):
-    with pytest.raises(ConfigError, match=r"op='MEDIAN' is not a ReduceOp \(SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR\)"):
+    with pytest.raises(ConfigError,
+                       match=r"op='MEDIAN' is not a ReduceOp \(SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR\)"):
         dist.all_reduce(np.zeros(2), op="MEDIAN", group=g1)
 
 
@@ -162,7 +166,8 @@ def test_local_count_and_dtype_mismatch(g3):
     lambda: dist.send(np.zeros(1), dst=1),
 ])
 def test_call_before_init(clean_default_group, call):
-    with pytest.raises(NotInitializedError, match=r"has not been initialized: call procgroup.init_process_group\(\) first"):
+    with pytest.raises(NotInitializedError,
+                       match=r"has not been initialized: call procgroup.init_process_group\(\) first"):
         call()
 
 
@@ -170,7 +175,8 @@ def test_double_init(clean_default_group, monkeypatch):
     monkeypatch.setenv("PROCGROUP_SECRET", "unit-test-secret")
     dist.init_process_group(init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1, timeout=20)
     try:
-        with pytest.raises(ProcGroupError, match=r"called twice.*call destroy_process_group\(\) first, or use new_group\(\)"):
+        with pytest.raises(ProcGroupError,
+                           match=r"called twice.*call destroy_process_group\(\) first, or use new_group\(\)"):
             dist.init_process_group(init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1, timeout=20)
         x = np.ones(3)
         dist.all_reduce(x)  # the first group still works
@@ -272,8 +278,10 @@ def test_half_the_environment(clean_default_group, monkeypatch):
 
 
 @pytest.mark.parametrize("var, value, phrase", [
-    ("PROCGROUP_TIMEOUT", "soon", r"PROCGROUP_TIMEOUT='soon' is not a number of seconds; set e.g. PROCGROUP_TIMEOUT=60"),
+    ("PROCGROUP_TIMEOUT", "soon",
+     r"PROCGROUP_TIMEOUT='soon' is not a number of seconds; set e.g. PROCGROUP_TIMEOUT=60"),
     ("PROCGROUP_TRANSPORT", "carrier-pigeon", r"PROCGROUP_TRANSPORT='carrier-pigeon' is not one of auto, shm, tcp"),
+    ("PROCGROUP_LOG_LEVEL", "loud", r"PROCGROUP_LOG_LEVEL='loud' is not a log level; use DEBUG, INFO, WARNING or ERROR"),
 ])
 def test_bad_setting(clean_default_group, monkeypatch, var, value, phrase):
     monkeypatch.setenv("PROCGROUP_SECRET", "s")

@@ -13,7 +13,10 @@ from ..conftest import run_ranks
 
 
 def info(rank: int, ws: int, host: str = "h", pid: int = 0) -> MemberInfo:
-    return MemberInfo(rank=rank, world_size=ws, hostname=host, host_key=host, addr="127.0.0.1", pid=pid or 1000 + rank, nonce=f"n{rank}-{pid}")
+    return MemberInfo(
+        rank=rank, world_size=ws, hostname=host, host_key=host, addr="127.0.0.1", pid=pid or 1000 + rank,
+        nonce=f"n{rank}-{pid}",
+    )
 
 
 @pytest.mark.parametrize(

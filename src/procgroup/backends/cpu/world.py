@@ -1,82 +1,71 @@
-"""The built-in CPU backend ("cpu", alias "gloo"): rendezvous, then shm within a host and TCP across hosts."""
+"""The CPU backend's world: rendezvous through the store, then shm within a host and TCP across hosts."""
 
 from __future__ import annotations
 
 import logging
 import os
 import socket
-from typing import Any, Optional
+from typing import Optional
 
-from ..config import ENV, Identity, env_str
-from ..deadline import Deadline
-from ..errors import ConfigError
-from ..group import World
-from ..rendezvous import MemberInfo, host_key, new_nonce, rendezvous
+from ... import netutil
+from ...config import RuntimeConfig
+from ...deadline import Deadline
+from ...process_group import World
+from ...rendezvous import MemberInfo, host_key, new_nonce, rendezvous
+from ...transport import connect_transport
+from ..base import WorldSpec
 
-__all__ = ["build_world", "NAMES"]
+__all__ = ["build_world"]
 
 logger = logging.getLogger("procgroup")
 
-#: names that select this backend
-NAMES = ("cpu", "gloo")
 
-
-def _advertise(master: Optional[tuple]) -> str:
-    from .. import netutil
-
+def _advertise(master: Optional[tuple], cfg: RuntimeConfig) -> str:
+    """The address this rank's peers dial: PROCGROUP_SOCKET_ADDR, PROCGROUP_SOCKET_IFNAME's, else routed."""
     if master is not None:
-        return netutil.advertised_addr(master[0], master[1])
-    a = env_str(ENV.SOCKET_ADDR)
-    if a:
-        return a
-    ifn = env_str(ENV.SOCKET_IFNAME)
-    if ifn:
-        return netutil.interface_addr(ifn)
+        return netutil.advertised_addr(
+            master[0], master[1], socket_addr=cfg.socket_addr, socket_ifname=cfg.socket_ifname
+        )
+    if cfg.socket_addr:
+        return cfg.socket_addr
+    if cfg.socket_ifname:
+        return netutil.interface_addr(cfg.socket_ifname)
     for addr in netutil.non_loopback_addrs():  # file:// init: no master to route towards
         return addr
     return "127.0.0.1"
 
 
-def build_world(
-    *,
-    store: Any,
-    identity: Identity,
-    timeout: float,
-    where: str,
-    master: Optional[tuple],
-    secret: bytes,
-    job_id: str,
-) -> World:
-    """Collective: every rank calls it; returns when the group has formed and transports are connected."""
-    from ..transport import connect_transport
+def build_world(spec: WorldSpec) -> World:
+    """Collective: every rank calls it; returns when the group has formed and transports are connected.
 
-    deadline = Deadline.after(timeout)
-    hostname = env_str(ENV.HOSTNAME) or socket.gethostname()
+    Raises RendezvousError (and its timeout kin) when the members cannot agree, ConfigError for bad settings.
+    """
+    identity, store, cfg, where = spec.identity, spec.store, spec.config, spec.where
+    deadline = Deadline.after(spec.timeout)
+    hostname = cfg.hostname or socket.gethostname()
     me = MemberInfo(
         rank=identity.rank,
         world_size=identity.world_size,
         hostname=hostname,
         host_key=host_key(),
-        addr=_advertise(master),
+        addr=_advertise(spec.master, cfg),
         pid=os.getpid(),
         nonce=new_nonce(),
         local_rank=identity.local_rank,
         node_rank=identity.node_rank,
     )
-    members = rendezvous(store, me, deadline, where=where)
-    mode = (env_str(ENV.TRANSPORT) or "auto").lower()
-    if mode not in ("auto", "shm", "tcp"):
-        raise ConfigError(f"{ENV.TRANSPORT}={mode!r} is not one of auto, shm, tcp")
+    members = rendezvous(store, me, deadline, where=where, progress_interval=cfg.progress_interval)
     transport = connect_transport(
         store,
         identity.rank,
         identity.world_size,
-        secret=secret,
+        secret=spec.secret,
         host_keys=[m.host_key for m in members],
         advertise_addr=me.addr,
-        job_id=job_id,
+        job_id=spec.job_id,
         deadline=deadline,
-        mode=mode,
+        mode=cfg.transport,
+        shm_options=cfg.shm,
     )
     hosts = [m.host_key for m in members]
     local = [m for m in members if m.host_key == me.host_key]
@@ -93,7 +82,7 @@ def build_world(
         local_world_size=len(local) if measured else identity.local_world_size,
         node_rank=list(dict.fromkeys(hosts)).index(me.host_key) if measured else identity.node_rank,
         backend="cpu",
-        timeout=timeout,
+        timeout=spec.timeout,
     )
     world.on_close.append(transport.close)
     logger.info(
