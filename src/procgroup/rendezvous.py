@@ -84,7 +84,9 @@ def parse_init_method(url: Optional[str]) -> InitMethod:
         except ValueError:
             port = None
         if not u.hostname or port is None:
-            raise ConfigError(f"init_method {url!r} needs a host and a port: tcp://HOST:PORT, e.g. tcp://10.0.0.1:29500")
+            raise ConfigError(
+                f"init_method {url!r} needs a host and a port: tcp://HOST:PORT, e.g. tcp://10.0.0.1:29500"
+            )
         return InitMethod("tcp", host=u.hostname, port=port, rank=rank, world_size=ws)
     if u.scheme == "file":
         path = u.path or u.netloc

@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import NoReturn, Optional
+from typing import Mapping, NoReturn, Optional
 
 __all__ = ["main", "set_parent_death_signal", "write_error_file", "error_record"]
 
@@ -61,15 +61,15 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
         return False
 
 
-def _env(attr: str) -> Optional[str]:
-    """The value of the contract variable ``ENV.<attr>`` (None when unset or empty), read through
+def _env(attr: str, environ: Mapping[str, str]) -> Optional[str]:
+    """The value of the contract variable ``ENV.<attr>`` in ``environ`` (None when unset or empty), read through
     :func:`procgroup.config.env_str`; procgroup is imported only when the agent did not pass the value."""
     try:
         from procgroup.config import ENV, env_str  # noqa: PLC0415 - deliberately lazy, see module docstring
     except ImportError:  # run by path without procgroup on sys.path: use the tree this file is in
         sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         from procgroup.config import ENV, env_str  # noqa: PLC0415
-    return env_str(str(getattr(ENV, attr)), os.environ)
+    return env_str(str(getattr(ENV, attr)), environ)
 
 
 def _is_own(filename: str) -> bool:
@@ -185,29 +185,29 @@ def _parse(argv: list[str]) -> _Args:
     return a
 
 
-def _identity(a: _Args) -> tuple[Optional[int], Optional[int], str]:
-    def env_int(attr: str) -> Optional[int]:
+def _identity(a: _Args, environ: Mapping[str, str]) -> tuple[Optional[int], Optional[int], str]:
+    def int_var(attr: str) -> Optional[int]:
         try:
-            return int(_env(attr) or "")
+            return int(_env(attr, environ) or "")
         except (ValueError, ImportError):
             return None
 
-    rank = a.rank if a.rank is not None else env_int("RANK")
-    local = a.local_rank if a.local_rank is not None else env_int("LOCAL_RANK")
+    rank = a.rank if a.rank is not None else int_var("RANK")
+    local = a.local_rank if a.local_rank is not None else int_var("LOCAL_RANK")
     host = a.host
     if host is None:
         try:
-            host = _env("HOSTNAME") or socket.gethostname()
+            host = _env("HOSTNAME", environ) or socket.gethostname()
         except ImportError:
             host = socket.gethostname()
     return rank, local, host
 
 
-def _error_file(a: _Args) -> Optional[str]:
+def _error_file(a: _Args, environ: Mapping[str, str]) -> Optional[str]:
     if a.error_file:
         return a.error_file
     try:
-        return _env("ERROR_FILE")
+        return _env("ERROR_FILE", environ)
     except ImportError:
         return None
 
@@ -256,9 +256,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         raise exc.with_traceback(_trimmed_tb(exc))
     except BaseException as exc:  # noqa: BLE001 - record anything, then exit 1 like Python does
         try:
-            path = _error_file(a)
+            environ = os.environ  # the worker's environment, read here only, for the error record
+            path = _error_file(a, environ)
             if path:
-                rank, local, host = _identity(a)
+                rank, local, host = _identity(a, environ)
                 write_error_file(path, error_record(exc, rank=rank, local_rank=local, host=host))
         except Exception as werr:  # noqa: BLE001 - the user's traceback matters more; say why the file is missing
             sys.stderr.write(f"procgroup bootstrap: could not write the error file: {werr}\n")

@@ -95,7 +95,9 @@ def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
 
     def alias(*names: str, dest: str, **kw: object) -> None:
         # torchrun's underscore spellings: accepted, not advertised.
-        p.add_argument(*names, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kw)  # type: ignore[arg-type]
+        p.add_argument(  # type: ignore[arg-type]  # **kw mixes value types argparse types separately
+            *names, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kw
+        )
 
     g = p.add_argument_group("job shape")
     g.add_argument("--nproc-per-node", dest="nproc_per_node", metavar="N|auto", default=None,

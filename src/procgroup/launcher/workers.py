@@ -202,7 +202,8 @@ class OutputPump:
         log: Optional[IO[bytes]] = None
         if worker.spec.log_file:
             os.makedirs(os.path.dirname(worker.spec.log_file), exist_ok=True)
-            log = open(worker.spec.log_file, "ab" if worker.spec.log_append else "wb")  # noqa: SIM115 - closed in _close
+            # closed in _close
+            log = open(worker.spec.log_file, "ab" if worker.spec.log_append else "wb")  # noqa: SIM115
             self._logs.append(log)
         with self._lock:
             for pipe, is_err in ((worker.proc.stdout, False), (worker.proc.stderr, True)):
