@@ -17,8 +17,8 @@ from typing import Any, List, Optional, Tuple
 from . import store as store_mod
 from .backends import WorldSpec, lookup
 from .config import DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, Identity, RuntimeConfig, job_secret
-from .debug import install_signal_handler
 from .deadline import Deadline
+from .debug import install_signal_handler
 from .errors import ConfigError, ProcGroupError, RendezvousError, StoreTimeoutError
 from .identity import detect_identity, resolve_master, torchelastic_launched
 from .netutil import is_literal_loopback
@@ -138,9 +138,7 @@ def _master_address(im: InitMethod, ident: Identity) -> Tuple[str, int]:
     return host, int(port)
 
 
-def _open_store(
-    im: InitMethod, store: Any, ident: Identity, cfg: RuntimeConfig, deadline: Deadline
-) -> _Rendezvous:
+def _open_store(im: InitMethod, store: Any, ident: Identity, cfg: RuntimeConfig, deadline: Deadline) -> _Rendezvous:
     """The given store, a FileStore (file://), or a TCPStore (tcp://, env://) hosted by rank 0.
 
     Raises ConnectError/PortInUseError (and kin) when the TCP store cannot be reached or hosted.
@@ -178,8 +176,14 @@ def _form_world(
     """
     pstore = store_mod.PrefixStore(f"pg/{cfg.restart_count}", rdv.base)
     spec = WorldSpec(
-        store=pstore, identity=ident, timeout=deadline.remaining(), where=rdv.where, master=rdv.master,
-        secret=rdv.secret, job_id=f"{rdv.job_id}/{cfg.restart_count}", config=cfg,
+        store=pstore,
+        identity=ident,
+        timeout=deadline.remaining(),
+        where=rdv.where,
+        master=rdv.master,
+        secret=rdv.secret,
+        job_id=f"{rdv.job_id}/{cfg.restart_count}",
+        config=cfg,
     )
     try:
         world = lookup(backend_name).create_world(spec)

@@ -11,13 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
-
 from . import algorithms as alg
-from .arguments import API_SLOT_A, API_SLOT_B, member_group as _group, peer_rank as _peer, root_rank as _root
+from .arguments import API_SLOT_A, API_SLOT_B
+from .arguments import member_group as _group
+from .arguments import peer_rank as _peer
+from .arguments import root_rank as _root
 from .data import Flat, as_flat
 from .errors import ConfigError
-from .process_group import Work, p2p_tag
 from .ops import ReduceOp, finalize, reducer
+from .process_group import Work, p2p_tag
 from .transport.base import ANY_SOURCE
 
 __all__ = [

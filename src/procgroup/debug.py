@@ -67,7 +67,7 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
                     if not wait_all_ranks:
                         break
             report[0] = len(missing)
-            report[1:1 + len(missing)] = missing
+            report[1 : 1 + len(missing)] = missing
             arrived = [p for p, req in reqs.items() if req.test()]
             for p in arrived:
                 c.send(p, report, step=1)
@@ -79,7 +79,7 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
             c.irecv(0, report, step=1).wait(Deadline.after(tmo + 10.0))
             k = int(report[0])
             if k > 0:
-                raise DistTimeoutError(_missing_msg(g, [int(x) for x in report[1:1 + k]], None, tmo, wait_all_ranks))
+                raise DistTimeoutError(_missing_msg(g, [int(x) for x in report[1 : 1 + k]], None, tmo, wait_all_ranks))
 
     g.run("monitored_barrier", run, timeout=tmo + 15.0, signature=("monitored_barrier",))
 
@@ -157,8 +157,7 @@ def dump_state(out: Optional[TextIO] = None) -> str:
         if not g.is_member():
             continue
         buf.write(
-            f"--- group {g.name} (gid {g.gid}, ranks {format_ranks(g.ranks)}): "
-            f"last completed seq {g.last_completed}\n"
+            f"--- group {g.name} (gid {g.gid}, ranks {format_ranks(g.ranks)}): last completed seq {g.last_completed}\n"
         )
         for rec in list(g.flight)[-16:]:
             buf.write(f"    {rec.describe()}\n")

@@ -77,7 +77,7 @@ def bind_listener(host: str, port: int, backlog: int = 4096) -> socket.socket:
             # a hostname: bind to what it resolves to
             addrs = resolve(bare, port)
             if not addrs:
-                raise ConfigError(f"cannot bind to {format_hostport(host, port)}: the name does not resolve")
+                raise ConfigError(f"cannot bind to {format_hostport(host, port)}: the name does not resolve") from None
             bare = addrs[0]
             family = _family_for(bare)
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -242,7 +242,7 @@ def resolve(host: str, port: int) -> list[str]:
             f"cannot resolve host {host!r}: {e.strerror or e}; check MASTER_ADDR (or the host name you passed)"
         ) from e
     out: list[str] = []
-    for fam, _t, _p, _c, sa in sorted(infos, key=lambda i: 0 if i[0] == socket.AF_INET else 1):
+    for _fam, _t, _p, _c, sa in sorted(infos, key=lambda i: 0 if i[0] == socket.AF_INET else 1):
         a = str(sa[0])
         if a not in out:
             out.append(a)
@@ -330,7 +330,10 @@ def _ifaddr_ip(ifname: str) -> Optional[str]:
     try:
         out = subprocess.run(
             ["ip", "-o", "-4", "addr", "show", "dev", ifname],
-            capture_output=True, text=True, timeout=5, check=False,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None

@@ -12,7 +12,10 @@ from typing import Any, List, Optional
 import numpy as np
 
 from . import algorithms as alg
-from .arguments import API_SLOT_C, member_group as _group, peer_rank as _peer, root_rank as _root
+from .arguments import API_SLOT_C
+from .arguments import member_group as _group
+from .arguments import peer_rank as _peer
+from .arguments import root_rank as _root
 from .errors import ConfigError
 from .process_group import p2p_tag
 from .protocol import payload

@@ -214,6 +214,7 @@ class _P2PWork(Work):
 _STOP = object()
 _UNSET = object()
 
+
 class ProcessGroup:
     """An ordered set of global ranks that run collectives together."""
 
@@ -327,7 +328,12 @@ class ProcessGroup:
                 self._pending.pop(0)
 
     def run(
-        self, op: str, fn: Callable[[Comm], Any], *, timeout: Optional[float] = None, async_op: bool = False,
+        self,
+        op: str,
+        fn: Callable[[Comm], Any],
+        *,
+        timeout: Optional[float] = None,
+        async_op: bool = False,
         signature: tuple = (),
     ) -> Any:
         """Run ``fn(comm)`` as collective ``op``; returns its result, or a Work when ``async_op``.
@@ -392,7 +398,7 @@ class ProcessGroup:
         except ProcGroupError as e:
             rec.state, rec.end = "failed", time.monotonic()
             self.inflight = None
-            raise self._context(e, op, seq, dl, describe_signature(sig))
+            raise self._context(e, op, seq, dl, describe_signature(sig))  # noqa: B904 - _context sets __cause__ itself
         except BaseException:
             rec.state, rec.end = "failed", time.monotonic()
             self.inflight = None
@@ -405,8 +411,14 @@ class ProcessGroup:
     def status(self) -> GroupStatus:
         """A snapshot of this group's progress for the watchdog and the roll call (copies; no locks held)."""
         return GroupStatus(
-            gid=self.gid, name=self.name, ranks=tuple(self.ranks), member=self._rank >= 0, closed=self._closed,
-            inflight=self.inflight, last_completed=self.last_completed, chain=tuple(self.chain),
+            gid=self.gid,
+            name=self.name,
+            ranks=tuple(self.ranks),
+            member=self._rank >= 0,
+            closed=self._closed,
+            inflight=self.inflight,
+            last_completed=self.last_completed,
+            chain=tuple(self.chain),
             flight=tuple(self.flight),
         )
 

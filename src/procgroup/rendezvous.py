@@ -242,8 +242,14 @@ def rendezvous(
             if d.missing:
                 logger.warning(
                     "rank %d: %d/%d joined at %s; waiting for rank%s %s (%.0fs elapsed, deadline %.0fs)",
-                    me.rank, ws - len(d.missing), ws, where, "s" if len(d.missing) > 1 else "",
-                    format_ranks(d.missing), deadline.elapsed(), deadline.timeout or float("inf"),
+                    me.rank,
+                    ws - len(d.missing),
+                    ws,
+                    where,
+                    "s" if len(d.missing) > 1 else "",
+                    format_ranks(d.missing),
+                    deadline.elapsed(),
+                    deadline.timeout or float("inf"),
                 )
     return [MemberInfo.decode(v) for v in store.multi_get(keys)]
 

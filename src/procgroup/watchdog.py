@@ -31,8 +31,15 @@ from .errors import CollectiveMismatchError, PeerFailureError, ProcGroupError, f
 from .flight import FlightRecord, describe_signature
 
 __all__ = [
-    "Watchdog", "GroupStatus", "roll_call", "describe_roll_call", "mismatch_message", "recorded_abort", "abort_key",
-    "first_failure", "FAILURE_KEY",
+    "Watchdog",
+    "GroupStatus",
+    "roll_call",
+    "describe_roll_call",
+    "mismatch_message",
+    "recorded_abort",
+    "abort_key",
+    "first_failure",
+    "FAILURE_KEY",
 ]
 
 logger = logging.getLogger("procgroup")
@@ -76,7 +83,8 @@ def first_failure(store: Any, e: PeerFailureError, store_host: Optional[int] = N
         if store_host is not None and e.peer != store_host:
             return PeerFailureError(
                 f"rank {store_host}, which hosts the store, is unreachable ({se}): it most likely failed first "
-                f"(here: {e})", peer=store_host,
+                f"(here: {e})",
+                peer=store_host,
             )
         return e
     if first.get("peer") == e.peer or first.get("text") == str(e):
@@ -217,9 +225,9 @@ class Watchdog:
             # some rank saw a peer die: fail this rank's waits now, naming it, instead of at the deadline
             self._failed = True
             first = json.loads(self.store.get(FAILURE_KEY, timeout=1.0))
-            self.abort(PeerFailureError(
-                f"rank {first.get('peer')} failed: {first.get('text')}", peer=first.get("peer")
-            ))
+            self.abort(
+                PeerFailureError(f"rank {first.get('peer')} failed: {first.get('text')}", peer=first.get("peer"))
+            )
             return
         for g in list(self.groups()):
             if not g.member or g.closed or g.size() == 1:

@@ -39,10 +39,13 @@ def test_unknown_backend_lists_available_and_install():
     assert "pip install mpi4py" in msg and "pip install torch" in msg
 
 
-@pytest.mark.parametrize("name, phrase", [
-    ("mpi", "backend='mpi' (through mpi4py) is not built yet"),
-    ("nccl", "backend='nccl' needs CUDA devices and an NCCL binding"),
-])
+@pytest.mark.parametrize(
+    "name, phrase",
+    [
+        ("mpi", "backend='mpi' (through mpi4py) is not built yet"),
+        ("nccl", "backend='nccl' needs CUDA devices and an NCCL binding"),
+    ],
+)
 def test_unavailable_backend_says_why(name, phrase):
     with pytest.raises(ConfigError) as ei:
         backends.lookup(name)
@@ -64,8 +67,9 @@ def test_init_with_a_backend_from_tests(monkeypatch):
     if dist.is_initialized():
         pytest.skip("another test left the default process group initialized")
     monkeypatch.setenv("PROCGROUP_SECRET", "s")
-    dist.init_process_group(backend=tcp_only.NAME, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                            world_size=1, timeout=20)
+    dist.init_process_group(
+        backend=tcp_only.NAME, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1, timeout=20
+    )
     try:
         assert dist.get_backend() == tcp_only.NAME
         x = np.arange(4.0)
@@ -97,10 +101,25 @@ def test_two_processes_over_the_test_backend():
     port = free_port()
     procs = []
     for r in range(2):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   PROCGROUP_SECRET="s", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, "-c", _TWO_RANKS], env=env, cwd=ROOT,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = dict(
+            os.environ,
+            RANK=str(r),
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            PROCGROUP_SECRET="s",
+            PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _TWO_RANKS],
+                env=env,
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outs = []
     for p in procs:
         out, _ = p.communicate(timeout=60)
@@ -117,8 +136,9 @@ def test_create_group_without_global_state(transport):
     cfg = RuntimeConfig(transport=transport, secret="s")
 
     def body(r):
-        pg = backends.create_group("cpu", store=store, rank=r, world_size=n, timeout=20, config=cfg,
-                                   job_id=f"cg-{transport}")
+        pg = backends.create_group(
+            "cpu", store=store, rank=r, world_size=n, timeout=20, config=cfg, job_id=f"cg-{transport}"
+        )
         try:
             assert not dist.is_initialized() and dist.get_rank(pg) == r and dist.get_world_size(pg) == n
             x = np.full(4, float(r))

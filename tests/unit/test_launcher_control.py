@@ -28,16 +28,19 @@ def test_hello_written_by_the_head_is_read_by_the_agent(pipe):
     link = HeadLink("n0nce")
     data = link.hello("s3cret")
     for i in range(len(data)):  # byte by byte through the pipe is the same
-        os.write(w, data[i:i + 1])
+        os.write(w, data[i : i + 1])
     assert read_hello(r, 5.0) == Hello(secret="s3cret", nonce="n0nce")
 
 
-@pytest.mark.parametrize("data, what", [
-    (b"", "closed before"),
-    (b"garbage\n", "did not start with"),
-    (b'{"event":"usr1"}\n', "did not start with"),
-    (b"x" * (HELLO_MAX_LINE + 10), "too long"),
-])
+@pytest.mark.parametrize(
+    "data, what",
+    [
+        (b"", "closed before"),
+        (b"garbage\n", "did not start with"),
+        (b'{"event":"usr1"}\n', "did not start with"),
+        (b"x" * (HELLO_MAX_LINE + 10), "too long"),
+    ],
+)
 def test_bad_hello_is_a_config_error(pipe, data, what):
     r, w = pipe
 

@@ -47,7 +47,7 @@ def _feed_bytewise(data: bytes) -> list:
     d = ControlDecoder()
     out = []
     for i in range(len(data)):
-        d.receive_data(data[i:i + 1])
+        d.receive_data(data[i : i + 1])
         while (m := d.next_message()) is not None:
             out.append(m)
     d.eof()
@@ -84,19 +84,22 @@ def test_all_cases_in_one_stream():
     assert _feed_bytewise(wire) == CASES
 
 
-@pytest.mark.parametrize("line, what", [
-    (b"not json\n", "not JSON"),
-    (b"[1, 2]\n", "not a JSON object"),
-    (b'{"event": "nope"}\n', "unknown control event"),
-    (b'{"secret": "s", "nonce": "n"}\n', "unknown control event"),
-    (b'{"event": "hello", "secret": "s"}\n', "no field 'nonce'"),
-    (b'{"event": "hello", "secret": 1, "nonce": "n"}\n', "field 'secret'"),
-    (b'{"event": "port", "port": "80"}\n', "field 'port'"),
-    (b'{"event": "port", "port": true}\n', "field 'port'"),
-    (b'{"event": "port", "port": 70000}\n', "not a TCP port"),
-    (b'{"event": "report", "node": 0, "host": "h", "exit_code": 0, "result": []}\n', "field 'result'"),
-    (b"\xff\xfe\n", "not JSON"),
-])
+@pytest.mark.parametrize(
+    "line, what",
+    [
+        (b"not json\n", "not JSON"),
+        (b"[1, 2]\n", "not a JSON object"),
+        (b'{"event": "nope"}\n', "unknown control event"),
+        (b'{"secret": "s", "nonce": "n"}\n', "unknown control event"),
+        (b'{"event": "hello", "secret": "s"}\n', "no field 'nonce'"),
+        (b'{"event": "hello", "secret": 1, "nonce": "n"}\n', "field 'secret'"),
+        (b'{"event": "port", "port": "80"}\n', "field 'port'"),
+        (b'{"event": "port", "port": true}\n', "field 'port'"),
+        (b'{"event": "port", "port": 70000}\n', "not a TCP port"),
+        (b'{"event": "report", "node": 0, "host": "h", "exit_code": 0, "result": []}\n', "field 'result'"),
+        (b"\xff\xfe\n", "not JSON"),
+    ],
+)
 def test_malformed_lines_raise_and_the_next_line_still_decodes(line, what):
     with pytest.raises(ControlMessageError, match=what):
         decode_line(line)
@@ -104,7 +107,7 @@ def test_malformed_lines_raise_and_the_next_line_still_decodes(line, what):
         d = ControlDecoder()
         data = line + encode(Usr1())
         got, errors = [], []
-        chunks = [data] if feed == "whole" else [data[i:i + 1] for i in range(len(data))]
+        chunks = [data] if feed == "whole" else [data[i : i + 1] for i in range(len(data))]
         for c in chunks:
             d.receive_data(c)
             while True:
@@ -129,7 +132,7 @@ def test_over_long_line_is_refused_and_skipped(feed):
     d = ControlDecoder(max_line=64)
     long = b'{"event":"hello","secret":"' + b"x" * 100 + b'","nonce":"n"}\n'
     data = long + encode(Usr1())
-    chunks = [data] if feed == "whole" else [data[i:i + 1] for i in range(len(data))]
+    chunks = [data] if feed == "whole" else [data[i : i + 1] for i in range(len(data))]
     got, errors = [], 0
     for c in chunks:
         d.receive_data(c)
@@ -172,7 +175,7 @@ def test_decoder_rejects_a_tiny_max_line():
 
 
 _json = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text(max_size=8),
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=8),
     lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=5), kids, max_size=3),
     max_leaves=10,
 )
@@ -180,8 +183,13 @@ _messages = st.one_of(
     st.builds(Hello, secret=st.text(max_size=70), nonce=st.text(max_size=20)),
     st.just(Usr1()),
     st.builds(PortAnnounce, port=st.integers(1, 65535)),
-    st.builds(Report, node=st.none() | st.integers(0, 10**6), host=st.text(max_size=30),
-              exit_code=st.integers(-255, 255), result=st.dictionaries(st.text(max_size=6), _json, max_size=4)),
+    st.builds(
+        Report,
+        node=st.none() | st.integers(0, 10**6),
+        host=st.text(max_size=30),
+        exit_code=st.integers(-255, 255),
+        result=st.dictionaries(st.text(max_size=6), _json, max_size=4),
+    ),
 )
 
 
@@ -192,7 +200,7 @@ def test_round_trip_any_split(msgs, step):
     d = ControlDecoder()
     got = []
     for i in range(0, len(wire), step):
-        d.receive_data(wire[i:i + step])
+        d.receive_data(wire[i : i + step])
         while (m := d.next_message()) is not None:
             got.append(m)
     d.eof()
@@ -211,12 +219,15 @@ def test_records_and_pid_tables_round_trip():
     assert decode_pids(encode_pids([])) == []
 
 
-@pytest.mark.parametrize("data, what", [
-    (b"nope", "not JSON"),
-    (b"[1]", "not a JSON object"),
-    (b"\xff", "not JSON"),
-    (b"{" + b" " * MAX_LINE + b"}", "longer than"),
-])
+@pytest.mark.parametrize(
+    "data, what",
+    [
+        (b"nope", "not JSON"),
+        (b"[1]", "not a JSON object"),
+        (b"\xff", "not JSON"),
+        (b"{" + b" " * MAX_LINE + b"}", "longer than"),
+    ],
+)
 def test_malformed_records_raise_value_errors(data, what):
     with pytest.raises(ControlMessageError, match=what):
         decode_record(data)
@@ -238,8 +249,10 @@ def test_unencodable_record_raises():
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.dictionaries(st.text(max_size=6), _json, max_size=5),
-       st.lists(st.lists(st.integers(0, 2**31), min_size=3, max_size=3), max_size=5))
+@given(
+    st.dictionaries(st.text(max_size=6), _json, max_size=5),
+    st.lists(st.lists(st.integers(0, 2**31), min_size=3, max_size=3), max_size=5),
+)
 def test_store_values_round_trip(rec, rows):
     assert decode_record(encode_record(rec)) == rec
     assert decode_pids(encode_pids(rows)) == rows

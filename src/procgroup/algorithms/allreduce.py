@@ -57,6 +57,7 @@ def install_stage_choices(choices: StageChoices) -> None:
     global _stages
     _stages = choices
 
+
 _RD0 = step(P_RD, 0)
 
 
@@ -176,7 +177,7 @@ def allreduce_multileader(
     li = mine.index(comm.rank)
     offs = partition(n, per)
     ring_reduce_scatter_inplace(SubComm(comm, mine, 1 * SPAN), buf, offs, reduce)
-    part = buf[offs[li]:offs[li + 1]]
+    part = buf[offs[li] : offs[li + 1]]
     if part.shape[0]:
         f = inter_allreduce or _stages.all_reduce_flat(len(hosts), part.nbytes, part.shape[0])
         f(SubComm(comm, [h[li] for h in hosts], 2 * SPAN), part, reduce)

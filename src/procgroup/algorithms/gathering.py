@@ -223,7 +223,11 @@ def allgather_bruck(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None
     while dist < p:
         cnt = min(dist, p - dist)
         exchange(
-            comm, (r - dist) % p, stage[: cnt * blk], (r + dist) % p, stage[dist * blk : (dist + cnt) * blk],
+            comm,
+            (r - dist) % p,
+            stage[: cnt * blk],
+            (r + dist) % p,
+            stage[dist * blk : (dist + cnt) * blk],
             step(P_BRUCK, rnd),
         )
         dist <<= 1

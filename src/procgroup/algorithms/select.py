@@ -54,19 +54,19 @@ from ..errors import ConfigError
 from ._util import flat
 from .allreduce import (
     StageChoices,
-    install_stage_choices,
     allreduce_hierarchical,
     allreduce_multileader,
     allreduce_recursive_doubling,
     allreduce_reduce_bcast,
     allreduce_ring,
     host_layout,
+    install_stage_choices,
     uniform_layout,
 )
 from .alltoall import alltoall_linear, alltoall_pairwise
 from .arena import allgather_arena, allreduce_arena, barrier_arena, bcast_arena, fits, reduce_arena
-from .dissemination import barrier_dissemination
 from .bcast import bcast_binomial, bcast_scatter_allgather
+from .dissemination import barrier_dissemination
 from .gathering import (
     allgather_bruck,
     allgather_ring,
@@ -77,8 +77,8 @@ from .gathering import (
     scatter_binomial,
     scatter_linear,
 )
-from .reduction import reduce_binomial, reduce_scatter_gather
 from .redscat import reduce_scatter_allreduce, reduce_scatter_ring
+from .reduction import reduce_binomial, reduce_scatter_gather
 
 __all__ = [
     "ALLREDUCE_SMALL",

@@ -106,7 +106,7 @@ def names() -> List[str]:
 
 
 def describe_names() -> str:
-    """"'cpu' (alias 'gloo'), 'mpi', 'nccl'": every registered backend with its aliases."""
+    """ "'cpu' (alias 'gloo'), 'mpi', 'nccl'": every registered backend with its aliases."""
     with _lock:
         parts = []
         for b in _order:
@@ -122,8 +122,9 @@ def _available_summary() -> str:
     with _lock:
         ok = [repr(b.names[0].lower()) for b in _order if b.unavailable_reason() is None]
         missing = [
-            f"{b.names[0].lower()!r}: {b.install_hint()}" for b in _order if b.unavailable_reason() is not None
-            and b.install_hint()
+            f"{b.names[0].lower()!r}: {b.install_hint()}"
+            for b in _order
+            if b.unavailable_reason() is not None and b.install_hint()
         ]
     s = f"available here: {', '.join(ok) or 'none'}"
     if missing:

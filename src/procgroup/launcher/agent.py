@@ -122,8 +122,6 @@ class RunState(str, Enum):
     INTERRUPTED = "INTERRUPTED"
 
 
-
-
 def _any_shm_segment() -> bool:
     """Whether any procgroup shared-memory segment (of any job) exists: a cheap test before the exact cleanup."""
     try:
@@ -235,8 +233,9 @@ class LocalAgent(SignalWaiter):
             try:
                 os.makedirs(cfg.log_dir, exist_ok=True)
             except OSError as e:
-                raise ConfigError(f"--log-dir {cfg.log_dir!r}: cannot create it ({e.strerror or e}); "
-                                  "choose a writable directory") from e
+                raise ConfigError(
+                    f"--log-dir {cfg.log_dir!r}: cannot create it ({e.strerror or e}); choose a writable directory"
+                ) from e
         self._subreaper = set_child_subreaper()
         return secret
 
@@ -252,8 +251,12 @@ class LocalAgent(SignalWaiter):
                 self.state = RunState.INTERRUPTED if result.interrupted_by is not None else RunState.FAILED
                 return result
             self._last_gen = restart
-            if restart == 0 and placement.local_world_size > 1 and OMP_NUM_THREADS not in self.environ \
-                    and not (cfg.from_head and placement.node_rank != 0):
+            if (
+                restart == 0
+                and placement.local_world_size > 1
+                and OMP_NUM_THREADS not in self.environ
+                and not (cfg.from_head and placement.node_rank != 0)
+            ):
                 self.sink.text(OMP_WARNING)
             local = self._run_attempt(secret, restart, placement, assignment)
             result = self._conclude(local, restart, assignment)
@@ -322,6 +325,7 @@ class LocalAgent(SignalWaiter):
     def _watch_stdin(self) -> None:
         """--from-head: EOF on stdin (the head exited or closed the session) stops the job, like SIGTERM;
         a ``usr1`` line is the head passing on a SIGUSR1."""
+
         def usr1() -> None:
             self._usr1 += 1
             self._poke()
@@ -335,17 +339,26 @@ class LocalAgent(SignalWaiter):
         from .gang import Gang, GangAborted  # noqa: PLC0415
 
         cfg = self.cfg
-        self.gang = Gang(host=self.hostname, master_addr=cfg.master_addr, port=cfg.master_port, nnodes=cfg.nnodes,
-                         node0=self._node0, join_timeout=cfg.join_timeout,
-                         interrupted=lambda: bool(self._signals), wakeup=self._poke, progress=self._say)
+        self.gang = Gang(
+            host=self.hostname,
+            master_addr=cfg.master_addr,
+            port=cfg.master_port,
+            nnodes=cfg.nnodes,
+            node0=self._node0,
+            join_timeout=cfg.join_timeout,
+            interrupted=lambda: bool(self._signals),
+            wakeup=self._poke,
+            progress=self._say,
+        )
         if self._node0:
             assert secret is not None
             try:
                 port = self.gang.serve(secret)
             except PortInUseError as e:
                 if cfg.node_rank is None:
-                    raise PortInUseError(f"{e}; if another agent of this job runs on this host, give each agent "
-                                         "its --node-rank") from None
+                    raise PortInUseError(
+                        f"{e}; if another agent of this job runs on this host, give each agent its --node-rank"
+                    ) from None
                 raise
             if cfg.from_head:
                 self._ctl(PortAnnounce(port=port))
@@ -383,9 +396,17 @@ class LocalAgent(SignalWaiter):
         from ..netutil import free_port  # noqa: PLC0415
         from .gang import AgentInfo  # noqa: PLC0415
 
-        me = AgentInfo(host=self.hostname, pid=self.pid, nproc=cfg.nproc_per_node, nnodes=cfg.nnodes,
-                       run_id=cfg.run_id, max_restarts=cfg.max_restarts, node_rank=self.node_rank,
-                       hosts_store=self._node0, worker_port=free_port("0.0.0.0") if self._node0 else None)
+        me = AgentInfo(
+            host=self.hostname,
+            pid=self.pid,
+            nproc=cfg.nproc_per_node,
+            nnodes=cfg.nnodes,
+            run_id=cfg.run_id,
+            max_restarts=cfg.max_restarts,
+            node_rank=self.node_rank,
+            hosts_store=self._node0,
+            worker_port=free_port("0.0.0.0") if self._node0 else None,
+        )
         try:
             assignment, node = self.gang.join(restart, me)
         except RendezvousError as e:  # the nodes' flags disagree, too many agents, a timeout: same on every node
@@ -396,8 +417,9 @@ class LocalAgent(SignalWaiter):
             if cfg.ranks_filter is not None:
                 bad = sorted(r for r in cfg.ranks_filter if not 0 <= r < assignment.world_size)
                 if bad:
-                    raise ConfigError(f"--ranks-filter names rank(s) {bad} but the job has ranks "
-                                      f"0..{assignment.world_size - 1}")
+                    raise ConfigError(
+                        f"--ranks-filter names rank(s) {bad} but the job has ranks 0..{assignment.world_size - 1}"
+                    )
             if node == 0 and cfg.notes:
                 self._say("derived: " + "; ".join(cfg.notes))
         return assignment.placement(node, cfg.master_addr), assignment
@@ -434,8 +456,9 @@ class LocalAgent(SignalWaiter):
 
     # ------------------------------------------------------------------ one generation
 
-    def _run_attempt(self, secret: str, restart: int, placement: Placement,
-                     assignment: Optional[Assignment]) -> RunResult:
+    def _run_attempt(
+        self, secret: str, restart: int, placement: Placement, assignment: Optional[Assignment]
+    ) -> RunResult:
         """One generation on this node: start the workers, supervise them until they end, fail, are
         interrupted or another node stops the job, then tear down and return this node's result."""
         att = self._start_attempt(secret, restart, placement, assignment)
@@ -447,16 +470,25 @@ class LocalAgent(SignalWaiter):
             raise
         return self._stop_attempt(att, restart)
 
-    def _start_attempt(self, secret: str, restart: int, placement: Placement,
-                       assignment: Optional[Assignment]) -> Attempt:
+    def _start_attempt(
+        self, secret: str, restart: int, placement: Placement, assignment: Optional[Assignment]
+    ) -> Attempt:
         """Spawn generation ``restart``'s workers; on several nodes, publish their pids, pass on a spawn
         failure to the other agents and start watching for theirs."""
         cfg = self.cfg
         gang = self.gang
         node = placement.node_rank
-        specs = worker_specs(cfg, secret=secret, restart=restart, placement=placement, hostname=self.hostname,
-                             environ=self.environ, error_dir=self._error_dir(), agent_pid=self.pid,
-                             tty=terminal(cfg.from_head))
+        specs = worker_specs(
+            cfg,
+            secret=secret,
+            restart=restart,
+            placement=placement,
+            hostname=self.hostname,
+            environ=self.environ,
+            error_dir=self._error_dir(),
+            agent_pid=self.pid,
+            tty=terminal(cfg.from_head),
+        )
         att = Attempt(group=WorkerGroup(specs, self.sink), start_time=time.time(), node=node)
         if restart and cfg.log_dir:
             for s in att.group.specs:
@@ -471,8 +503,15 @@ class LocalAgent(SignalWaiter):
         if gang is not None and assignment is not None:
             gang.publish_pids(restart, node, [[w.rank, w.spec.local_rank, w.pid] for w in att.group.workers])
             if att.spawn_error is not None:
-                gang.abort(restart, {"reason": f"could not start the workers on {self.hostname}: {att.spawn_error}",
-                                     "host": self.hostname, "node": node, "timestamp": time.time()})
+                gang.abort(
+                    restart,
+                    {
+                        "reason": f"could not start the workers on {self.hostname}: {att.spawn_error}",
+                        "host": self.hostname,
+                        "node": node,
+                        "timestamp": time.time(),
+                    },
+                )
             att.watcher = gang.watch(restart, node, assignment)
             att.mapping_due = node == 0 and att.spawn_error is None
         return att
@@ -498,8 +537,15 @@ class LocalAgent(SignalWaiter):
             if self._signals:
                 att.interrupted = att.first_signal = self._signals[0]
                 if gang is not None:
-                    gang.abort(restart, {"reason": self._interrupt_reason(att.interrupted), "host": self.hostname,
-                                         "node": att.node, "timestamp": time.time()})
+                    gang.abort(
+                        restart,
+                        {
+                            "reason": self._interrupt_reason(att.interrupted),
+                            "host": self.hostname,
+                            "node": att.node,
+                            "timestamp": time.time(),
+                        },
+                    )
                 return
             if att.watcher is not None and att.watcher.triggered:
                 self._note_abort(att)
@@ -541,8 +587,11 @@ class LocalAgent(SignalWaiter):
         # signal to the agent during the grace period means "now": skip straight to SIGKILL.
         stuck = group.stop(att.first_signal, cfg.term_timeout, self._wake, abort=lambda: len(self._signals) > seen)
         if stuck:
-            self._say("warning: " + ", ".join(f"rank {w.rank} (pid {w.pid})" for w in stuck)
-                      + " did not exit within 5 s of SIGKILL (uninterruptible sleep in the kernel?)")
+            self._say(
+                "warning: "
+                + ", ".join(f"rank {w.rank} (pid {w.pid})" for w in stuck)
+                + " did not exit within 5 s of SIGKILL (uninterruptible sleep in the kernel?)"
+            )
         killed, survivors = kill_leftovers(self.pid, group, cfg.term_timeout, self._wake)
         if not group.pump.drain(Deadline.after(DRAIN_TIMEOUT)):
             self._say("warning: worker output pipes still open after teardown; some output may be missing")
@@ -569,8 +618,10 @@ class LocalAgent(SignalWaiter):
 
     def _interrupt_reason(self, sig: int) -> str:
         if self._stdin_closed or (self.cfg.from_head and sig == signal.SIGTERM and os.getppid() == 1):
-            return f"the ssh session of the agent on {self.hostname} ended (the head node exited, was stopped, " \
-                   "or lost the connection)"
+            return (
+                f"the ssh session of the agent on {self.hostname} ended (the head node exited, was stopped, "
+                "or lost the connection)"
+            )
         return f"the agent on {self.hostname} received {signal_name(sig)}"
 
     def _conclude(self, local: RunResult, gen: int, assignment: Optional[Assignment]) -> RunResult:
@@ -584,19 +635,33 @@ class LocalAgent(SignalWaiter):
         if gang.watcher is not None:
             gang.watcher.stop()
         if self._signals and local.interrupted_by is None:
-            errors.append(f"the agent on {self.hostname} received {signal_name(self._signals[0])} "
-                          "while waiting for the other nodes")
-            gang.abort(gen, {"reason": errors[-1], "host": self.hostname, "node": self.node_rank,
-                             "timestamp": time.time()})
+            errors.append(
+                f"the agent on {self.hostname} received {signal_name(self._signals[0])} "
+                "while waiting for the other nodes"
+            )
+            gang.abort(
+                gen, {"reason": errors[-1], "host": self.hostname, "node": self.node_rank, "timestamp": time.time()}
+            )
         self._reported_nodes = sorted(got)
-        return combine_results([got[n] for n in sorted(got)], hosts=assignment.hosts, run_id=self.cfg.run_id,
-                               restart_count=gen, extra_errors=errors)
+        return combine_results(
+            [got[n] for n in sorted(got)],
+            hosts=assignment.hosts,
+            run_id=self.cfg.run_id,
+            restart_count=gen,
+            extra_errors=errors,
+        )
 
     def _aborted_result(self, why: str, gen: int) -> RunResult:
         interrupted = self._signals[0] if self._signals else None
         errors = () if interrupted is not None else (why,)
-        return RunResult(workers=(), run_id=self.cfg.run_id, host=self.hostname, restart_count=gen,
-                         interrupted_by=interrupted, agent_errors=errors)
+        return RunResult(
+            workers=(),
+            run_id=self.cfg.run_id,
+            host=self.hostname,
+            restart_count=gen,
+            interrupted_by=interrupted,
+            agent_errors=errors,
+        )
 
     def _report(self, result: RunResult) -> None:
         cfg = self.cfg
@@ -607,8 +672,14 @@ class LocalAgent(SignalWaiter):
                 self._say(f"error: {e}")
             return
         if cfg.from_head:
-            self._ctl(Report(node=self.node_rank, host=self.hostname, exit_code=result.exit_code,
-                             result=json.loads(result_to_json(slim(result)))))
+            self._ctl(
+                Report(
+                    node=self.node_rank,
+                    host=self.hostname,
+                    exit_code=result.exit_code,
+                    result=json.loads(result_to_json(slim(result))),
+                )
+            )
             return
         report = format_root_cause(result)
         if report:
@@ -619,7 +690,7 @@ class LocalAgent(SignalWaiter):
             state = "FAILED" if result.is_failed() else "succeeded"
             self._say(f"the job {state} (exit code {result.exit_code}); node 0's agent prints the table of all ranks")
 
+
 def run(cfg: LaunchConfig, sink: Optional[LineSink] = None) -> int:
     """Run the job; the process exit code (0, the first failure's code, 128+signal)."""
     return LocalAgent(cfg, sink).run().exit_code
-

@@ -107,8 +107,18 @@ def terminal(from_head: bool) -> Optional[str]:
     return None
 
 
-def worker_specs(cfg: LaunchConfig, *, secret: str, restart: int, placement: Placement, hostname: str,
-                 environ: Mapping[str, str], error_dir: str, agent_pid: int, tty: Optional[str]) -> list[WorkerSpec]:
+def worker_specs(
+    cfg: LaunchConfig,
+    *,
+    secret: str,
+    restart: int,
+    placement: Placement,
+    hostname: str,
+    environ: Mapping[str, str],
+    error_dir: str,
+    agent_pid: int,
+    tty: Optional[str],
+) -> list[WorkerSpec]:
     """The blueprints of this node's workers for generation ``restart``.
 
     Removes each worker's stale error file first (never mistake an earlier run's error for this
@@ -123,28 +133,39 @@ def worker_specs(cfg: LaunchConfig, *, secret: str, restart: int, placement: Pla
             os.unlink(error_file)
         except FileNotFoundError:
             pass
-        env = worker_env(cfg, local, master_port=placement.master_port, secret=secret, hostname=hostname,
-                         error_file=error_file, restart_count=restart, base=environ, placement=placement, tty=tty)
+        env = worker_env(
+            cfg,
+            local,
+            master_port=placement.master_port,
+            secret=secret,
+            hostname=hostname,
+            error_file=error_file,
+            restart_count=restart,
+            base=environ,
+            placement=placement,
+            tty=tty,
+        )
         argv = [sys.executable, BOOTSTRAP_PATH, "--parent-pid", str(agent_pid)]
         if cfg.no_python:
             argv += ["--exec"]
         else:
-            argv += ["--error-file", error_file, "--rank", str(rank), "--local-rank", str(local),
-                     "--host", hostname]
+            argv += ["--error-file", error_file, "--rank", str(rank), "--local-rank", str(local), "--host", hostname]
             if cfg.module:
                 argv += ["-m"]
         argv += ["--", cfg.entrypoint, *cfg.args]
-        specs.append(WorkerSpec(
-            rank=rank,
-            local_rank=local,
-            argv=tuple(argv),
-            env=env,
-            prefix=cfg.format_prefix(local, hostname, placement),
-            error_file=error_file,
-            log_file=os.path.join(cfg.log_dir, f"rank{rank}.log") if cfg.log_dir else None,
-            log_append=restart > 0,
-            to_console=cfg.shows_rank(rank),
-        ))
+        specs.append(
+            WorkerSpec(
+                rank=rank,
+                local_rank=local,
+                argv=tuple(argv),
+                env=env,
+                prefix=cfg.format_prefix(local, hostname, placement),
+                error_file=error_file,
+                log_file=os.path.join(cfg.log_dir, f"rank{rank}.log") if cfg.log_dir else None,
+                log_append=restart > 0,
+                to_console=cfg.shows_rank(rank),
+            )
+        )
     return specs
 
 
@@ -171,14 +192,22 @@ def failure_record(w: Worker, host: str, node: Optional[int]) -> dict[str, Any]:
     tb = str((wr.error or {}).get("traceback") or "").rstrip("\n").splitlines() or list(wr.stderr_tail)
     return {
         "reason": f"rank {wr.rank} on {host} failed ({wr.status()})",
-        "host": host, "node": node, "rank": wr.rank, "local_rank": wr.local_rank,
-        "pid": wr.pid, "status": wr.status(), "returncode": wr.returncode, "timestamp": wr.failure_time,
-        "traceback_tail": tb[-TRACEBACK_TAIL:], "worker": worker_to_dict(wr),
+        "host": host,
+        "node": node,
+        "rank": wr.rank,
+        "local_rank": wr.local_rank,
+        "pid": wr.pid,
+        "status": wr.status(),
+        "returncode": wr.returncode,
+        "timestamp": wr.failure_time,
+        "traceback_tail": tb[-TRACEBACK_TAIL:],
+        "worker": worker_to_dict(wr),
     }
 
 
-def kill_leftovers(agent_pid: int, group: WorkerGroup, term_timeout: float,
-                   wait: Callable[[float], Any]) -> tuple[list[ProcInfo], list[ProcInfo]]:
+def kill_leftovers(
+    agent_pid: int, group: WorkerGroup, term_timeout: float, wait: Callable[[float], Any]
+) -> tuple[list[ProcInfo], list[ProcInfo]]:
     """Kill every process still descending from the agent: SIGTERM, up to ``min(term_timeout,
     LEFTOVER_TIMEOUT)`` of grace, SIGKILL, up to LEFTOVER_TIMEOUT more; reaps adopted zombies on
     the way.  ``wait(seconds)`` sleeps (the agent's wakeable wait).  Returns (killed, survivors)."""

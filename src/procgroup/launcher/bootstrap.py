@@ -142,15 +142,22 @@ class _Args:
 
 
 def _usage(msg: str) -> NoReturn:
-    sys.stderr.write(f"procgroup bootstrap: {msg}\nusage: bootstrap [--error-file F] [--rank R] [--local-rank L] "
-                     "[--host H] [--parent-pid P] [--exec | -m] target [args...]\n")
+    sys.stderr.write(
+        f"procgroup bootstrap: {msg}\nusage: bootstrap [--error-file F] [--rank R] [--local-rank L] "
+        "[--host H] [--parent-pid P] [--exec | -m] target [args...]\n"
+    )
     sys.exit(2)
 
 
 def _parse(argv: list[str]) -> _Args:
     a = _Args()
-    valued = {"--error-file": "error_file", "--rank": "rank", "--local-rank": "local_rank",
-              "--host": "host", "--parent-pid": "parent_pid"}
+    valued = {
+        "--error-file": "error_file",
+        "--rank": "rank",
+        "--local-rank": "local_rank",
+        "--host": "host",
+        "--parent-pid": "parent_pid",
+    }
     i = 0
     while i < len(argv):
         tok = argv[i]
@@ -181,7 +188,7 @@ def _parse(argv: list[str]) -> _Args:
     if i >= len(argv):
         _usage("no target given")
     a.target = argv[i]
-    a.argv = argv[i + 1:]
+    a.argv = argv[i + 1 :]
     return a
 
 
@@ -225,8 +232,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         try:
             os.execvp(a.target, [a.target, *a.argv])
         except OSError as e:
-            sys.stderr.write(f"procgroup: cannot execute {a.target!r}: {e.strerror or e} "
-                             "(--no-python runs an executable from PATH or a path; drop --no-python for a .py file)\n")
+            sys.stderr.write(
+                f"procgroup: cannot execute {a.target!r}: {e.strerror or e} "
+                "(--no-python runs an executable from PATH or a path; drop --no-python for a .py file)\n"
+            )
             os._exit(127)
 
     import faulthandler  # a builtin module: imports nothing
@@ -240,8 +249,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         run = lambda: runpy.run_module(a.target, run_name="__main__", alter_sys=True)  # noqa: E731
     else:
         if not os.path.exists(a.target):
-            sys.stderr.write(f"procgroup: can't open file {os.path.abspath(a.target)!r}: no such file "
-                             "(use -m for a module, --no-python for an executable)\n")
+            sys.stderr.write(
+                f"procgroup: can't open file {os.path.abspath(a.target)!r}: no such file "
+                "(use -m for a module, --no-python for an executable)\n"
+            )
             sys.exit(2)
         sys.argv = [a.target, *a.argv]
         sys.path[0] = os.path.dirname(os.path.realpath(a.target))
@@ -253,7 +264,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         raise
     except KeyboardInterrupt as exc:
         # Python prints it and exits by SIGINT, as without the launcher; only our frames are hidden
-        raise exc.with_traceback(_trimmed_tb(exc))
+        raise exc.with_traceback(_trimmed_tb(exc))  # noqa: B904 - the same exception, re-raised
     except BaseException as exc:  # noqa: BLE001 - record anything, then exit 1 like Python does
         try:
             environ = os.environ  # the worker's environment, read here only, for the error record

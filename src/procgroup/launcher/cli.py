@@ -100,81 +100,186 @@ def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
         )
 
     g = p.add_argument_group("job shape")
-    g.add_argument("--nproc-per-node", dest="nproc_per_node", metavar="N|auto", default=None,
-                   help=f"workers on this node; 'auto' = number of CPUs (default 1, or ${KUBEFLOW.NPROC_PER_NODE})")
+    g.add_argument(
+        "--nproc-per-node",
+        dest="nproc_per_node",
+        metavar="N|auto",
+        default=None,
+        help=f"workers on this node; 'auto' = number of CPUs (default 1, or ${KUBEFLOW.NPROC_PER_NODE})",
+    )
     alias("--nproc_per_node", dest="nproc_per_node")
-    g.add_argument("--nnodes", dest="nnodes", metavar="M", default=None,
-                   help=f"number of nodes, each running one `procgroup run` (default 1, or ${KUBEFLOW.NNODES})")
-    g.add_argument("--node-rank", dest="node_rank", metavar="K", default=None,
-                   help="rank of this node, 0..M-1; node 0 hosts the agents' store (default: 0 on one node; with "
-                        f"several, ${KUBEFLOW.NODE_RANK}, else assigned at the rendezvous: the master host first, "
-                        "then by host name)")
+    g.add_argument(
+        "--nnodes",
+        dest="nnodes",
+        metavar="M",
+        default=None,
+        help=f"number of nodes, each running one `procgroup run` (default 1, or ${KUBEFLOW.NNODES})",
+    )
+    g.add_argument(
+        "--node-rank",
+        dest="node_rank",
+        metavar="K",
+        default=None,
+        help="rank of this node, 0..M-1; node 0 hosts the agents' store (default: 0 on one node; with "
+        f"several, ${KUBEFLOW.NODE_RANK}, else assigned at the rendezvous: the master host first, "
+        "then by host name)",
+    )
     alias("--node_rank", dest="node_rank")
-    g.add_argument("--hostfile", dest="hostfile", metavar="FILE", default=None,
-                   help="head-node mode: start one agent per host of FILE over ssh; lines 'HOST [slots=N]' "
-                        "(slots default: --nproc-per-node, else 1)")
+    g.add_argument(
+        "--hostfile",
+        dest="hostfile",
+        metavar="FILE",
+        default=None,
+        help="head-node mode: start one agent per host of FILE over ssh; lines 'HOST [slots=N]' "
+        "(slots default: --nproc-per-node, else 1)",
+    )
 
     g = p.add_argument_group("rendezvous")
-    g.add_argument("--standalone", action="store_true",
-                   help="single-node job on 127.0.0.1 with a free MASTER_PORT")
-    g.add_argument("--master-addr", dest="master_addr", metavar="ADDR", default=None,
-                   help=f"address of node 0 (default {DEFAULT_MASTER_ADDR}, or ${KUBEFLOW.MASTER_ADDR})")
+    g.add_argument("--standalone", action="store_true", help="single-node job on 127.0.0.1 with a free MASTER_PORT")
+    g.add_argument(
+        "--master-addr",
+        dest="master_addr",
+        metavar="ADDR",
+        default=None,
+        help=f"address of node 0 (default {DEFAULT_MASTER_ADDR}, or ${KUBEFLOW.MASTER_ADDR})",
+    )
     alias("--master_addr", dest="master_addr")
-    g.add_argument("--master-port", dest="master_port", metavar="PORT", default=None,
-                   help="one node: the workers' MASTER_PORT; several: where node 0's agent hosts the agents' store "
-                        f"(the workers then get a free port node 0 picks) (default {DEFAULT_MASTER_PORT}, "
-                        f"or ${KUBEFLOW.MASTER_PORT})")
+    g.add_argument(
+        "--master-port",
+        dest="master_port",
+        metavar="PORT",
+        default=None,
+        help="one node: the workers' MASTER_PORT; several: where node 0's agent hosts the agents' store "
+        f"(the workers then get a free port node 0 picks) (default {DEFAULT_MASTER_PORT}, "
+        f"or ${KUBEFLOW.MASTER_PORT})",
+    )
     alias("--master_port", dest="master_port")
-    g.add_argument("--run-id", dest="run_id", metavar="ID", default=None,
-                   help="job id, the same on every node (default: random on one node, 'none' on several)")
+    g.add_argument(
+        "--run-id",
+        dest="run_id",
+        metavar="ID",
+        default=None,
+        help="job id, the same on every node (default: random on one node, 'none' on several)",
+    )
     alias("--run_id", dest="run_id")
-    g.add_argument("--secret-file", dest="secret_file", metavar="FILE", default=None,
-                   help=f"read the job secret from FILE (several nodes need a shared one; ${ENV.SECRET} wins)")
-    g.add_argument("--join-timeout", dest="join_timeout", metavar="SECONDS", type=float, default=None,
-                   help=f"how long the nodes' agents wait for each other (default ${ENV.TIMEOUT} or 300)")
+    g.add_argument(
+        "--secret-file",
+        dest="secret_file",
+        metavar="FILE",
+        default=None,
+        help=f"read the job secret from FILE (several nodes need a shared one; ${ENV.SECRET} wins)",
+    )
+    g.add_argument(
+        "--join-timeout",
+        dest="join_timeout",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help=f"how long the nodes' agents wait for each other (default ${ENV.TIMEOUT} or 300)",
+    )
     p.add_argument("--from-head", dest="from_head", action="store_true", help=argparse.SUPPRESS)
 
     g = p.add_argument_group("head node (--hostfile)")
-    g.add_argument("--ssh-command", dest="ssh_command", metavar="CMD", default="ssh",
-                   help="ssh client command line (split like a shell would), e.g. 'ssh -F ./ssh_config' (default ssh)")
+    g.add_argument(
+        "--ssh-command",
+        dest="ssh_command",
+        metavar="CMD",
+        default="ssh",
+        help="ssh client command line (split like a shell would), e.g. 'ssh -F ./ssh_config' (default ssh)",
+    )
     g.add_argument("--ssh-port", dest="ssh_port", metavar="PORT", type=int, default=None, help="ssh port of the hosts")
-    g.add_argument("--ssh-option", dest="ssh_options", metavar="OPT", action="append", default=[],
-                   help="extra ssh -o option, repeatable (BatchMode=yes is always set)")
-    g.add_argument("--env", dest="env_names", metavar="KEY[=VALUE]", action="append", default=[],
-                   help="forward this variable to every host (repeatable)")
-    g.add_argument("--env-prefix", dest="env_prefixes", metavar="PREFIX", action="append", default=None,
-                   help="forward variables whose names start with PREFIX (repeatable; replaces the default "
-                        "PROCGROUP_, PYTHON, OMP_, MKL_, OPENBLAS_, NCCL_, GLOO_, TORCH_)")
-    g.add_argument("--env-all", dest="env_all", action="store_true",
-                   help="forward every variable except host-local ones (HOSTNAME, PWD, SSH_*, ...)")
+    g.add_argument(
+        "--ssh-option",
+        dest="ssh_options",
+        metavar="OPT",
+        action="append",
+        default=[],
+        help="extra ssh -o option, repeatable (BatchMode=yes is always set)",
+    )
+    g.add_argument(
+        "--env",
+        dest="env_names",
+        metavar="KEY[=VALUE]",
+        action="append",
+        default=[],
+        help="forward this variable to every host (repeatable)",
+    )
+    g.add_argument(
+        "--env-prefix",
+        dest="env_prefixes",
+        metavar="PREFIX",
+        action="append",
+        default=None,
+        help="forward variables whose names start with PREFIX (repeatable; replaces the default "
+        "PROCGROUP_, PYTHON, OMP_, MKL_, OPENBLAS_, NCCL_, GLOO_, TORCH_)",
+    )
+    g.add_argument(
+        "--env-all",
+        dest="env_all",
+        action="store_true",
+        help="forward every variable except host-local ones (HOSTNAME, PWD, SSH_*, ...)",
+    )
 
     g = p.add_argument_group("failures")
-    g.add_argument("--max-restarts", dest="max_restarts", metavar="R", default=None,
-                   help="restart the whole gang up to R times after a failure (default 0)")
+    g.add_argument(
+        "--max-restarts",
+        dest="max_restarts",
+        metavar="R",
+        default=None,
+        help="restart the whole gang up to R times after a failure (default 0)",
+    )
     alias("--max_restarts", dest="max_restarts")
-    g.add_argument("--term-timeout", dest="term_timeout", metavar="SECONDS", type=float,
-                   default=DEFAULT_TERM_TIMEOUT,
-                   help="grace period between SIGTERM and SIGKILL when stopping workers "
-                        f"(default {DEFAULT_TERM_TIMEOUT:g})")
+    g.add_argument(
+        "--term-timeout",
+        dest="term_timeout",
+        metavar="SECONDS",
+        type=float,
+        default=DEFAULT_TERM_TIMEOUT,
+        help=f"grace period between SIGTERM and SIGKILL when stopping workers (default {DEFAULT_TERM_TIMEOUT:g})",
+    )
 
     g = p.add_argument_group("output")
-    g.add_argument("--log-dir", dest="log_dir", metavar="DIR", default=None,
-                   help="write each rank's output to DIR/rank<N>.log (and keep error files there); "
-                        "the console then shows only the report unless --tee")
+    g.add_argument(
+        "--log-dir",
+        dest="log_dir",
+        metavar="DIR",
+        default=None,
+        help="write each rank's output to DIR/rank<N>.log (and keep error files there); "
+        "the console then shows only the report unless --tee",
+    )
     alias("--log_dir", dest="log_dir")
     g.add_argument("--tee", action="store_true", help="with --log-dir: also show worker output on the console")
-    g.add_argument("--ranks-filter", dest="ranks_filter", metavar="R,R,...", default=None,
-                   help="show only these global ranks' output on the console, e.g. 0,3 or 0-3 (log files get all)")
+    g.add_argument(
+        "--ranks-filter",
+        dest="ranks_filter",
+        metavar="R,R,...",
+        default=None,
+        help="show only these global ranks' output on the console, e.g. 0,3 or 0-3 (log files get all)",
+    )
     g.add_argument("--no-prefix", dest="no_prefix", action="store_true", help="do not prefix worker lines")
-    g.add_argument("--prefix-format", dest="prefix_format", metavar="FMT", default=None,
-                   help="line prefix, with fields {rank} {local_rank} {node_rank} {host} {world_size} "
-                        f"(default {SINGLE_NODE_PREFIX!r}, {MULTI_NODE_PREFIX!r} with --nnodes > 1)")
+    g.add_argument(
+        "--prefix-format",
+        dest="prefix_format",
+        metavar="FMT",
+        default=None,
+        help="line prefix, with fields {rank} {local_rank} {node_rank} {host} {world_size} "
+        f"(default {SINGLE_NODE_PREFIX!r}, {MULTI_NODE_PREFIX!r} with --nnodes > 1)",
+    )
 
     g = p.add_argument_group("program")
-    g.add_argument("-m", "--module", dest="module", action="store_true",
-                   help="run the program as a module (python -m), not a script")
-    g.add_argument("--no-python", dest="no_python", action="store_true",
-                   help="run the program as an executable, without the Python interpreter")
+    g.add_argument(
+        "-m",
+        "--module",
+        dest="module",
+        action="store_true",
+        help="run the program as a module (python -m), not a script",
+    )
+    g.add_argument(
+        "--no-python",
+        dest="no_python",
+        action="store_true",
+        help="run the program as an executable, without the Python interpreter",
+    )
     alias("--no_python", dest="no_python", action="store_true")
     p.add_argument("entrypoint", metavar="program", help="script path, module name (-m) or executable (--no-python)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the program unchanged")
@@ -246,7 +351,8 @@ def parse_ranks(value: str) -> frozenset[int]:
 
 
 def parse_args(
-    argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None,
+    argv: Optional[Sequence[str]] = None,
+    environ: Optional[Mapping[str, str]] = None,
 ) -> Union[LaunchConfig, HeadConfig]:
     """Parse ``procgroup run`` arguments: a :class:`LaunchConfig` (this node's agent) or, with
     ``--hostfile``, a :class:`~procgroup.launcher.hosts.HeadConfig`.
@@ -268,8 +374,9 @@ def _output_fields(ns: argparse.Namespace, default_prefix: str) -> dict:
     if ns.no_prefix and ns.prefix_format is not None:
         raise ConfigError("--no-prefix and --prefix-format exclude each other; keep one")
     if ns.tee and ns.log_dir is None:
-        raise ConfigError("--tee copies the --log-dir files to the console; "
-                          "without --log-dir output already goes there")
+        raise ConfigError(
+            "--tee copies the --log-dir files to the console; without --log-dir output already goes there"
+        )
     return dict(
         log_dir=os.path.abspath(ns.log_dir) if ns.log_dir is not None else None,
         tee=bool(ns.tee),
@@ -299,17 +406,29 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
         join_timeout = default_timeout(environ)
 
     if ns.hostfile is not None:
-        return _head_config(ns, environ, nproc_given=_explicit(ns, environ, "nproc_per_node"), nproc=nproc,
-                            join_timeout=join_timeout)
-    if ns.ssh_options or ns.env_names or ns.env_prefixes is not None or ns.env_all or ns.ssh_port is not None \
-            or ns.ssh_command != "ssh":
-        raise ConfigError("--ssh-command/--ssh-port/--ssh-option/--env/--env-prefix/--env-all configure the head "
-                          "node: use them with --hostfile")
+        return _head_config(
+            ns, environ, nproc_given=_explicit(ns, environ, "nproc_per_node"), nproc=nproc, join_timeout=join_timeout
+        )
+    if (
+        ns.ssh_options
+        or ns.env_names
+        or ns.env_prefixes is not None
+        or ns.env_all
+        or ns.ssh_port is not None
+        or ns.ssh_command != "ssh"
+    ):
+        raise ConfigError(
+            "--ssh-command/--ssh-port/--ssh-option/--env/--env-prefix/--env-all configure the head "
+            "node: use them with --hostfile"
+        )
 
     slurm_step = None
     notes: tuple[str, ...] = ()
-    if not ns.standalone and not ns.from_head and not any(
-            _explicit(ns, environ, d) for d in ("nnodes", "node_rank", "master_addr", "master_port")):
+    if (
+        not ns.standalone
+        and not ns.from_head
+        and not any(_explicit(ns, environ, d) for d in ("nnodes", "node_rank", "master_addr", "master_port"))
+    ):
         from .slurm import detect_srun_step  # noqa: PLC0415
 
         step = detect_srun_step(environ)
@@ -343,8 +462,9 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
         port_v, src = _resolve(ns, "master_port", environ, DEFAULT_MASTER_PORT)
         master_port = _int("--master-port", port_v, src)
         if master_port < 1 and not (ns.from_head and master_port == 0):  # node 0 of a head-node job: any free port
-            raise ConfigError(f"--master-port {master_port} (from {src}) must be 1..65535; "
-                              "use --standalone to pick a free port")
+            raise ConfigError(
+                f"--master-port {master_port} (from {src}) must be 1..65535; use --standalone to pick a free port"
+            )
 
     restarts_v, src = _resolve(ns, "max_restarts", environ, 0)
     max_restarts = _int("--max-restarts", restarts_v, src)
@@ -374,8 +494,9 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
     )
 
 
-def _head_config(ns: argparse.Namespace, environ: Mapping[str, str], *, nproc_given: bool, nproc: int,
-                 join_timeout: float) -> HeadConfig:
+def _head_config(
+    ns: argparse.Namespace, environ: Mapping[str, str], *, nproc_given: bool, nproc: int, join_timeout: float
+) -> HeadConfig:
     import shlex  # noqa: PLC0415
 
     for dest, flag in (("node_rank", "--node-rank"), ("standalone", "--standalone"), ("from_head", "--from-head")):
@@ -415,9 +536,19 @@ def _head_config(ns: argparse.Namespace, environ: Mapping[str, str], *, nproc_gi
         join_timeout=join_timeout,
         from_head=True,
     )
-    env = EnvPolicy(names=tuple(ns.env_names),
-                    prefixes=tuple(ns.env_prefixes) if ns.env_prefixes is not None else DEFAULT_ENV_PREFIXES,
-                    everything=bool(ns.env_all))
-    return HeadConfig(agent=agent, hostfile=os.path.abspath(ns.hostfile), hosts=hosts,
-                      ssh_command=ssh_command, ssh_port=ns.ssh_port, ssh_options=tuple(ns.ssh_options), env=env,
-                      master_addr=str(ns.master_addr or hosts[0].name), master_port=port)
+    env = EnvPolicy(
+        names=tuple(ns.env_names),
+        prefixes=tuple(ns.env_prefixes) if ns.env_prefixes is not None else DEFAULT_ENV_PREFIXES,
+        everything=bool(ns.env_all),
+    )
+    return HeadConfig(
+        agent=agent,
+        hostfile=os.path.abspath(ns.hostfile),
+        hosts=hosts,
+        ssh_command=ssh_command,
+        ssh_port=ns.ssh_port,
+        ssh_options=tuple(ns.ssh_options),
+        env=env,
+        master_addr=str(ns.master_addr or hosts[0].name),
+        master_port=port,
+    )

@@ -101,8 +101,9 @@ class LaunchConfig:
         if not 0 <= self.master_port <= 65535:
             raise ConfigError(f"--master-port {self.master_port} is not a TCP port (0..65535)")
         if self.master_port == 0 and not self.standalone and not (self.from_head and self.node_rank == 0):
-            raise ConfigError("--master-port 0 is only meaningful with --standalone; "
-                              "give a fixed port every node can reach")
+            raise ConfigError(
+                "--master-port 0 is only meaningful with --standalone; give a fixed port every node can reach"
+            )
         if self.standalone and self.nnodes != 1:
             raise ConfigError(
                 f"--standalone runs a single-node job, but --nnodes is {self.nnodes}: drop --standalone and give "
@@ -113,8 +114,9 @@ class LaunchConfig:
         if not self.term_timeout >= 0:
             raise ConfigError(f"--term-timeout {self.term_timeout} must be >= 0 seconds")
         if self.module and self.no_python:
-            raise ConfigError("-m/--module and --no-python exclude each other: "
-                              "-m runs a Python module, --no-python an executable")
+            raise ConfigError(
+                "-m/--module and --no-python exclude each other: -m runs a Python module, --no-python an executable"
+            )
         if not self.run_id or any(c in self.run_id for c in "/\0"):
             raise ConfigError(f"--run-id {self.run_id!r} must be non-empty and contain no '/'")
         if not self.join_timeout > 0:
@@ -143,8 +145,11 @@ class LaunchConfig:
             return ""
         pl = placement or Placement.uniform(self, self.master_port)
         return self.prefix_format.format(
-            rank=pl.rank(local_rank), local_rank=local_rank, node_rank=pl.node_rank,
-            host=host, world_size=pl.world_size,
+            rank=pl.rank(local_rank),
+            local_rank=local_rank,
+            node_rank=pl.node_rank,
+            host=host,
+            world_size=pl.world_size,
         )
 
     def shows_rank(self, rank: int) -> bool:
@@ -172,9 +177,15 @@ class Placement:
     def uniform(cls, cfg: LaunchConfig, master_port: int) -> "Placement":
         """The placement when every node runs ``cfg.nproc_per_node`` workers (one node, or before a rendezvous)."""
         node = cfg.node_rank or 0
-        return cls(node_rank=node, nnodes=cfg.nnodes, rank_offset=node * cfg.nproc_per_node,
-                   world_size=cfg.world_size, local_world_size=cfg.nproc_per_node,
-                   master_addr=cfg.master_addr, master_port=master_port)
+        return cls(
+            node_rank=node,
+            nnodes=cfg.nnodes,
+            rank_offset=node * cfg.nproc_per_node,
+            world_size=cfg.world_size,
+            local_world_size=cfg.nproc_per_node,
+            master_addr=cfg.master_addr,
+            master_port=master_port,
+        )
 
     def rank(self, local_rank: int) -> int:
         """The global rank of this node's worker ``local_rank``."""
@@ -223,31 +234,33 @@ def worker_env(
         raise ConfigError(f"local rank {local_rank} out of range 0..{pl.local_world_size - 1}")
     env = dict(os.environ if base is None else base)
     rank = pl.rank(local_rank)
-    env.update({
-        ENV.RANK: str(rank),
-        ENV.LOCAL_RANK: str(local_rank),
-        ENV.WORLD_SIZE: str(pl.world_size),
-        ENV.LOCAL_WORLD_SIZE: str(pl.local_world_size),
-        ENV.GROUP_RANK: str(pl.node_rank),
-        ENV.NODE_RANK: str(pl.node_rank),
-        ENV.GROUP_WORLD_SIZE: str(pl.nnodes),
-        ENV.ROLE_RANK: str(rank),
-        ENV.ROLE_WORLD_SIZE: str(pl.world_size),
-        ENV.ROLE_NAME: ROLE_NAME,
-        ENV.MASTER_ADDR: pl.master_addr,
-        ENV.MASTER_PORT: str(pl.master_port),
-        ENV.TORCHELASTIC_RUN_ID: cfg.run_id,
-        ENV.TORCHELASTIC_RESTART_COUNT: str(restart_count),
-        ENV.TORCHELASTIC_MAX_RESTARTS: str(cfg.max_restarts),
-        ENV.TORCHELASTIC_ERROR_FILE: error_file,
-        ENV.SECRET: secret,
-        ENV.STORE_HOSTED: "0",
-        ENV.ERROR_FILE: error_file,
-        ENV.RUN_ID: cfg.run_id,
-        ENV.RESTART_COUNT: str(restart_count),
-        ENV.HOSTNAME: hostname,
-        PYTHONUNBUFFERED: "1",
-    })
+    env.update(
+        {
+            ENV.RANK: str(rank),
+            ENV.LOCAL_RANK: str(local_rank),
+            ENV.WORLD_SIZE: str(pl.world_size),
+            ENV.LOCAL_WORLD_SIZE: str(pl.local_world_size),
+            ENV.GROUP_RANK: str(pl.node_rank),
+            ENV.NODE_RANK: str(pl.node_rank),
+            ENV.GROUP_WORLD_SIZE: str(pl.nnodes),
+            ENV.ROLE_RANK: str(rank),
+            ENV.ROLE_WORLD_SIZE: str(pl.world_size),
+            ENV.ROLE_NAME: ROLE_NAME,
+            ENV.MASTER_ADDR: pl.master_addr,
+            ENV.MASTER_PORT: str(pl.master_port),
+            ENV.TORCHELASTIC_RUN_ID: cfg.run_id,
+            ENV.TORCHELASTIC_RESTART_COUNT: str(restart_count),
+            ENV.TORCHELASTIC_MAX_RESTARTS: str(cfg.max_restarts),
+            ENV.TORCHELASTIC_ERROR_FILE: error_file,
+            ENV.SECRET: secret,
+            ENV.STORE_HOSTED: "0",
+            ENV.ERROR_FILE: error_file,
+            ENV.RUN_ID: cfg.run_id,
+            ENV.RESTART_COUNT: str(restart_count),
+            ENV.HOSTNAME: hostname,
+            PYTHONUNBUFFERED: "1",
+        }
+    )
     if tty:  # the launcher's terminal: dist.breakpoint() runs pdb there (workers have none of their own)
         env[ENV.TTY] = tty
     else:

@@ -61,8 +61,10 @@ def read_hello(fd: int, timeout: float = HELLO_TIMEOUT) -> Hello:
             return msg
         r, _, _ = select.select([fd], [], [], max(0.0, deadline.remaining()))
         if not r:
-            raise ConfigError(f"--from-head: no hello line from the head node on stdin within {timeout:g}s "
-                              "(--from-head is for agents the head node starts over ssh)")
+            raise ConfigError(
+                f"--from-head: no hello line from the head node on stdin within {timeout:g}s "
+                "(--from-head is for agents the head node starts over ssh)"
+            )
         chunk = os.read(fd, 4096)
         if not chunk:
             raise ConfigError("--from-head: stdin closed before the head node's hello line")
@@ -135,6 +137,6 @@ class HeadLink:
     def parse(self, line: bytes) -> Optional[ControlMessage]:
         """The message in a control line; None for a malformed one (it is dropped, as before)."""
         try:
-            return decode_line(line[len(self._mark):])
+            return decode_line(line[len(self._mark) :])
         except ControlMessageError:
             return None

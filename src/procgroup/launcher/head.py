@@ -78,8 +78,9 @@ class HeadNode(SignalWaiter):
     """``procgroup run --hostfile``: one agent per host over ssh, their output relayed, Ctrl-C and SIGUSR1
     passed on, the job's report printed from the agents' control messages (:mod:`.control`)."""
 
-    def __init__(self, cfg: HeadConfig, sink: Optional[LineSink] = None,
-                 environ: Optional[Mapping[str, str]] = None) -> None:
+    def __init__(
+        self, cfg: HeadConfig, sink: Optional[LineSink] = None, environ: Optional[Mapping[str, str]] = None
+    ) -> None:
         self.cfg = cfg
         self.sink = sink or LineSink()
         self.environ = dict(os.environ if environ is None else environ)
@@ -138,16 +139,30 @@ class HeadNode(SignalWaiter):
     def _start(self, node: int, port: int, secret: str, env: dict[str, str], run_id: str) -> Session:
         cfg = self.cfg
         h = cfg.hosts[node]
-        argv = agent_argv(cfg.agent, node_rank=node, nnodes=len(cfg.hosts), nproc=h.slots, master_addr=cfg.master,
-                          master_port=port, run_id=run_id)
+        argv = agent_argv(
+            cfg.agent,
+            node_rank=node,
+            nnodes=len(cfg.hosts),
+            nproc=h.slots,
+            master_addr=cfg.master,
+            master_port=port,
+            run_id=run_id,
+        )
         remote = remote_command(cwd=os.getcwd(), env=env, python=sys.executable or "python3", argv=argv)
         cmd = ssh_argv(cfg.ssh_command, h.host, remote, port=cfg.ssh_port, options=cfg.ssh_options)
         try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True, close_fds=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+            )
         except OSError as e:
-            raise ConfigError(f"cannot run the ssh client {cfg.ssh_command[0]!r}: {e.strerror or e}; "
-                              "set --ssh-command") from e
+            raise ConfigError(
+                f"cannot run the ssh client {cfg.ssh_command[0]!r}: {e.strerror or e}; set --ssh-command"
+            ) from e
         spec = WorkerSpec(rank=node, local_rank=0, argv=tuple(cmd), env={}, prefix="")
         s = Session(node=node, host=h.host, slots=h.slots, worker=Worker(spec=spec, proc=proc, start_time=time.time()))
         self.sessions.append(s)
@@ -212,8 +227,10 @@ class HeadNode(SignalWaiter):
         cfg = self.cfg
         a = cfg.agent
         if not a.module and not a.no_python and not os.path.exists(a.entrypoint):
-            raise ConfigError(f"cannot open the script {os.path.abspath(a.entrypoint)!r}: no such file "
-                              "(the hosts run it from the same path; use -m for a module)")
+            raise ConfigError(
+                f"cannot open the script {os.path.abspath(a.entrypoint)!r}: no such file "
+                "(the hosts run it from the same path; use -m for a module)"
+            )
         secret = self._secret()
         env = cfg.env.select(self.environ)
         self.sink.text(cfg.env.describe(env, self.environ))
@@ -233,16 +250,21 @@ class HeadNode(SignalWaiter):
                     self._wake(0.5)
                 port = s0.port or 0
             if port:
-                desc = ", ".join(f"{h.host} (node {i}, {h.slots} worker{'s' if h.slots != 1 else ''})"
-                                 for i, h in enumerate(cfg.hosts))
+                desc = ", ".join(
+                    f"{h.host} (node {i}, {h.slots} worker{'s' if h.slots != 1 else ''})"
+                    for i, h in enumerate(cfg.hosts)
+                )
                 self._say(f"agents on {desc} over ssh; the agents' store is at {cfg.master}:{port}")
                 for node in range(1, len(cfg.hosts)):
                     self._start(node, port, secret, env, a.run_id)
             else:
                 s0 = self.sessions[0]
                 if not self._signals:
-                    why = ("its ssh session ended" if s0.ended is not None
-                           else f"it did not report within {a.join_timeout:.0f}s")
+                    why = (
+                        "its ssh session ended"
+                        if s0.ended is not None
+                        else f"it did not report within {a.join_timeout:.0f}s"
+                    )
                     self._say(f"the agent on {s0.host} (node 0) did not start its store: {why}")
             orphan_deadline: Optional[Deadline] = None
             usr1 = self._usr1
@@ -282,11 +304,16 @@ class HeadNode(SignalWaiter):
     def _final(self, interrupted: Optional[int]) -> int:
         result = self._best_report()
         missing = [s for s in self.sessions if s.report is None]
-        lines = [f"host {s.host} (node {s.node}): its agent sent no report; ssh exited with "
-                 + (f"status {s.returncode}" if s.returncode is not None and s.returncode >= 0
-                    else f"signal {signal_name(-(s.returncode or 0))}")
-                 + (" (ssh could not connect or the session broke: see ssh's message above)"
-                    if s.returncode == 255 else "") for s in missing]
+        lines = [
+            f"host {s.host} (node {s.node}): its agent sent no report; ssh exited with "
+            + (
+                f"status {s.returncode}"
+                if s.returncode is not None and s.returncode >= 0
+                else f"signal {signal_name(-(s.returncode or 0))}"
+            )
+            + (" (ssh could not connect or the session broke: see ssh's message above)" if s.returncode == 255 else "")
+            for s in missing
+        ]
         never = len(self.cfg.hosts) - len(self.sessions)
         if never:
             lines.append(f"{never} host(s) were never started: node 0's agent did not come up")

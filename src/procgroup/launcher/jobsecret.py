@@ -16,8 +16,9 @@ from .config import LaunchConfig
 __all__ = ["resolve_secret", "remove_secret_file"]
 
 
-def resolve_secret(cfg: LaunchConfig, environ: Mapping[str, str], *, head_secret: Optional[str] = None,
-                   node0: bool = True) -> tuple[Optional[str], Optional[str]]:
+def resolve_secret(
+    cfg: LaunchConfig, environ: Mapping[str, str], *, head_secret: Optional[str] = None, node0: bool = True
+) -> tuple[Optional[str], Optional[str]]:
     """(secret, file this call wrote).
 
     The secret is None for an srun node other than 0, which reads node 0's file while connecting;

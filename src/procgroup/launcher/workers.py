@@ -257,7 +257,7 @@ class OutputPump:
                     continue
                 st.buf += chunk
                 cut = st.buf.rfind(b"\n") + 1
-                lines = [ln + b"\n" for ln in bytes(st.buf[:cut - 1]).split(b"\n")] if cut else []
+                lines = [ln + b"\n" for ln in bytes(st.buf[: cut - 1]).split(b"\n")] if cut else []
                 del st.buf[:cut]
                 if len(st.buf) > MAX_LINE:  # a huge line without newline: emit it in pieces
                     lines.append(bytes(st.buf) + b"\n")

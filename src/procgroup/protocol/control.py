@@ -100,8 +100,9 @@ def encode(msg: ControlMessage) -> bytes:
     """
     event = _EVENTS.get(type(msg))
     if event is None:
-        raise ControlMessageError(f"cannot encode {type(msg).__name__}: not a control message "
-                                  f"({', '.join(t.__name__ for t in _EVENTS)})")
+        raise ControlMessageError(
+            f"cannot encode {type(msg).__name__}: not a control message ({', '.join(t.__name__ for t in _EVENTS)})"
+        )
     obj: dict[str, Any] = {"event": event}
     obj.update(vars(msg))
     try:
@@ -147,8 +148,12 @@ def decode_line(line: bytes) -> ControlMessage:
             raise ControlMessageError(f"control message 'port': {port} is not a TCP port (1..65535)")
         return PortAnnounce(port=port)
     if event == "report":
-        return Report(node=_field(obj, event, "node", int, optional=True), host=_field(obj, event, "host", str),
-                      exit_code=_field(obj, event, "exit_code", int), result=_field(obj, event, "result", dict))
+        return Report(
+            node=_field(obj, event, "node", int, optional=True),
+            host=_field(obj, event, "host", str),
+            exit_code=_field(obj, event, "exit_code", int),
+            result=_field(obj, event, "result", dict),
+        )
     raise ControlMessageError(f"unknown control event {event!r} (known: {', '.join(_EVENTS.values())})")
 
 
@@ -189,7 +194,7 @@ class ControlDecoder:
                 if nl < 0:
                     self._buf.clear()
                     return None
-                del self._buf[:nl + 1]
+                del self._buf[: nl + 1]
                 self._skipping = False
                 continue
             if nl < 0:
@@ -199,10 +204,10 @@ class ControlDecoder:
                     raise ControlMessageError(f"control line longer than {self.max_line} bytes")
                 return None
             if nl + 1 > self.max_line:
-                del self._buf[:nl + 1]
+                del self._buf[: nl + 1]
                 raise ControlMessageError(f"control line of {nl + 1} bytes is longer than {self.max_line}")
             line = bytes(self._buf[:nl])
-            del self._buf[:nl + 1]
+            del self._buf[: nl + 1]
             return decode_line(line)
 
     def eof(self) -> None:
@@ -262,6 +267,7 @@ def decode_pids(data: Union[bytes, str]) -> list[list[int]]:
     except (UnicodeDecodeError, ValueError) as e:
         raise ControlMessageError(f"pid table is not JSON ({e}): {raw[:80]!r}") from None
     if not isinstance(obj, list) or not all(
-            isinstance(r, list) and len(r) == 3 and all(type(x) is int for x in r) for r in obj):
+        isinstance(r, list) and len(r) == 3 and all(type(x) is int for x in r) for r in obj
+    ):
         raise ControlMessageError(f"pid table is not a list of [rank, local_rank, pid]: {raw[:80]!r}")
     return obj

@@ -34,8 +34,8 @@ from ..errors import (
     ProcGroupError,
     StoreError,
 )
-from ..process_group import ProcessGroup
 from ..ops import ReduceOp
+from ..process_group import ProcessGroup
 from ..store import Store
 
 __all__ = [
@@ -84,8 +84,16 @@ def create_group(name: str, *, store: Any, rank: int, world_size: int, timeout: 
     # without PROCGROUP_SECRET the transports' key derives from the random token the members agreed on
     secret = job_secret(cfg, job_id) if cfg.secret is not None else ("procgroup-torch:" + token).encode()
     return _create_group(
-        "cpu", store=store, rank=int(rank), world_size=int(world_size), timeout=float(timeout), job_id=job_id,
-        secret=secret, config=cfg, group_name=name, watchdog=int(world_size) > 1,
+        "cpu",
+        store=store,
+        rank=int(rank),
+        world_size=int(world_size),
+        timeout=float(timeout),
+        job_id=job_id,
+        secret=secret,
+        config=cfg,
+        group_name=name,
+        watchdog=int(world_size) > 1,
     )
 
 

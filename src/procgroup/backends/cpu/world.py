@@ -87,7 +87,12 @@ def build_world(spec: WorldSpec) -> World:
     world.on_close.append(transport.close)
     logger.info(
         "rank %d/%d formed the group at %s in %.2fs (%d host%s, transport %s)",
-        identity.rank, identity.world_size, where, deadline.elapsed(), len(set(hosts)),
-        "" if len(set(hosts)) == 1 else "s", getattr(transport, "kind", "?"),
+        identity.rank,
+        identity.world_size,
+        where,
+        deadline.elapsed(),
+        len(set(hosts)),
+        "" if len(set(hosts)) == 1 else "s",
+        getattr(transport, "kind", "?"),
     )
     return world
