@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import os
 import socket
 import struct
 import subprocess
 from typing import Mapping, Optional
 
+from . import procfs
 from .config import ENV, env_str
 from .errors import ConfigError, PortInUseError
 
@@ -114,81 +114,14 @@ def bind_listener(host: str, port: int, backlog: int = 4096) -> socket.socket:
     return sock
 
 
-def _listen_inodes(port: int) -> set[str]:
-    """Socket inodes in LISTEN state (st == 0A) on ``port`` from /proc/net/tcp{,6}."""
-    inodes: set[str] = set()
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(name) as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 10:
-                continue
-            local, state, inode = fields[1], fields[3], fields[9]
-            try:
-                lport = int(local.rsplit(":", 1)[1], 16)
-            except (IndexError, ValueError):
-                continue
-            if lport == port and state == "0A" and inode != "0":
-                inodes.add(inode)
-    return inodes
-
-
-def _cmdline(pid: str, limit: int = 120) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read(4096)
-    except OSError:
-        raw = b""
-    cmd = " ".join(raw.replace(b"\0", b" ").decode("utf-8", "replace").split())
-    if not cmd:
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                cmd = f.read().strip()
-        except OSError:
-            cmd = "?"
-    if len(cmd) > limit:
-        cmd = cmd[: limit - 3] + "..."
-    return cmd
-
-
 def port_holder(port: int) -> Optional[str]:
     """``"pid 123 (python3 train.py ...)"`` of the process listening on ``port``, or None.
 
-    Scans /proc/net/tcp and /proc/net/tcp6 for a LISTEN socket on the port and
-    matches its inode against /proc/*/fd; processes of other users are not
-    visible without privileges, so None is a normal answer.
+    Read through :mod:`procgroup.procfs` (a LISTEN socket's inode matched against ``/proc/*/fd``);
+    processes of other users are not visible without privileges, so None is a normal answer.
     """
-    inodes = _listen_inodes(port)
-    if not inodes:
-        return None
-    targets = {f"socket:[{i}]" for i in inodes}
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return None
-    # our own pid first: cheap, and the common case in tests
-    me = str(os.getpid())
-    if me in pids:
-        pids.remove(me)
-        pids.insert(0, me)
-    for pid in pids:
-        fd_dir = f"/proc/{pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(f"{fd_dir}/{fd}")
-            except OSError:
-                continue
-            if link in targets:
-                return f"pid {pid} ({_cmdline(pid)})"
-    return None
+    pid = procfs.port_holder_pid(port)
+    return None if pid is None else f"pid {pid} ({procfs.cmdline(pid, limit=120)})"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
