@@ -297,17 +297,23 @@ def env_int(name: str, environ: Optional[Mapping[str, str]] = None, *, minimum: 
     return n
 
 
-def env_float(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
+def _env_number(name: str, environ: Optional[Mapping[str, str]], bad: str, check: Any, bound: str) -> Optional[float]:
+    """A numeric variable: None when unset; ConfigError ``bad`` when not a number, ``bound`` when ``check`` fails."""
     v = env_str(name, environ)
     if v is None:
         return None
     try:
         x = float(v)
     except ValueError:
-        raise ConfigError(f"environment variable {name}={v!r} is not a number of seconds; set e.g. {name}=60") from None
-    if not x > 0:
-        raise ConfigError(f"environment variable {name}={v!r} must be > 0")
+        raise ConfigError(f"environment variable {name}={v!r} {bad}") from None
+    if not check(x):  # comparisons also reject NaN
+        raise ConfigError(f"environment variable {name}={v!r} {bound}")
     return x
+
+
+def env_float(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
+    """A variable in seconds (> 0); None when unset."""
+    return _env_number(name, environ, f"is not a number of seconds; set e.g. {name}=60", lambda x: x > 0, "must be > 0")
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -355,18 +361,9 @@ def to_seconds(value: Any, name: str = "timeout") -> Optional[float]:
 
 def env_micros(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
     """A variable in microseconds (>= 0); None when unset."""
-    v = env_str(name, environ)
-    if v is None:
-        return None
-    try:
-        x = float(v)
-    except ValueError:
-        raise ConfigError(
-            f"environment variable {name}={v!r} is not a number of microseconds; e.g. {name}=50"
-        ) from None
-    if not x >= 0:
-        raise ConfigError(f"environment variable {name}={v!r} must be >= 0 microseconds")
-    return x
+    return _env_number(
+        name, environ, f"is not a number of microseconds; e.g. {name}=50", lambda x: x >= 0, "must be >= 0 microseconds"
+    )
 
 
 @dataclass(frozen=True)
