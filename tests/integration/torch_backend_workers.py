@@ -261,9 +261,16 @@ def _coalesced() -> None:
     pg.reduce_scatter_tensor_coalesced(rs_out, rs_in).wait()
     for o in rs_out:
         eq(o, S, "reduce_scatter_tensor_coalesced")
-    lists = [[torch.zeros(1) for _ in range(WS)]]
-    pg.allgather_coalesced(lists, [torch.full((1,), float(RANK))]).wait()
-    check([float(x) for x in lists[0]] == [float(r) for r in range(WS)], f"allgather_coalesced {lists}")
+    # torch's layout: output_lists[r][j] receives rank r's input j (the public API's, as torch's own tests use it)
+    ins2 = [torch.full((1,), float(RANK)), torch.full((2,), float(10 * RANK))]
+    lists = [[torch.zeros_like(t) for t in ins2] for _ in range(WS)]
+    pg.allgather_coalesced(lists, ins2).wait()
+    for r in range(WS):
+        check(float(lists[r][0]) == r and lists[r][1].tolist() == [10.0 * r] * 2, f"allgather_coalesced {lists}")
+    lists = [[torch.zeros_like(t) for t in ins2] for _ in range(WS)]
+    dist.all_gather_coalesced(lists, ins2)
+    for r in range(WS):
+        check(float(lists[r][0]) == r and lists[r][1].tolist() == [10.0 * r] * 2, f"all_gather_coalesced {lists}")
 
 
 def async_ops() -> None:

@@ -439,7 +439,8 @@ class ProcgroupBackend(dist.ProcessGroup):
     def allgather_coalesced(
         self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor], opts: Any = None
     ) -> Any:
-        """One all-gather per input tensor, into the matching list of ``output_lists``."""
+        """One all-gather per input tensor: ``output_lists[r][j]`` receives rank r's ``input_list[j]`` (torch's
+        layout: the outer list is indexed by rank, the inner one by input tensor)."""
         opts = _AllgatherOptions() if opts is None else opts
         why = self._route(_flat(output_lists) + list(input_list))
         if why is not None:
@@ -447,8 +448,8 @@ class ProcgroupBackend(dist.ProcessGroup):
         tmo = self._op_timeout(opts)
 
         def fn() -> None:
-            for outs, src in zip(output_lists, input_list):
-                bufs, back = _contiguous(outs)
+            for j, src in enumerate(input_list):
+                bufs, back = _contiguous([per_rank[j] for per_rank in output_lists])
                 _C.all_gather(bufs, src, group=self._pg, timeout=tmo)
                 back()
 
