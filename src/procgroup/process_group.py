@@ -293,7 +293,7 @@ class ProcessGroup:
         head = describe(op, seq=seq, rank=self.world.rank, group=self.name, elapsed=dl.elapsed())
         if extra:
             head += f" [{extra}]"
-        msg = f"{head}: {e}"
+        msg = f"{head}: Timed out waiting: {e}" if isinstance(e, DistTimeoutError) else f"{head}: {e}"
         if isinstance(e, DistTimeoutError) and seq is not None and self.world.store is not None:
             msg += ". Roll call: " + self._roll_call(seq)
         if isinstance(e, DistTimeoutError):
