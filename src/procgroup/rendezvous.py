@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, List, Optional, Sequence
 from urllib.parse import parse_qs, urlparse
 
+from . import procfs
 from .config import DEFAULT_PROGRESS_INTERVAL, ENV
 from .deadline import Deadline
 from .errors import ConfigError, RendezvousError, RendezvousTimeoutError, StoreTimeoutError, format_ranks
@@ -99,15 +100,9 @@ def parse_init_method(url: Optional[str]) -> InitMethod:
 def host_key(hostname: Optional[str] = None) -> str:
     """Equal for processes that can share memory: hostname, boot id and network namespace."""
     hn = hostname or socket.gethostname()
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = "?"
-    try:
-        ns = str(os.stat("/proc/self/ns/net").st_ino)
-    except OSError:
-        ns = "?"
+    boot = procfs.boot_id() or "?"
+    ino = procfs.namespace_inode("net")
+    ns = "?" if ino is None else str(ino)
     return f"{hn}|{boot}|{ns}"
 
 

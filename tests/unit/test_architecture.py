@@ -186,6 +186,28 @@ def environment_reads(src: Path, pkg: str = PKG) -> List[str]:
     return out
 
 
+def proc_reads(src: Path, pkg: str = PKG) -> List[str]:
+    """String literals naming a ``/proc`` path outside ``procgroup.procfs`` (docstrings are not code)."""
+    out = []
+    for m, p in modules(src, pkg).items():
+        if m == f"{pkg}.procfs":
+            continue
+        tree = ast.parse(p.read_text(), str(p))
+        docs = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+                if node.value.startswith("/proc") or "/proc/" in node.value.split(" ")[0]:
+                    out.append(f"{p.relative_to(src)}:{node.lineno} {node.value!r}")
+    return out
+
+
 def launcher_imports(src: Path, pkg: str = PKG) -> List[str]:
     """Library modules that import the launcher (only the launcher itself and ``__main__`` may)."""
     graph = {}
@@ -222,6 +244,11 @@ def test_only_config_and_identity_read_the_environment():
     )
 
 
+def test_only_procfs_reads_proc():
+    found = proc_reads(SRC)
+    assert not found, "/proc is read outside procgroup.procfs; add a function there and call it:\n" + "\n".join(found)
+
+
 def test_the_library_never_imports_the_launcher():
     found = launcher_imports(SRC)
     assert not found, "the launcher sits beside the library and is never imported by it:\n" + "\n".join(found)
@@ -252,6 +279,7 @@ def test_checks_find_what_is_planted(tmp_path):
             "d.py": "from .config import env_str\nimport os\nq = env_str('A')\nr = env_str('B', os.environ)\n"
             "s = env_str('C', {})\nenv = dict(os.environ)\nos.environ['W'] = '1'\n",
             "config.py": "import os\nx = os.environ.get('OK')\n",
+            "f.py": '"""Reads /proc/stat in the docstring only."""\nP = "/proc/self/status"\n',
             "launcher/__init__.py": "",
             "launcher/cli.py": "from ..a import x\n",
             "e.py": "from .launcher import cli\n" + "y = 1\n" * 801 + "# " + "x" * 130 + "\n",
@@ -267,6 +295,7 @@ def test_checks_find_what_is_planted(tmp_path):
     assert sorted(r.split(":")[1].split(" ")[0] for r in reads if r.startswith("procgroup/d.py")) == ["3", "4"]
     assert not any(r.startswith("procgroup/config.py") for r in reads)
     assert launcher_imports(src) == ["procgroup.e imports procgroup.launcher.cli"]
+    assert proc_reads(src) == ["procgroup/f.py:2 '/proc/self/status'"]
     assert long_modules(src) == ["procgroup/e.py (803 lines)"]
     assert long_lines(src) == ["procgroup/e.py:803 (132 characters)"]
 
@@ -283,6 +312,7 @@ def test_checks_pass_a_clean_tree(tmp_path):
     )
     assert cycles(import_graph(src)) == []
     assert environment_reads(src) == launcher_imports(src) == long_modules(src) == long_lines(src) == []
+    assert proc_reads(src) == []
 
 
 @pytest.mark.parametrize("n", [2, 3, 7])
