@@ -457,6 +457,29 @@ def dead_peer() -> None:
     raise AssertionError("all_reduce with a dead peer returned")
 
 
+def dead_peer_async() -> None:
+    """Rank 1 dies; rank 0's async all_reduce fails through its future and its Work, naming the peer."""
+    dist.barrier()
+    if RANK == 1:
+        os._exit(3)
+    t0 = time.monotonic()
+    w = dist.all_reduce(torch.ones(1000), async_op=True)
+    fut = w.get_future()
+    try:
+        fut.wait()
+    except Exception as e:  # noqa: BLE001 - the point of the test
+        check(w.is_completed() and not w.is_success(), "the Work reports the failure")
+        try:
+            w.wait()
+        except Exception as e2:  # noqa: BLE001 - the same error through wait()
+            check("rank 1" in str(e2), f"Work.wait error {e2}")
+        else:
+            raise AssertionError("Work.wait() after a failed op returned") from None
+        print(f"RAISED after {time.monotonic() - t0:.1f}s: {type(e).__name__}: {e}", flush=True)
+        os._exit(0)
+    raise AssertionError("the future of an all_reduce with a dead peer completed")
+
+
 def deadline() -> None:
     """Rank 1 never calls; rank 0's all_reduce raises at its deadline, naming the op."""
     dist.barrier()
@@ -536,6 +559,7 @@ def mismatch() -> None:
 SCENARIOS: Dict[str, Callable[[], None]] = {
     "basic": basic, "collectives": collectives, "async": async_ops, "p2p": p2p, "subgroups": subgroups,
     "fallthrough": fallthrough, "delegate": delegate, "dead_peer": dead_peer, "deadline": deadline,
+    "dead_peer_async": dead_peer_async,
     "cuda": cuda, "coalescing": coalescing, "mismatch": mismatch, "edges": edges,
 }
 

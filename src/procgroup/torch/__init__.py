@@ -13,6 +13,21 @@ Then ``init_process_group("procgroup")`` works with ``env://``, ``tcp://``, ``fi
 do ``new_group(..., backend="procgroup")`` and subgroups; ``"cpu:procgroup,cuda:nccl"`` carries CUDA tensors
 through torch's NCCL.  See :mod:`procgroup.torch.backend` for what runs natively and what falls through.
 
+Example (run with ``procgroup run --nproc-per-node 2 train.py`` or torchrun)::
+
+    import torch.distributed as dist
+    import procgroup.torch  # not needed once procgroup is installed: `import torch` registers it
+
+    dist.init_process_group("procgroup")            # or "cpu:procgroup,cuda:nccl"
+    model = torch.nn.parallel.DistributedDataParallel(model)
+
+``init_process_group(..., pg_options=procgroup.torch.Options(device_backends={...}, fallback="gloo"))``
+changes which torch backend carries other devices' tensors and what is not served natively.
+
+Limitation: the hook registers only when torch.distributed is already loaded when torch runs it (true of
+torch 2.13, which imports it earlier in its own ``__init__``); otherwise it logs and ``import procgroup.torch``
+registers.
+
 This package is the only part of procgroup that imports torch.
 """
 

@@ -10,7 +10,8 @@ What it uses from the core:
   equivalent of ``procgroup.backends.create_group``, which the core is adding).
 * ``procgroup.config`` (``ENV``, ``Identity``, ``env_str``), ``procgroup.protocol.auth.secret_from_env``:
   the job secret and job id.
-* ``procgroup.store.Store`` (the interface the adapter implements), ``procgroup.deadline.as_deadline``.
+* ``procgroup.store.Store`` (the interface the adapter implements, with its ``_deadline`` and
+  ``_timeout_error`` helpers).
 * ``procgroup.errors``: the exception types raised and caught.
 * ``procgroup.collectives`` (the public collectives, called with ``group=`` a group from :func:`create_group`)
   and ``procgroup.ops.ReduceOp``.
@@ -27,35 +28,28 @@ from typing import Any, Optional
 from .. import collectives as collectives  # noqa: PLC0414 - re-exported for the backend module
 from ..backends import cpu as _cpu
 from ..config import ENV, Identity, env_str
-from ..deadline import Deadline, as_deadline
 from ..errors import (
     BrokenError,
     ConfigError,
     DistTimeoutError,
     ProcGroupError,
     StoreError,
-    StoreTimeoutError,
 )
 from ..group import ProcessGroup
 from ..ops import ReduceOp
 from ..protocol.auth import secret_from_env
 from ..store import Store
-from ..transport.base import ANY_SOURCE
 from ..watchdog import Watchdog
 
 __all__ = [
-    "ANY_SOURCE",
     "BrokenError",
     "ConfigError",
-    "Deadline",
     "DistTimeoutError",
     "ProcGroupError",
     "ProcessGroup",
     "ReduceOp",
     "Store",
     "StoreError",
-    "StoreTimeoutError",
-    "as_deadline",
     "close_group",
     "collectives",
     "create_group",

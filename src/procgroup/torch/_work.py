@@ -246,10 +246,16 @@ class Executor:
         return tail is not None and not tail.is_completed()
 
     def drain(self) -> None:
-        """Wait for every queued op to finish (their errors stay with their Works)."""
+        """Wait for every queued op to finish (their errors stay with their Works).
+
+        Each op has its own deadline, so this returns; DistTimeoutError if the last one outlives its bound.
+        """
         tail = self._tail
-        if tail is not None and not tail.is_completed():
-            tail._event.wait()
+        if tail is not None and not tail.is_completed() and not tail._event.wait(tail._default_wait):
+            raise DistTimeoutError(
+                f"{self._name}: the async {tail._op} queued before this op did not finish within "
+                f"{tail._default_wait:.0f}s; check the other ranks, or raise the group's timeout"
+            )
 
     def _run(self) -> None:
         while True:
