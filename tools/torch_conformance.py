@@ -68,7 +68,7 @@ CI_SUBSET = (
     "test_send_recv_any_source",
     "test_isend",
     "test_barrier",
-    "test_new_subgroups_by_enumeration",
+    "test_all_gather_object_subgroup",
     "test_DistributedDataParallel_requires_grad",
 )
 

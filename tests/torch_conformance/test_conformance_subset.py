@@ -21,6 +21,13 @@ pytestmark = [
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
+#: subset tests that pass with gloo and fail with procgroup today, each a bug reported to the plug-in's author;
+#: the test asserts they still fail, so that a fix makes it fail until the entry is removed
+KNOWN_FAILURES = {
+    "test_all_gather_coalesced_simple": "allgather_coalesced calls all_gather with one output per input tensor "
+                                        "instead of one per rank (ConfigError: tensor_list has 1 entries ...)",
+}
+
 
 def test_ci_subset_passes_on_procgroup(tmp_path: Path) -> None:
     sys.path.insert(0, str(TOOLS))
@@ -30,5 +37,8 @@ def test_ci_subset_passes_on_procgroup(tmp_path: Path) -> None:
         sys.path.remove(str(TOOLS))
     results = tc.run_config("procgroup", 2, list(tc.CI_SUBSET), timeout=90.0, spawn=False, log=tmp_path / "log")
     assert set(results) == set(tc.CI_SUBSET)
-    bad = {t: (r["status"], tc._short(r.get("reason", ""))) for t, r in results.items() if r["status"] != "pass"}
+    bad = {t: (r["status"], tc._short(r.get("reason", ""))) for t, r in results.items()
+           if r["status"] != "pass" and t not in KNOWN_FAILURES}
+    fixed = [t for t in KNOWN_FAILURES if results[t]["status"] == "pass"]
+    assert not fixed, f"now passing, remove from KNOWN_FAILURES: {fixed}"
     assert not bad, f"torch conformance tests not passing on procgroup (log: {tmp_path / 'log'}): {bad}"
