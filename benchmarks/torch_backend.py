@@ -47,7 +47,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import procgroup
-    import procgroup.torch  # noqa: F401
+    import procgroup.torch
 
     torch.set_num_threads(1)
     dist.init_process_group(backend="gloo")

@@ -108,7 +108,7 @@ def _load_suite(backend: str) -> types.ModuleType:
     sys.modules[SUITE_MODULE] = module
     # dont_inherit: this file's "from __future__ import annotations" must not turn the suite's annotations into
     # strings (DDP checks a comm hook's annotation against dist.GradBucket itself)
-    exec(compile(source, spec.origin, "exec", dont_inherit=True), module.__dict__)
+    exec(compile(source, spec.origin, "exec", dont_inherit=True), module.__dict__)  # noqa: S102 - torch's own file
     return module
 
 
@@ -161,27 +161,27 @@ class _LineResult(unittest.TestResult):
         with open(self._path, "a") as f:
             f.write(json.dumps(line) + "\n")
 
-    def startTest(self, test: unittest.TestCase) -> None:  # noqa: N802
+    def startTest(self, test: unittest.TestCase) -> None:
         super().startTest(test)
         self._t0 = time.monotonic()
         self._write(test, "start")
 
-    def addSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802
+    def addSuccess(self, test: unittest.TestCase) -> None:
         self._write(test, "pass")
 
-    def addFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+    def addFailure(self, test: unittest.TestCase, err: Any) -> None:
         self._write(test, "fail", self._exc_info_to_string(err, test))
 
-    def addError(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+    def addError(self, test: unittest.TestCase, err: Any) -> None:
         self._write(test, "fail", self._exc_info_to_string(err, test))
 
-    def addSkip(self, test: unittest.TestCase, reason: str) -> None:  # noqa: N802
+    def addSkip(self, test: unittest.TestCase, reason: str) -> None:
         self._write(test, "skip", reason)
 
-    def addExpectedFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+    def addExpectedFailure(self, test: unittest.TestCase, err: Any) -> None:
         self._write(test, "pass", "expected failure")
 
-    def addUnexpectedSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802
+    def addUnexpectedSuccess(self, test: unittest.TestCase) -> None:
         self._write(test, "fail", "unexpected success")
 
 
@@ -284,7 +284,7 @@ def write_report(table: dict[str, dict[str, dict[str, Any]]], configs: list[str]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"summary": summary, "results": table}, indent=1))
     md = ["# torch distributed_test: gloo vs procgroup", "",
-          "| config | " + " | ".join(["pass", "fail", "skip", "timeout"]) + " |", "|---|---|---|---|---|"]
+          "| config | pass | fail | skip | timeout |", "|---|---|---|---|---|"]
     for c in configs:
         n = summary["configs"][c]
         md.append(f"| {c} | {n.get('pass', 0)} | {n.get('fail', 0)} | {n.get('skip', 0)} | {n.get('timeout', 0)} |")
