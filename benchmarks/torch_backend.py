@@ -80,10 +80,10 @@ def worker(args: argparse.Namespace) -> None:
         def make(group):
             torch.manual_seed(0)
             m = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width))
-            return DDP(m, process_group=group), None
+            return DDP(m, process_group=group)
 
         for label, bs in (("small batch", args.small_batch), ("big batch", args.big_batch)):
-            models = {n: make(g)[0] for n, g in (("gloo", gloo_group), ("procgroup", pg_group))}
+            models = {n: make(g) for n, g in (("gloo", gloo_group), ("procgroup", pg_group))}
             opts = {n: torch.optim.SGD(m.parameters(), lr=1e-3) for n, m in models.items()}
             compute = []
             for step in range(args.ddp_steps):
@@ -121,7 +121,7 @@ def launch(n: int, args: argparse.Namespace) -> dict:
            "--small-batch", str(args.small_batch), "--big-batch", str(args.big_batch)]
     if args.no_ddp:
         cmd.append("--no-ddp")
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.job_timeout)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.job_timeout, check=False)
     for line in r.stdout.splitlines():
         if "RESULT " in line:
             return json.loads(line.split("RESULT ", 1)[1])
@@ -167,7 +167,7 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
-    load0 = "%.2f %.2f %.2f" % os.getloadavg()
+    load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
     runs = [[launch(n, args) for n in args.sizes] for _ in range(args.repeat)]
     merged = []
     for i, n in enumerate(args.sizes):
@@ -175,7 +175,7 @@ def main() -> int:
         med = {k: statistics.median(p["median_s"][k] for p in per) for k in per[0]["median_s"]}
         merged.append({"world": n, "median_s": med, "ddp": per[-1]["ddp"],
                        "all_identical": all(d["identical_params"] for p in per for d in p["ddp"].values())})
-    load = f"{load0} / " + "%.2f %.2f %.2f" % os.getloadavg()
+    load = f"{load0} / " + " ".join(f"{x:.2f}" for x in os.getloadavg())
     text = table(merged, load)
     print(text)
     if args.out:
