@@ -1,0 +1,189 @@
+"""procgroup as a torch.distributed backend vs gloo, through torch's own API, in the same run.
+
+    PYTHONPATH=$PWD/src python benchmarks/torch_backend.py --repeat 3 --out benchmarks/results/torch/bench.md
+
+For N in --sizes (default 2 and 4) it launches N ranks with ``procgroup run``.  Every rank builds a gloo group
+and a procgroup group over the same store, then runs interleaved rounds (gloo, procgroup, procgroup's own API,
+gloo, ...) and reports medians over rounds:
+
+* all_reduce of 4 B and of 64 MiB (float32 SUM): time per call, and procgroup / gloo;
+* per-call overhead of procgroup through torch over procgroup's own API (``procgroup.all_reduce`` on the group
+  under the torch group, the same 4 B float32);
+* (N=2 only) a DDP training step of an MLP with 33.6 MB of fp32 gradients: a small batch (communication
+  dominates) and a big one (compute about half); both DDP models start identical and train on the same data, and
+  their final parameters are checked bit for bit.
+
+Timings on a shared machine are only comparable within one run; the load average is printed with the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MiB = 1 << 20
+
+
+def _timeit(fn, iters: int) -> float:
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One rank: every measurement, interleaved; rank 0 prints one JSON line ``RESULT {...}``."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import procgroup
+    import procgroup.torch
+
+    torch.set_num_threads(1)
+    dist.init_process_group(backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pg_group = dist.new_group(backend="procgroup")
+    gloo_group = dist.group.WORLD
+    own = pg_group.procgroup  # procgroup's own group under the torch one (the torch group is the backend)
+    small = torch.ones(1)
+    big = torch.ones(64 * MiB // 4)
+    small_np = np.ones(1, dtype=np.float32)
+    rows: dict[str, list[float]] = {}
+
+    def rec(key: str, value: float) -> None:
+        rows.setdefault(key, []).append(value)
+
+    for _ in range(args.rounds):
+        for name, grp in (("gloo", gloo_group), ("procgroup", pg_group)):
+            dist.barrier(group=gloo_group)
+            rec(f"4B {name}", _timeit(lambda g=grp: dist.all_reduce(small, group=g), args.small_iters))
+        dist.barrier(group=gloo_group)
+        rec("4B procgroup own API", _timeit(lambda: procgroup.all_reduce(small_np, group=own), args.small_iters))
+        for name, grp in (("gloo", gloo_group), ("procgroup", pg_group)):
+            dist.barrier(group=gloo_group)
+            rec(f"64MiB {name}", _timeit(lambda g=grp: dist.all_reduce(big, group=g), args.big_iters))
+
+    ddp: dict[str, object] = {}
+    if world == 2 and not args.no_ddp:
+        width = 2048  # 2 x (2048*2048 + 2048) fp32 parameters = 33.6 MB of gradients
+
+        def make(group):
+            torch.manual_seed(0)
+            m = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width))
+            return DDP(m, process_group=group)
+
+        for label, bs in (("small batch", args.small_batch), ("big batch", args.big_batch)):
+            models = {n: make(g) for n, g in (("gloo", gloo_group), ("procgroup", pg_group))}
+            opts = {n: torch.optim.SGD(m.parameters(), lr=1e-3) for n, m in models.items()}
+            compute = []
+            for step in range(args.ddp_steps):
+                g = torch.Generator().manual_seed(step * 10 + rank)
+                x = torch.randn(bs, width, generator=g)
+                for n in ("gloo", "procgroup"):
+                    dist.barrier(group=gloo_group)
+                    t0 = time.perf_counter()
+                    opts[n].zero_grad()
+                    models[n](x).square().mean().backward()
+                    opts[n].step()
+                    rec(f"DDP {label} {n}", time.perf_counter() - t0)
+                with models["gloo"].no_sync():  # the same step without communication: compute share
+                    t0 = time.perf_counter()
+                    models["gloo"](x).square().mean().backward()
+                    compute.append(time.perf_counter() - t0)
+                opts["gloo"].zero_grad()
+            same = all(torch.equal(a, b) for a, b in zip(models["gloo"].parameters(),
+                                                          models["procgroup"].parameters()))
+            ddp[label] = {"batch": bs, "identical_params": same, "compute_s": statistics.median(compute)}
+    if rank == 0:
+        med = {k: statistics.median(v) for k, v in rows.items()}
+        print("RESULT " + json.dumps({"world": world, "median_s": med, "ddp": ddp}), flush=True)
+    dist.barrier(group=gloo_group)
+    dist.destroy_process_group()
+
+
+def launch(n: int, args: argparse.Namespace) -> dict:
+    """Run one ``procgroup run`` job of n ranks; returns rank 0's RESULT."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROCGROUP_", "TORCHELASTIC_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    cmd = [sys.executable, "-m", "procgroup", "run", "--standalone", "--nproc-per-node", str(n), __file__,
+           "--worker", "--rounds", str(args.rounds), "--small-iters", str(args.small_iters),
+           "--big-iters", str(args.big_iters), "--ddp-steps", str(args.ddp_steps),
+           "--small-batch", str(args.small_batch), "--big-batch", str(args.big_batch)]
+    if args.no_ddp:
+        cmd.append("--no-ddp")
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.job_timeout, check=False)
+    for line in r.stdout.splitlines():
+        if "RESULT " in line:
+            return json.loads(line.split("RESULT ", 1)[1])
+    raise RuntimeError(f"benchmark job at N={n} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+
+
+def table(results: list[dict], load: str) -> str:
+    """Markdown table from the per-N results (each a median over rounds, then over --repeat runs)."""
+    us = 1e6
+    out = [f"machine: {os.cpu_count()} CPUs; load average before/after: {load}", "",
+           "| N | measure | gloo | procgroup | procgroup / gloo |", "|---|---|---|---|---|"]
+    for res in results:
+        m, n = res["median_s"], res["world"]
+        for size, unit, f in (("4B", "µs", us), ("64MiB", "ms", 1e3)):
+            g, p = m[f"{size} gloo"], m[f"{size} procgroup"]
+            out.append(f"| {n} | all_reduce {size} ({unit}/call) | {g * f:.1f} | {p * f:.1f} | {p / g:.3f} |")
+        own = m["4B procgroup own API"]
+        out.append(f"| {n} | 4B: through torch minus own API (µs/call) | | {(m['4B procgroup'] - own) * us:.1f} "
+                   f"(own API {own * us:.1f}) | |")
+        for label, d in res.get("ddp", {}).items():
+            g, p = m[f"DDP {label} gloo"], m[f"DDP {label} procgroup"]
+            out.append(f"| {n} | DDP step, {label} {d['batch']} (ms; compute alone {d['compute_s'] * 1e3:.0f}; "
+                       f"params identical: {d['identical_params']}) | {g * 1e3:.1f} | {p * 1e3:.1f} | {p / g:.3f} |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    """Command line: --worker runs one rank; otherwise launch every N, --repeat times, and print the table."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--repeat", type=int, default=1, help="whole runs; the table shows medians over them")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--small-iters", type=int, default=300)
+    ap.add_argument("--big-iters", type=int, default=3)
+    ap.add_argument("--ddp-steps", type=int, default=5)
+    ap.add_argument("--small-batch", type=int, default=8)
+    ap.add_argument("--big-batch", type=int, default=512)
+    ap.add_argument("--no-ddp", action="store_true")
+    ap.add_argument("--job-timeout", type=float, default=580)
+    ap.add_argument("--out", help="also write the table (and .json) here")
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+    load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    runs = [[launch(n, args) for n in args.sizes] for _ in range(args.repeat)]
+    merged = []
+    for i, n in enumerate(args.sizes):
+        per = [r[i] for r in runs]
+        med = {k: statistics.median(p["median_s"][k] for p in per) for k in per[0]["median_s"]}
+        merged.append({"world": n, "median_s": med, "ddp": per[-1]["ddp"],
+                       "all_identical": all(d["identical_params"] for p in per for d in p["ddp"].values())})
+    load = f"{load0} / " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    text = table(merged, load)
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+        Path(args.out).with_suffix(".json").write_text(json.dumps({"load": load, "runs": runs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
