@@ -101,8 +101,7 @@ def worker(args: argparse.Namespace) -> None:
                     models["gloo"](x).square().mean().backward()
                     compute.append(time.perf_counter() - t0)
                 opts["gloo"].zero_grad()
-            same = all(torch.equal(a, b) for a, b in zip(models["gloo"].parameters(),
-                                                          models["procgroup"].parameters()))
+            same = all(torch.equal(a, b) for a, b in zip(models["gloo"].parameters(), models["procgroup"].parameters()))
             ddp[label] = {"batch": bs, "identical_params": same, "compute_s": statistics.median(compute)}
     if rank == 0:
         med = {k: statistics.median(v) for k, v in rows.items()}
@@ -113,12 +112,35 @@ def worker(args: argparse.Namespace) -> None:
 
 def launch(n: int, args: argparse.Namespace) -> dict:
     """Run one ``procgroup run`` job of n ranks; returns rank 0's RESULT."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROCGROUP_", "TORCHELASTIC_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    cmd = [sys.executable, "-m", "procgroup", "run", "--standalone", "--nproc-per-node", str(n), __file__,
-           "--worker", "--rounds", str(args.rounds), "--small-iters", str(args.small_iters),
-           "--big-iters", str(args.big_iters), "--ddp-steps", str(args.ddp_steps),
-           "--small-batch", str(args.small_batch), "--big-batch", str(args.big_batch)]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PROCGROUP_", "TORCHELASTIC_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "procgroup",
+        "run",
+        "--standalone",
+        "--nproc-per-node",
+        str(n),
+        __file__,
+        "--worker",
+        "--rounds",
+        str(args.rounds),
+        "--small-iters",
+        str(args.small_iters),
+        "--big-iters",
+        str(args.big_iters),
+        "--ddp-steps",
+        str(args.ddp_steps),
+        "--small-batch",
+        str(args.small_batch),
+        "--big-batch",
+        str(args.big_batch),
+    ]
     if args.no_ddp:
         cmd.append("--no-ddp")
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.job_timeout, check=False)
@@ -131,20 +153,28 @@ def launch(n: int, args: argparse.Namespace) -> dict:
 def table(results: list[dict], load: str) -> str:
     """Markdown table from the per-N results (each a median over rounds, then over --repeat runs)."""
     us = 1e6
-    out = [f"machine: {os.cpu_count()} CPUs; load average before/after: {load}", "",
-           "| N | measure | gloo | procgroup | procgroup / gloo |", "|---|---|---|---|---|"]
+    out = [
+        f"machine: {os.cpu_count()} CPUs; load average before/after: {load}",
+        "",
+        "| N | measure | gloo | procgroup | procgroup / gloo |",
+        "|---|---|---|---|---|",
+    ]
     for res in results:
         m, n = res["median_s"], res["world"]
         for size, unit, f in (("4B", "µs", us), ("64MiB", "ms", 1e3)):
             g, p = m[f"{size} gloo"], m[f"{size} procgroup"]
             out.append(f"| {n} | all_reduce {size} ({unit}/call) | {g * f:.1f} | {p * f:.1f} | {p / g:.3f} |")
         own = m["4B procgroup own API"]
-        out.append(f"| {n} | 4B: through torch minus own API (µs/call) | | {(m['4B procgroup'] - own) * us:.1f} "
-                   f"(own API {own * us:.1f}) | |")
+        out.append(
+            f"| {n} | 4B: through torch minus own API (µs/call) | | {(m['4B procgroup'] - own) * us:.1f} "
+            f"(own API {own * us:.1f}) | |"
+        )
         for label, d in res.get("ddp", {}).items():
             g, p = m[f"DDP {label} gloo"], m[f"DDP {label} procgroup"]
-            out.append(f"| {n} | DDP step, {label} {d['batch']} (ms; compute alone {d['compute_s'] * 1e3:.0f}; "
-                       f"params identical: {d['identical_params']}) | {g * 1e3:.1f} | {p * 1e3:.1f} | {p / g:.3f} |")
+            out.append(
+                f"| {n} | DDP step, {label} {d['batch']} (ms; compute alone {d['compute_s'] * 1e3:.0f}; "
+                f"params identical: {d['identical_params']}) | {g * 1e3:.1f} | {p * 1e3:.1f} | {p / g:.3f} |"
+            )
     return "\n".join(out) + "\n"
 
 
@@ -173,8 +203,14 @@ def main() -> int:
     for i, n in enumerate(args.sizes):
         per = [r[i] for r in runs]
         med = {k: statistics.median(p["median_s"][k] for p in per) for k in per[0]["median_s"]}
-        merged.append({"world": n, "median_s": med, "ddp": per[-1]["ddp"],
-                       "all_identical": all(d["identical_params"] for p in per for d in p["ddp"].values())})
+        merged.append(
+            {
+                "world": n,
+                "median_s": med,
+                "ddp": per[-1]["ddp"],
+                "all_identical": all(d["identical_params"] for p in per for d in p["ddp"].values()),
+            }
+        )
     load = f"{load0} / " + " ".join(f"{x:.2f}" for x in os.getloadavg())
     text = table(merged, load)
     print(text)

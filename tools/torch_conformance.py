@@ -101,8 +101,9 @@ def _load_suite(backend: str) -> types.ModuleType:
     # the only source rewrites: literal gloo-name checks become "gloo or procgroup" checks
     source = source.replace('BACKEND != "gloo"', f"BACKEND not in {GLOO_LIKE!r}")
     source = source.replace('BACKEND == "gloo"', f"BACKEND in {GLOO_LIKE!r}")
-    source = source.replace('require_backend_is_available({"gloo"})',
-                            'require_backend_is_available({"gloo", "procgroup"})')
+    source = source.replace(
+        'require_backend_is_available({"gloo"})', 'require_backend_is_available({"gloo", "procgroup"})'
+    )
     module = types.ModuleType(SUITE_MODULE)
     module.__file__ = spec.origin
     sys.modules[SUITE_MODULE] = module
@@ -156,8 +157,12 @@ class _LineResult(unittest.TestResult):
         self._t0 = 0.0
 
     def _write(self, test: unittest.TestCase, status: str, reason: str = "") -> None:
-        line = {"test": test.id().split(".")[-1], "status": status, "reason": reason[-2000:],
-                "seconds": round(time.monotonic() - self._t0, 2)}
+        line = {
+            "test": test.id().split(".")[-1],
+            "status": status,
+            "reason": reason[-2000:],
+            "seconds": round(time.monotonic() - self._t0, 2),
+        }
         with open(self._path, "a") as f:
             f.write(json.dumps(line) + "\n")
 
@@ -201,8 +206,9 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_config(backend: str, world_size: int, names: list[str], timeout: float, spawn: bool,
-               log: Path) -> dict[str, dict[str, Any]]:
+def run_config(
+    backend: str, world_size: int, names: list[str], timeout: float, spawn: bool, log: Path
+) -> dict[str, dict[str, Any]]:
     """Run ``names`` on ``backend`` at ``world_size`` in worker processes; returns {test: {status, reason, seconds}}.
 
     A worker silent for ``timeout`` + 60 s is killed (its process group) and its current test recorded as
@@ -213,15 +219,19 @@ def run_config(backend: str, world_size: int, names: list[str], timeout: float, 
     with tempfile.TemporaryDirectory(prefix="pg-conf-") as tmp:
         lines = Path(tmp) / "results.jsonl"
         while remaining:
-            env = dict(os.environ, BACKEND=backend, WORLD_SIZE=str(world_size), TEMP_DIR=tmp,
-                       DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(int(timeout)), **{WORKER_ENV: "1"})
+            env = dict(
+                os.environ,
+                BACKEND=backend,
+                WORLD_SIZE=str(world_size),
+                TEMP_DIR=tmp,
+                DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(int(timeout)),
+                **{WORKER_ENV: "1"},
+            )
             env["PROCGROUP_CONFORMANCE_SPAWN"] = "1" if spawn else "0"
             env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
-            cmd = [sys.executable, "-c",
-                   f"import torch_conformance as m; m._worker({remaining!r}, {str(lines)!r})"]
+            cmd = [sys.executable, "-c", f"import torch_conformance as m; m._worker({remaining!r}, {str(lines)!r})"]
             with open(log, "a") as logf:
-                proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+                proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
                 last_size, last_change = -1, time.monotonic()
                 while proc.poll() is None:
                     time.sleep(1.0)
@@ -239,14 +249,24 @@ def run_config(backend: str, world_size: int, names: list[str], timeout: float, 
                     results[rec["test"]] = rec
                     started = None
             if started is not None:
-                results[started] = {"test": started, "status": "timeout",
-                                    "reason": f"worker silent for more than {timeout + 60:.0f} s (or it crashed)"}
+                results[started] = {
+                    "test": started,
+                    "status": "timeout",
+                    "reason": f"worker silent for more than {timeout + 60:.0f} s (or it crashed)",
+                }
             done = set(results)
-            if not any(n not in done for n in remaining) or (started is None and proc.returncode != 0
-                                                             and not _read_lines(lines)):
+            if not any(n not in done for n in remaining) or (
+                started is None and proc.returncode != 0 and not _read_lines(lines)
+            ):
                 for n in remaining:
-                    results.setdefault(n, {"test": n, "status": "fail",
-                                           "reason": f"worker exited {proc.returncode} before the test; see {log}"})
+                    results.setdefault(
+                        n,
+                        {
+                            "test": n,
+                            "status": "fail",
+                            "reason": f"worker exited {proc.returncode} before the test; see {log}",
+                        },
+                    )
                 break
             remaining = [n for n in remaining if n not in done]
             lines.unlink(missing_ok=True)
@@ -280,19 +300,26 @@ def write_report(table: dict[str, dict[str, dict[str, Any]]], configs: list[str]
             g, p = table.get(c, {}).get(t), table.get(pc, {}).get(t)
             if g and p and g["status"] == "pass" and p["status"] != "pass":
                 summary["gloo_pass_procgroup_not"].append(
-                    {"config": pc, "test": t, "status": p["status"], "reason": _short(p.get("reason", ""))})
+                    {"config": pc, "test": t, "status": p["status"], "reason": _short(p.get("reason", ""))}
+                )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"summary": summary, "results": table}, indent=1))
-    md = ["# torch distributed_test: gloo vs procgroup", "",
-          "| config | pass | fail | skip | timeout |", "|---|---|---|---|---|"]
+    md = [
+        "# torch distributed_test: gloo vs procgroup",
+        "",
+        "| config | pass | fail | skip | timeout |",
+        "|---|---|---|---|---|",
+    ]
     for c in configs:
         n = summary["configs"][c]
         md.append(f"| {c} | {n.get('pass', 0)} | {n.get('fail', 0)} | {n.get('skip', 0)} | {n.get('timeout', 0)} |")
     md += ["", "## gloo pass, procgroup not", ""]
     if summary["gloo_pass_procgroup_not"]:
         md += ["| config | test | procgroup | reason |", "|---|---|---|---|"]
-        md += [f"| {e['config']} | {e['test']} | {e['status']} | {e['reason']} |"
-               for e in summary["gloo_pass_procgroup_not"]]
+        md += [
+            f"| {e['config']} | {e['test']} | {e['status']} | {e['reason']} |"
+            for e in summary["gloo_pass_procgroup_not"]
+        ]
     else:
         md.append("none")
     md += ["", "## every test", "", "| test | " + " | ".join(configs) + " |", "|---" * (len(configs) + 1) + "|"]
@@ -326,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     for ws in args.world_sizes:
         # chunks of tests, gloo then procgroup on each: same machine state, and a cut-off run leaves a fair table
         for start in range(0, len(names), args.chunk):
-            chunk = names[start:start + args.chunk]
+            chunk = names[start : start + args.chunk]
             for backend in args.backends:
                 c = f"{backend} ws={ws}"
                 if c not in configs:

@@ -15,18 +15,17 @@ import pytest
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed"),
-    pytest.mark.skipif(importlib.util.find_spec("expecttest") is None,
-                       reason="torch's test suite needs the expecttest package (pip install expecttest)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("expecttest") is None,
+        reason="torch's test suite needs the expecttest package (pip install expecttest)",
+    ),
 ]
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
-#: subset tests that pass with gloo and fail with procgroup today, each a bug reported to the plug-in's author;
-#: the test asserts they still fail, so that a fix makes it fail until the entry is removed
-KNOWN_FAILURES = {
-    "test_all_gather_coalesced_simple": "allgather_coalesced calls all_gather with one output per input tensor "
-                                        "instead of one per rank (ConfigError: tensor_list has 1 entries ...)",
-}
+#: subset tests that pass with gloo and fail with procgroup today (none: the coalesced all-gather was fixed); the test
+#: asserts they still fail, so that a fix makes it fail until the entry is removed
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def test_ci_subset_passes_on_procgroup(tmp_path: Path) -> None:
@@ -37,8 +36,11 @@ def test_ci_subset_passes_on_procgroup(tmp_path: Path) -> None:
         sys.path.remove(str(TOOLS))
     results = tc.run_config("procgroup", 2, list(tc.CI_SUBSET), timeout=90.0, spawn=False, log=tmp_path / "log")
     assert set(results) == set(tc.CI_SUBSET)
-    bad = {t: (r["status"], tc._short(r.get("reason", ""))) for t, r in results.items()
-           if r["status"] != "pass" and t not in KNOWN_FAILURES}
+    bad = {
+        t: (r["status"], tc._short(r.get("reason", "")))
+        for t, r in results.items()
+        if r["status"] != "pass" and t not in KNOWN_FAILURES
+    }
     fixed = [t for t in KNOWN_FAILURES if results[t]["status"] == "pass"]
     assert not fixed, f"now passing, remove from KNOWN_FAILURES: {fixed}"
     assert not bad, f"torch conformance tests not passing on procgroup (log: {tmp_path / 'log'}): {bad}"

@@ -17,12 +17,35 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _losses(backend: str) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROCGROUP_", "TORCHELASTIC_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PROCGROUP_", "TORCHELASTIC_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p)
-    r = subprocess.run([sys.executable, "-m", "procgroup", "run", "--standalone", "--nproc-per-node", "2",
-                        "examples/torch_ddp_digits.py", "--backend", backend, "--epochs", "3"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "procgroup",
+            "run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "examples/torch_ddp_digits.py",
+            "--backend",
+            backend,
+            "--epochs",
+            "3",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert r.returncode == 0, r.stdout + r.stderr[-6000:]
     losses = re.findall(r"^\[0\] epoch (\d) loss \S+ \((\S+)\)", r.stdout, re.MULTILINE)
     assert [e for e, _ in losses] == ["0", "1", "2"], r.stdout

@@ -24,8 +24,12 @@ HERE = Path(__file__).resolve().parent
 
 
 def _env(extra_path: str = "") -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROCGROUP_", "TORCHELASTIC_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PROCGROUP_", "TORCHELASTIC_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
     parts = [str(ROOT / "src"), extra_path, env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in parts if p)
     env["OMP_NUM_THREADS"] = "1"
@@ -33,8 +37,15 @@ def _env(extra_path: str = "") -> dict[str, str]:
 
 
 def _launch(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "procgroup", "run", "--standalone", "--nproc-per-node", "2", *args],
-                       env=env, cwd=str(cwd), capture_output=True, text=True, timeout=240, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "procgroup", "run", "--standalone", "--nproc-per-node", "2", *args],
+        env=env,
+        cwd=str(cwd),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert r.returncode == 0, f"exit {r.returncode}\n--- stdout\n{r.stdout[-4000:]}\n--- stderr\n{r.stderr[-6000:]}"
     return r
 
@@ -52,8 +63,9 @@ def _same_on_both_ranks(res: list[dict]) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case,tol", [("bucketed", 1e-5), ("allreduce_hook", 1e-5), ("fp16_hook", 2e-3),
-                                      ("no_sync", 1e-5)])
+@pytest.mark.parametrize(
+    "case,tol", [("bucketed", 1e-5), ("allreduce_hook", 1e-5), ("fp16_hook", 2e-3), ("no_sync", 1e-5)]
+)
 def test_ddp_matches_single_process_reference(case: str, tol: float, tmp_path: Path) -> None:
     """Parameters are identical on both ranks and match single-process SGD on both ranks' data."""
     res = _train(case, "procgroup", tmp_path)
