@@ -147,9 +147,10 @@ def _open_store(im: InitMethod, store: Any, ident: Identity, cfg: RuntimeConfig,
         job_id = cfg.run_id or ident.job_id or "default"
         return _Rendezvous(store, f"the given {type(store).__name__}", job_id, job_secret(cfg, job_id))
     if im.scheme == "file":
+        assert im.path is not None, "parse_init_method gives every file:// URL a path"
         job_id = cfg.run_id or ident.job_id or im.path or "file"
-        base = store_mod.FileStore(im.path, timeout=cfg.timeout)
-        return _Rendezvous(base, str(im), job_id, job_secret(cfg, job_id), file_path=im.path)
+        fstore = store_mod.FileStore(im.path, timeout=cfg.timeout)
+        return _Rendezvous(fstore, str(im), job_id, job_secret(cfg, job_id), file_path=im.path)
     host, port = _master_address(im, ident)
     where = f"{host}:{port}"
     job_id = cfg.run_id or ident.job_id or where

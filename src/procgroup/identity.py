@@ -76,13 +76,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import socket
-import zlib
 from typing import Mapping, Optional
 
 from .config import DEFAULT_MASTER_PORT, ENV, KUBEFLOW, MPICH, OPENMPI, SLURM, Identity, env_int, env_str
 from .errors import ConfigError
+from .scheduler_formats import (
+    PORT_BASE,
+    PORT_SPAN,
+    daemon_vpid,
+    derive_port,
+    expand_hostlist,
+    hnp_host,
+    parse_tasks_per_node,
+)
 
 __all__ = [
     "detect_identity",
@@ -98,12 +105,6 @@ __all__ = [
     "DEFAULT_MASTER_PORT",
 ]
 
-#: Derived ports lie in [PORT_BASE, PORT_BASE + PORT_SPAN): unprivileged and
-#: below Linux's default ephemeral range (32768-60999), so a derived port never
-#: collides with a port the kernel handed to some client socket.
-PORT_BASE = 20000
-PORT_SPAN = 10000
-
 _HOW_TO_START = (
     "set RANK and WORLD_SIZE (and MASTER_ADDR, MASTER_PORT), or start the program with "
     "`procgroup run`, torchrun, srun (inside a Slurm allocation), mpirun (Open MPI) or mpiexec (MPICH)"
@@ -111,79 +112,6 @@ _HOW_TO_START = (
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def derive_port(job_id: str, step: int = 0) -> int:
-    """Deterministic rendezvous port for a scheduler job (and step).
-
-    ``PORT_BASE + (J * 7 + step) % PORT_SPAN`` where ``J = int(job_id)`` for a
-    decimal job id (Slurm, Open MPI's jobid) and ``J = zlib.crc32(job_id)``
-    otherwise.  Every rank of a step computes the same port; consecutive steps
-    of a job get consecutive ports; in a shell:
-    ``echo $((20000 + (SLURM_JOB_ID * 7 + SLURM_STEP_ID) % 10000))``.
-    Two jobs sharing a node collide only when ``7*(J1-J2) + (s1-s2)`` is a
-    multiple of 10000; set MASTER_PORT if that bites.
-    """
-    s = str(job_id).strip()
-    j = int(s) if s.isdigit() else zlib.crc32(s.encode())
-    return PORT_BASE + (j * 7 + int(step)) % PORT_SPAN
-
-
-_BARE_HOST = re.compile(r"^[A-Za-z0-9_.:-]+$")
-
-
-def expand_hostlist(spec: str, *, var: str = "host list") -> list[str]:
-    """Expand a Slurm compressed host list (``h[1-3,5]``, ``node[01-03],gpu7``).
-
-    Uses the ``hostlist`` module of python-hostlist (an optional dependency,
-    imported lazily).  Without it, bracket-free lists (``a,b,c``) still work
-    and a bracketed one raises :class:`ConfigError` saying what to install.
-    ``var`` names the variable in error messages.
-    """
-    spec = (spec or "").strip()
-    if not spec:
-        raise ConfigError(f"{var} is empty; expected a Slurm host list such as h[1-3]")
-    try:
-        import hostlist  # python-hostlist
-    except ImportError:
-        hostlist = None
-    if hostlist is not None:
-        try:
-            hosts = list(hostlist.expand_hostlist(spec))
-        except hostlist.BadHostlist as e:
-            raise ConfigError(f"{var}={spec!r} is not a valid Slurm host list: {e}") from None
-    else:
-        if "[" in spec or "]" in spec:
-            raise ConfigError(
-                f"{var}={spec!r} is a compressed host list and expanding it needs the python-hostlist package: "
-                "pip install python-hostlist (or procgroup[slurm]); or set MASTER_ADDR yourself"
-            )
-        hosts = [h.strip() for h in spec.split(",")]
-        bad = [h for h in hosts if not _BARE_HOST.match(h)]
-        if bad:
-            raise ConfigError(f"{var}={spec!r} is not a valid host list: bad entry {bad[0]!r}")
-    if not hosts:
-        raise ConfigError(f"{var}={spec!r} names no host")
-    return hosts
-
-
-_TPN_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
-
-
-def parse_tasks_per_node(spec: str, *, var: str = SLURM.STEP_TASKS_PER_NODE) -> list[int]:
-    """Expand Slurm's tasks-per-node notation: ``2(x3)`` -> [2, 2, 2]; ``3,2``; ``2(x2),1``."""
-    out: list[int] = []
-    for item in (spec or "").split(","):
-        m = _TPN_ITEM.match(item.strip())
-        if not m:
-            raise ConfigError(
-                f"{var}={spec!r} is not in Slurm's tasks-per-node notation (e.g. '2(x3)', '3,2' or '2(x2),1')"
-            )
-        n, rep = int(m.group(1)), int(m.group(2) or 1)
-        if rep < 1:
-            raise ConfigError(f"{var}={spec!r}: repeat count must be >= 1")
-        out.extend([n] * rep)
-    return out
 
 
 @dataclasses.dataclass
@@ -341,9 +269,9 @@ def _from_explicit(env: Mapping[str, str]) -> _Draft:
             pn = env_str(KUBEFLOW.NNODES, env)
             if pn is not None and pn.isdigit():  # elastic jobs have "min:max"
                 mvar, num_nodes = KUBEFLOW.NNODES, int(pn)
-    if nvar is not None:
+    if nvar is not None and node_rank is not None:  # (_first_int gives both or neither)
         d.node_rank, d.node_rank_var = node_rank, nvar
-    if mvar is not None:
+    if mvar is not None and num_nodes is not None:
         d.num_nodes, d.num_nodes_var = num_nodes, mvar
 
     # local
@@ -404,7 +332,7 @@ def _slurm_step(env: Mapping[str, str]) -> Optional[tuple[str, int]]:
     if env_str(SLURM.PROCID, env) is None:
         return None
     n, v = _first_int(env, SLURM.STEP_ID, SLURM.STEPID)
-    return None if n is None else (n, v)
+    return None if n is None or v is None else (n, v)
 
 
 def _slurm_job(env: Mapping[str, str]) -> tuple[Optional[str], Optional[str]]:
@@ -412,10 +340,10 @@ def _slurm_job(env: Mapping[str, str]) -> tuple[Optional[str], Optional[str]]:
 
 
 def _from_slurm(env: Mapping[str, str]) -> _Draft:
-    step_var, step = _slurm_step(env)  # type: ignore[misc]
+    step_var, step = _slurm_step(env)  # type: ignore[misc]  # srun sets SLURM_STEP_ID with SLURM_PROCID
     rank = _require_int(env, SLURM.PROCID, "srun sets it for every task")
     wvar, world = _first_int(env, SLURM.STEP_NUM_TASKS, SLURM.NTASKS, SLURM.NPROCS)
-    if wvar is None:
+    if wvar is None or world is None:
         raise ConfigError(
             f"{SLURM.PROCID}={rank} is set but none of {SLURM.STEP_NUM_TASKS}, {SLURM.NTASKS}, {SLURM.NPROCS} is; "
             "this does not look like an srun task: start the program with srun, or set RANK and WORLD_SIZE"
@@ -425,7 +353,7 @@ def _from_slurm(env: Mapping[str, str]) -> _Draft:
     lr = env_int(SLURM.LOCALID, env)
 
     tvar, tspec = _first(env, SLURM.STEP_TASKS_PER_NODE, SLURM.TASKS_PER_NODE)
-    counts = parse_tasks_per_node(tspec, var=tvar) if tvar is not None else None
+    counts = parse_tasks_per_node(tspec, var=tvar) if tvar is not None and tspec is not None else None
     nvar, nnodes = _first_int(env, SLURM.STEP_NUM_NODES)
     if counts is not None:
         if sum(counts) != world:
@@ -457,7 +385,7 @@ def _from_slurm(env: Mapping[str, str]) -> _Draft:
     _, job = _slurm_job(env)
     hvar, hspec = _first(env, SLURM.STEP_NODELIST, SLURM.JOB_NODELIST, SLURM.NODELIST)
     if env_str(ENV.MASTER_ADDR, env) is None:
-        if hvar is None:
+        if hvar is None or hspec is None:
             raise ConfigError(
                 f"cannot derive MASTER_ADDR under Slurm: {SLURM.STEP_NODELIST} is not set; set MASTER_ADDR"
             )
@@ -479,31 +407,6 @@ def _from_slurm(env: Mapping[str, str]) -> _Draft:
 
 
 # --------------------------------------------------------------------------- Open MPI
-
-
-def _hnp_host(uri: str) -> Optional[str]:
-    """First address of mpirun's contact URI: "1234.0;tcp://10.0.0.1,10.1.0.1:5000;tcp6://[fd00::2]:5001"."""
-    v6: Optional[str] = None
-    for part in uri.split(";")[1:]:
-        scheme, sep, rest = part.partition("://")
-        if not sep:
-            continue
-        addrs = rest.rsplit(":", 1)[0]
-        first = addrs.split(",")[0].strip()
-        if scheme == "tcp" and first:
-            return first
-        if scheme == "tcp6" and first and v6 is None:
-            v6 = first.strip("[]")
-    return v6
-
-
-def _daemon_vpid(uri: Optional[str]) -> Optional[int]:
-    """The daemon number in "JOBFAM.VPID;tcp://...": 0 is mpirun itself."""
-    if not uri:
-        return None
-    name = uri.split(";", 1)[0]
-    _, sep, vpid = name.partition(".")
-    return int(vpid) if sep and vpid.isdigit() else None
 
 
 def _from_openmpi(env: Mapping[str, str]) -> _Draft:
@@ -529,7 +432,7 @@ def _from_openmpi(env: Mapping[str, str]) -> _Draft:
     jvar, job = _first(env, OPENMPI.JOB_ID, OPENMPI.PMIX_NAMESPACE)
     d.job_id = job
     num_nodes = env_int(OPENMPI.NUM_NODES, env)
-    vpid = _daemon_vpid(env_str(OPENMPI.LOCAL_DAEMON_URI, env))
+    vpid = daemon_vpid(env_str(OPENMPI.LOCAL_DAEMON_URI, env))
     if lws == world:
         d.node_rank, d.num_nodes, d.num_nodes_var = 0, 1, f"{OPENMPI.LOCAL_SIZE} == {OPENMPI.SIZE}"
     else:
@@ -551,8 +454,8 @@ def _from_openmpi(env: Mapping[str, str]) -> _Draft:
             d.note(
                 f"MASTER_ADDR=127.0.0.1 (all {world} ranks run on this host: {OPENMPI.LOCAL_SIZE} == {OPENMPI.SIZE})"
             )
-        elif hnp is not None and _hnp_host(hnp):
-            d.master_addr = _hnp_host(hnp)
+        elif hnp is not None and hnp_host(hnp):
+            d.master_addr = hnp_host(hnp)
             d.note(
                 f"MASTER_ADDR={d.master_addr} (mpirun's host, from {OPENMPI.HNP_URI}: right when rank 0 "
                 "runs on mpirun's node, the default; not with --nolocal)"
@@ -631,7 +534,8 @@ def _from_mpich(env: Mapping[str, str]) -> _Draft:
                 "set MASTER_PORT to run two jobs on one host)"
             )
     elif in_proxy_step:
-        step_var, step_id = step  # type: ignore[misc]
+        assert step is not None and s_hosts is not None and job is not None  # in_proxy_step checked them
+        step_var, step_id = step
         d.node_rank = env_int(SLURM.NODEID, env) or 0
         d.node_rank_var = SLURM.NODEID
         d.num_nodes, d.num_nodes_var = s_nodes, SLURM.STEP_NUM_NODES
@@ -778,7 +682,7 @@ def resolve_master_via_mpi(
         )
     me = socket.gethostname()
     hosts = comm.allgather(me)
-    msg = None
+    msg: Optional[tuple[Optional[str], Optional[int], Optional[str]]] = None
     if comm.Get_rank() == 0:
         try:
             from . import netutil

@@ -58,12 +58,11 @@ def broadcast_object_list(
 
     def run(c: Any) -> None:
         n = np.zeros(1, _I64)
-        data = None
-        if c.rank == root:
-            data = _encode(list(object_list))
+        data = _encode(list(object_list)) if c.rank == root else None
+        if data is not None:
             n[0] = data.nbytes
         alg.broadcast(c, n, root)
-        if c.rank != root:
+        if data is None:
             data = np.empty(int(n[0]), np.uint8)
         c.tag += PHASE2  # second collective of this call: steps of its own
         alg.broadcast(c, data, root)
@@ -92,11 +91,11 @@ def _gatherv(c: Any, mine: np.ndarray, root: Optional[int]) -> Optional[List[np.
         m = max(counts) if counts else 0
         padded = c.scratch(m, slot=API_SLOT_C)
         padded[: mine.nbytes] = mine
-        out = np.empty(m * c.size, np.uint8) if c.rank == root else None
-        alg.gather(c, padded, out, root)
-        if out is None:
+        gathered = np.empty(m * c.size, np.uint8) if c.rank == root else None
+        alg.gather(c, padded, gathered, root)
+        if gathered is None:
             return None
-        return [out[i * m : i * m + counts[i]] for i in range(c.size)]
+        return [gathered[i * m : i * m + counts[i]] for i in range(c.size)]
     offs = np.concatenate([[0], np.cumsum(counts)]).astype(int)
     return [out[offs[i] : offs[i + 1]] for i in range(c.size)]
 

@@ -44,7 +44,7 @@ def _arena(comm: Any) -> Any:
 
 
 def _bytes(buf: np.ndarray) -> memoryview:
-    return memoryview(buf).cast("B")
+    return memoryview(buf).cast("B")  # type: ignore[arg-type]  # numpy's stubs do not declare the buffer protocol
 
 
 def _reduce_into(out: np.ndarray, views: Any, reduce: Reducer) -> None:

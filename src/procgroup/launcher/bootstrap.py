@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 import traceback
+from types import TracebackType
 from typing import Mapping, NoReturn, Optional
 
 __all__ = ["main", "set_parent_death_signal", "write_error_file", "error_record"]
@@ -76,7 +77,7 @@ def _is_own(filename: str) -> bool:
     return filename in _OWN_FILES or (not filename.startswith("<") and os.path.abspath(filename) in _OWN_FILES)
 
 
-def _trimmed_tb(exc: BaseException):  # type: ignore[no-untyped-def]
+def _trimmed_tb(exc: BaseException) -> Optional[TracebackType]:
     """The traceback without the bootstrap's and runpy's frames at its top."""
     tb = exc.__traceback__
     while tb is not None and _is_own(tb.tb_frame.f_code.co_filename):

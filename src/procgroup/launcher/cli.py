@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from typing import Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from ..config import ENV, KUBEFLOW, default_timeout, env_str
 from ..errors import ConfigError
@@ -93,11 +93,9 @@ def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
         ),
     )
 
-    def alias(*names: str, dest: str, **kw: object) -> None:
+    def alias(*names: str, dest: str, **kw: Any) -> None:
         # torchrun's underscore spellings: accepted, not advertised.
-        p.add_argument(  # type: ignore[arg-type]  # **kw mixes value types argparse types separately
-            *names, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kw
-        )
+        p.add_argument(*names, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kw)
 
     g = p.add_argument_group("job shape")
     g.add_argument(

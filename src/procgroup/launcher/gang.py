@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from ..deadline import Deadline
 from ..errors import (
@@ -50,6 +50,9 @@ from ..netutil import format_hostport
 from ..protocol.control import decode_pids, decode_record, encode_pids, encode_record
 from .config import Placement
 from .report import RunResult, result_from_json, result_to_json, worker_from_dict
+
+if TYPE_CHECKING:  # imported lazily at run time: a one-node launch never loads the store
+    from ..store import StoreServer, TCPStore
 
 __all__ = [
     "AgentInfo",
@@ -267,6 +270,7 @@ class Watcher:
 
     def _run(self) -> None:
         st = self.gang.watch_store
+        assert st is not None, "the watcher starts after the gang connected its watch store"
         key = _k(self.gen, "abort")
         others = [n for n in self.assignment.nodes if n.node_rank != self.node_rank]
         seen: dict[int, tuple[int, float]] = {}
@@ -346,9 +350,9 @@ class Gang:
         self.interrupted = interrupted
         self.wakeup = wakeup
         self.progress = progress
-        self.server = None
-        self.store = None  # main thread's connection
-        self.watch_store = None  # the watcher's
+        self.server: Optional[StoreServer] = None
+        self.store: Optional[TCPStore] = None  # main thread's connection
+        self.watch_store: Optional[TCPStore] = None  # the watcher's
         self.watcher: Optional[Watcher] = None
 
     @property
@@ -542,11 +546,12 @@ class Gang:
         except _LOST_ERRORS:
             return None
 
-    def abort(self, gen: int, record: dict, *, store: object = None) -> None:
+    def abort(self, gen: int, record: dict, *, store: Optional[TCPStore] = None) -> None:
         """Tell every agent to stop this generation (the first record wins)."""
         st = store or self.store
+        assert st is not None, "abort() needs a connected gang or an explicit store"
         try:
-            st.compare_set(_k(gen, "abort"), b"", encode_record(record))  # type: ignore[union-attr]
+            st.compare_set(_k(gen, "abort"), b"", encode_record(record))
         except _LOST_ERRORS:
             pass
 

@@ -201,8 +201,8 @@ def load_error_file(path: Optional[str], not_before: float = 0.0) -> Optional[di
         msg = data["message"]
         extra = msg.get("extraInfo") or {}
         try:
-            ts = float(extra.get("timestamp"))
-        except (TypeError, ValueError):
+            ts = float(extra["timestamp"])
+        except (KeyError, TypeError, ValueError):
             ts = None
         data = {
             "message": str(msg.get("message", "")),
