@@ -260,30 +260,22 @@ def mpi_unavailable() -> Optional[str]:
 # ----------------------------------------------------------------------------- running one system
 
 
+def _mpirun(n: int, *exported: str) -> list[str]:
+    """``mpirun`` of ``n`` local ranks (root allowed, oversubscribed), exporting PYTHONPATH and ``exported``."""
+    cmd = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n)]
+    for var in ("PYTHONPATH", *exported):
+        cmd += ["-x", var]
+    return cmd
+
+
 def _commands(system: str, n: int, worker_args: list[str]) -> list[str]:
     if system == "procgroup":
         mod = "procgroup.bench.worker"
     elif system == "gloo":
         mod = "procgroup.bench.torch_worker"
     else:
-        mpirun = shutil.which("mpirun") or "mpirun"
-        return [
-            mpirun,
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            str(n),
-            "-x",
-            "PYTHONPATH",
-            "-x",
-            "OMP_NUM_THREADS",
-            "-x",
-            "PYTHONUNBUFFERED",
-            sys.executable,
-            "-m",
-            "procgroup.bench.mpi_worker",
-            *worker_args,
-        ]
+        mpi_worker = [sys.executable, "-m", "procgroup.bench.mpi_worker", *worker_args]
+        return _mpirun(n, "OMP_NUM_THREADS", "PYTHONUNBUFFERED") + mpi_worker
     return [
         sys.executable,
         "-m",
@@ -473,17 +465,7 @@ def measure_startup(n: int, runs: int, systems: Sequence[str], workdir: Path, qu
             ]
             what = f"torchrun --standalone --nproc-per-node {n}"
         else:
-            cmd = [
-                shutil.which("mpirun") or "mpirun",
-                "--allow-run-as-root",
-                "--oversubscribe",
-                "-np",
-                str(n),
-                "-x",
-                "PYTHONPATH",
-                sys.executable,
-                str(script),
-            ]
+            cmd = _mpirun(n) + [sys.executable, str(script)]
             what = f"mpirun -np {n}"
         times, err = [], None
         meter = BackgroundMeter()
