@@ -51,9 +51,10 @@ def compare(pairs: Sequence[Tuple[str, str]], other: str = "gloo") -> List[str]:
         out.append(f"| {op} | {_size(size)} | {cells} | {m:.2f} | {r:.2f} |")
     slower = [w for w in worst if w[0] > 1.05]
     out.append("")
+    listed = ", ".join(f"{op} {_size(s)} ({m:.2f}/{r:.2f})" for _, m, r, op, s in slower) or "none"
     out.append(
         f"{len(keys)} cases; {len(slower)} slower by more than 5% on both measures (median of own time and of the "
-        f"ratio to {other}): " + (", ".join(f"{op} {_size(s)} ({m:.2f}/{r:.2f})" for _, m, r, op, s in slower) or "none")
+        f"ratio to {other}): {listed}"
     )
     return out
 

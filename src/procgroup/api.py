@@ -318,7 +318,7 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
                 _close_quietly(_state.base_store)
             if _state.store_server is not None:
                 _state.store_server.close()
-            _state.__init__()  # type: ignore[misc]
+            _state.__init__()  # type: ignore[misc]  # reset the module state in place
 
 
 def _leave(world: World) -> None:

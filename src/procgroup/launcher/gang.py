@@ -106,7 +106,7 @@ class AgentInfo:
     def from_json(cls, data: "bytes | str") -> "AgentInfo":
         """The join info in a store value; raises ControlMessageError (a ValueError) for a malformed one."""
         d = decode_record(data)
-        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})  # type: ignore[arg-type]
+        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})  # type: ignore[arg-type]  # JSON values
 
     def who(self) -> str:
         return f"{self.host} (agent pid {self.pid})"

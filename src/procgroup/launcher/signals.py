@@ -50,7 +50,7 @@ class SignalWaiter:
 
     def _restore_signals(self) -> None:
         for sig, h in self._saved_handlers.items():
-            signal.signal(sig, h)  # type: ignore[arg-type]
+            signal.signal(sig, h)  # type: ignore[arg-type]  # a saved handler may be None
         self._saved_handlers.clear()
         if self._wake_w is not None:
             signal.set_wakeup_fd(self._saved_wakeup if self._saved_wakeup is not None else -1)

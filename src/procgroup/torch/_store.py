@@ -47,7 +47,7 @@ def _translated(fn: F) -> F:
         except dist.DistError as e:
             raise StoreError(f"{self._where()}: {e}") from e
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper  # type: ignore[return-value]  # wraps keeps the signature
 
 
 class TorchStoreAdapter(Store):

@@ -341,7 +341,7 @@ class ProcgroupBackend(dist.ProcessGroup):
         return self._exec.submit(work, job)
 
     # -- collectives -------------------------------------------------------------------------------
-    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]  # stubs differ
         """All-reduce each tensor in place (torch's ``dist.all_reduce``)."""
         opts = dist.AllreduceOptions() if opts is None else opts
         op = _OPS.get(opts.reduceOp.op)
@@ -397,7 +397,7 @@ class ProcgroupBackend(dist.ProcessGroup):
 
         return self._run("allreduce_coalesced", tensors, fn, opts)
 
-    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]  # stubs differ
         """Broadcast the root's tensor into every rank's tensor, in place."""
         opts = dist.BroadcastOptions() if opts is None else opts
         why = self._route(tensors)
@@ -409,7 +409,7 @@ class ProcgroupBackend(dist.ProcessGroup):
             "broadcast", tensors, lambda: _C.broadcast(buf, src=root, group=self._pg, timeout=tmo), opts, back
         )
 
-    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
+    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]  # stubs differ
         """Reduce every rank's tensor into the root's tensor, in place."""
         opts = dist.ReduceOptions() if opts is None else opts
         op = _reduce_op(opts.reduceOp)
@@ -422,7 +422,7 @@ class ProcgroupBackend(dist.ProcessGroup):
             "reduce", tensors, lambda: _C.reduce(buf, dst=root, op=op, group=self._pg, timeout=tmo), opts, back
         )
 
-    def allgather(  # type: ignore[override]
+    def allgather(  # type: ignore[override]  # stubs differ
         self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
     ) -> Any:
         """Gather every rank's input into ``output_tensors[0]`` (one tensor per rank) on every rank."""
@@ -511,7 +511,7 @@ class ProcgroupBackend(dist.ProcessGroup):
 
         return self._run(single + "_coalesced", list(outputs), fn, opts)
 
-    def gather(  # type: ignore[override]
+    def gather(  # type: ignore[override]  # stubs differ
         self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
     ) -> Any:
         """Gather every rank's input into the root's ``output_tensors[0]``."""
@@ -531,7 +531,7 @@ class ProcgroupBackend(dist.ProcessGroup):
             back,
         )
 
-    def scatter(  # type: ignore[override]
+    def scatter(  # type: ignore[override]  # stubs differ
         self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts: Any = None
     ) -> Any:
         """Scatter the root's ``input_tensors[0]`` (one tensor per rank) into each rank's output."""
@@ -546,7 +546,7 @@ class ProcgroupBackend(dist.ProcessGroup):
             "scatter", output_tensors, lambda: _C.scatter(buf, ins, src=root, group=self._pg, timeout=tmo), opts, back
         )
 
-    def reduce_scatter(  # type: ignore[override]
+    def reduce_scatter(  # type: ignore[override]  # stubs differ
         self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts: Any = None
     ) -> Any:
         """Reduce the inputs (one list per rank) and leave chunk r of the result in rank r's output."""

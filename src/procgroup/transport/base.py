@@ -196,7 +196,7 @@ class Arena(abc.ABC):
 def as_bytes_view(data: Buffer) -> memoryview:
     """A flat, read-only-or-writable byte view of a C-contiguous buffer (no copy)."""
     # Buffer admits any buffer-protocol object (numpy, torch), which typing can name only from Python 3.12 on
-    mv = data if isinstance(data, memoryview) else memoryview(data)  # type: ignore[arg-type]
+    mv = data if isinstance(data, memoryview) else memoryview(data)  # type: ignore[arg-type]  # any buffer
     if not mv.c_contiguous:
         from ..errors import ConfigError
 
