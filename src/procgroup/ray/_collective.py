@@ -133,8 +133,9 @@ class ProcGroupCollectiveGroup(_base_group()):  # type: ignore[misc]
 
     def allreduce(self, tensor: List[Any], allreduce_options: Any = None) -> None:
         """In-place all-reduce of ``tensor[0]`` with ``allreduce_options.reduceOp`` (default SUM)."""
-        import procgroup as dist
         from ray.util.collective.types import AllReduceOptions
+
+        import procgroup as dist
 
         o = allreduce_options or AllReduceOptions()
         dist.all_reduce(_one(tensor, "allreduce"), op=_op(o.reduceOp), timeout=_seconds(o))
@@ -148,9 +149,9 @@ class ProcGroupCollectiveGroup(_base_group()):  # type: ignore[misc]
     def reduce(self, tensor: List[Any], reduce_options: Any = None) -> None:
         """Reduce ``tensor[0]`` into the root rank's tensor; other ranks' tensors are left unchanged."""
         import numpy as np
+        from ray.util.collective.types import ReduceOptions
 
         import procgroup as dist
-        from ray.util.collective.types import ReduceOptions
 
         o = reduce_options or ReduceOptions()
         t = _one(tensor, "reduce")
@@ -167,16 +168,18 @@ class ProcGroupCollectiveGroup(_base_group()):  # type: ignore[misc]
 
     def broadcast(self, tensor: List[Any], broadcast_options: Any = None) -> None:
         """Broadcast the root rank's ``tensor[0]`` into every rank's, in place."""
-        import procgroup as dist
         from ray.util.collective.types import BroadcastOptions
+
+        import procgroup as dist
 
         o = broadcast_options or BroadcastOptions()
         dist.broadcast(_one(tensor, "broadcast"), src=o.root_rank, timeout=_seconds(o))
 
     def reducescatter(self, tensor: List[Any], tensor_list: List[List[Any]], reducescatter_options: Any = None) -> None:
         """Reduce ``tensor_list[0]`` (one tensor per rank) across ranks; this rank's slot lands in ``tensor[0]``."""
-        import procgroup as dist
         from ray.util.collective.types import ReduceScatterOptions
+
+        import procgroup as dist
 
         o = reducescatter_options or ReduceScatterOptions()
         dist.reduce_scatter(_one(tensor, "reducescatter"), _one(tensor_list, "reducescatter"), op=_op(o.reduceOp),
