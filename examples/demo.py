@@ -16,7 +16,10 @@ import procgroup as dist
 def main() -> None:
     dist.init_process_group()  # identity from `procgroup run` (or torchrun, srun, mpirun...)
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"rank {rank}/{world} (local rank {dist.get_local_rank()}, node {dist.get_node_rank()}, pid {os.getpid()}) is up")
+    print(
+        f"rank {rank}/{world} (local rank {dist.get_local_rank()}, node {dist.get_node_rank()}, "
+        f"pid {os.getpid()}) is up"
+    )
     dist.barrier()
 
     # 1. ring of point-to-point messages: each rank sends its rank to the next one
@@ -49,7 +52,10 @@ def main() -> None:
     assert [int(i[0]) for i in ids] == [r * 10 for r in range(world)]
 
     if rank == 0:
-        print(f"all checks passed on {world} ranks: ring send/recv, subgroup all_reduce, all_reduce sum={v[1]:.0f}, all_gather={[int(i[0]) for i in ids]}")
+        print(
+            f"all checks passed on {world} ranks: ring send/recv, subgroup all_reduce, all_reduce sum={v[1]:.0f}, "
+            f"all_gather={[int(i[0]) for i in ids]}"
+        )
     dist.destroy_process_group()
 
 

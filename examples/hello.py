@@ -16,8 +16,10 @@ import procgroup as dist
 def main() -> None:
     dist.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"rank {rank}/{world} says hello from {socket.gethostname()} (pid {os.getpid()}, "
-          f"local rank {dist.get_local_rank()})")
+    print(
+        f"rank {rank}/{world} says hello from {socket.gethostname()} (pid {os.getpid()}, "
+        f"local rank {dist.get_local_rank()})"
+    )
     dist.barrier()
     if rank == 0:
         print(f"all {world} ranks reached the barrier")

@@ -84,7 +84,7 @@ def check_message_view(stream: bytes, max_frame: int, buffer_size: int, rng: ran
                 assert 0 < view.nbytes <= max(buffer_size, dec.payload_left), (view.nbytes, dec.payload_left)
                 assert dec.payload_left <= max_frame and len(dec._buf) == buffer_size
                 k = min(view.nbytes, len(src) - pos, rng.choice([1, 2, 3, 5, 8, 23, 24, 25, 100, 4096, 1 << 20]))
-                view[:k] = src[pos:pos + k]
+                view[:k] = src[pos : pos + k]
                 pos += k
                 try:
                     dec.buffer_updated(k)
@@ -157,7 +157,7 @@ def check_frame_view(stream: bytes, max_frame: int, rng: random.Random, seed: in
                 pos += k
                 continue
             n = len(stream) - pos if seed == 0 else rng.choice([1, 2, 3, 5, 8, 23, 24, 25, 100, 4096])
-            chunk = stream[pos:pos + n]
+            chunk = stream[pos : pos + n]
             pos += len(chunk)
             for ev in dec.feed(chunk):
                 if isinstance(ev, fr.FrameHeader):
@@ -208,7 +208,7 @@ if __name__ == "__main__":
         msgs = [(1, b"hello"), (2**63 - 1, b""), (0, bytes(range(256))), (7, b"x")]
         for b0 in (0x03, 0x14, 0x25, 0x33):  # message view: max_frame 100/4096/1 GiB, several read buffers
             max_frame = MAX_SIZES[b0 & 0x0F]
-            wire = b"".join(h + p[o:o + k] for t, p in msgs for h, o, k in fr.message_frames(t, len(p), max_frame))
+            wire = b"".join(h + p[o : o + k] for t, p in msgs for h, o, k in fr.message_frames(t, len(p), max_frame))
             for b1 in (0x40, 0x40 | 7, 0xC0 | 9):
                 with open(os.path.join(d, f"seed{i:03d}"), "wb") as f:
                     f.write(bytes([b0, b1]) + wire)

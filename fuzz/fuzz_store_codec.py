@@ -58,7 +58,7 @@ def chunks(stream: bytes, seed: int):
     pos = 0
     while pos < len(stream):
         n = rng.choice([1, 1, 2, 3, 4, 5, 7, 16, 64, 1000])
-        yield stream[pos:pos + n]
+        yield stream[pos : pos + n]
         pos += n
 
 
@@ -150,12 +150,25 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 - atheris' name
 def make_corpus(d: str) -> None:
     os.makedirs(d, exist_ok=True)
     reqs = [
-        sc.Set("k", b"v" * 10), sc.Get("key/1"), sc.Add("n", -3), sc.CompareSet("c", b"", b"x"),
-        sc.Wait(("a", "b"), 100), sc.Check(("a",)), sc.MultiGet(("a", "b")),
-        sc.MultiSet(("a", "b"), (b"1", b"22")), sc.DeleteKey("d"), sc.NumKeys(), sc.Ping(),
+        sc.Set("k", b"v" * 10),
+        sc.Get("key/1"),
+        sc.Add("n", -3),
+        sc.CompareSet("c", b"", b"x"),
+        sc.Wait(("a", "b"), 100),
+        sc.Check(("a",)),
+        sc.MultiGet(("a", "b")),
+        sc.MultiSet(("a", "b"), (b"1", b"22")),
+        sc.DeleteKey("d"),
+        sc.NumKeys(),
+        sc.Ping(),
     ]
     resps = [
-        sc.Ok(), sc.Value(b"abc"), sc.Int(7), sc.Bool(True), sc.Values((b"x", b"")), sc.Timeout(("m",)),
+        sc.Ok(),
+        sc.Value(b"abc"),
+        sc.Int(7),
+        sc.Bool(True),
+        sc.Values((b"x", b"")),
+        sc.Timeout(("m",)),
         sc.Error("nope"),
     ]
     i = 0

@@ -7,7 +7,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import pytest
 
-from procgroup.group import ProcessGroup, World
+from procgroup.process_group import ProcessGroup, World
 from procgroup.transport.memory import MemoryHub
 
 
@@ -35,7 +35,9 @@ def run_ranks(n: int, fn: Callable[[int], Any], timeout: float = 30.0) -> List[A
     return results
 
 
-def thread_world(n: int, hosts: Optional[Sequence[str]] = None, timeout: float = 20.0, store: Any = None) -> List[ProcessGroup]:
+def thread_world(
+    n: int, hosts: Optional[Sequence[str]] = None, timeout: float = 20.0, store: Any = None
+) -> List[ProcessGroup]:
     """One world ProcessGroup per rank, over a MemoryHub (use from the rank threads)."""
     hub = MemoryHub(n)
     hs = list(hosts) if hosts is not None else ["h0"] * n

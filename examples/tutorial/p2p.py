@@ -1,4 +1,5 @@
 """Blocking point-to-point communication (the tutorial's `run`)."""
+
 import torch
 
 import procgroup as dist
@@ -13,7 +14,7 @@ def run(rank, size):
     else:
         # Receive tensor from process 0
         dist.recv(tensor=tensor, src=0)
-    print('Rank ', rank, ' has data ', tensor[0])
+    print("Rank ", rank, " has data ", tensor[0])
 
 
 if __name__ == "__main__":

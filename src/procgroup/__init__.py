@@ -7,7 +7,9 @@ below it are:
 * ``protocol/``   sans-IO codecs (store messages, transport frames, object payloads, auth)
 * ``transport/``  memory, shared-memory and TCP transports behind one interface
 * ``algorithms/`` collectives written only against that interface
-* ``store/``, ``rendezvous.py``, ``group.py``, ``backends/``  the I/O shell and group state
+* ``store/``, ``rendezvous.py``, ``process_group.py``  the I/O shell and group state
+* ``backends/``   the backend interface and registry (``cpu``/``gloo`` built in)
+* ``state.py``, ``api.py``, ``subgroups.py``, ``collectives.py``, ``objects.py``, ``debug.py``  the public API
 * ``launcher/``   ``procgroup run`` (beside the library, never imported by it)
 """
 
@@ -20,15 +22,15 @@ _LAZY = {
     "CollectiveMismatchError": "errors",
     "ConfigError": "errors",
     "DistTimeoutError": "errors",
-    "GroupMember": "api",
+    "GroupMember": "state",
     "P2POp": "collectives",
     "PeerFailureError": "errors",
     "ProcGroupError": "errors",
-    "ProcessGroup": "group",
+    "ProcessGroup": "process_group",
     "ReduceOp": "ops",
     "RendezvousError": "errors",
     "RendezvousTimeoutError": "errors",
-    "Work": "group",
+    "Work": "process_group",
     "all_gather": "collectives",
     "all_gather_into_tensor": "collectives",
     "all_gather_object": "objects",
@@ -53,7 +55,7 @@ _LAZY = {
     "get_process_group_ranks": "api",
     "get_rank": "api",
     "get_world_size": "api",
-    "group": "api",
+    "group": "state",
     "init_process_group": "api",
     "irecv": "collectives",
     "is_available": "api",
@@ -64,8 +66,8 @@ _LAZY = {
     "is_torchelastic_launched": "api",
     "isend": "collectives",
     "monitored_barrier": "debug",
-    "new_group": "api",
-    "new_subgroups": "api",
+    "new_group": "subgroups",
+    "new_subgroups": "subgroups",
     "recv": "collectives",
     "recv_object_list": "objects",
     "reduce": "collectives",
@@ -75,7 +77,7 @@ _LAZY = {
     "scatter_object_list": "objects",
     "send": "collectives",
     "send_object_list": "objects",
-    "split_group": "api",
+    "split_group": "subgroups",
 }
 
 

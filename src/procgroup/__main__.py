@@ -52,8 +52,9 @@ def _env(argv: list[str]) -> int:
 
     from .config import ENV
 
-    p = argparse.ArgumentParser(prog="procgroup env",
-                                description="List the launcher <-> library environment variables.")
+    p = argparse.ArgumentParser(
+        prog="procgroup env", description="List the launcher <-> library environment variables."
+    )
     p.parse_args(argv)
     rows = [(v.name, v.written_by, v.meaning) for v in ENV.table()]
     w0 = max(len(r[0]) for r in rows)

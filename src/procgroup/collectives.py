@@ -11,18 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
-import numpy as np
-
 from . import algorithms as alg
-from .api import GroupMember, resolve_group
+from .arguments import API_SLOT_A, API_SLOT_B
+from .arguments import member_group as _group
+from .arguments import peer_rank as _peer
+from .arguments import root_rank as _root
 from .data import Flat, as_flat
 from .errors import ConfigError
-from .group import ProcessGroup, Work, p2p_tag
 from .ops import ReduceOp, finalize, reducer
+from .process_group import Work, p2p_tag
 from .transport.base import ANY_SOURCE
-
-#: scratch slots of the API layer (the algorithms use small slot numbers; see algorithms/_util.py)
-API_SLOT_A, API_SLOT_B, API_SLOT_C = 101, 102, 103
 
 __all__ = [
     "ReduceOp",
@@ -45,33 +43,6 @@ __all__ = [
     "P2POp",
     "batch_isend_irecv",
 ]
-
-
-def _group(group: Any, op: str) -> Optional[ProcessGroup]:
-    """The group, or None when this rank is not a member (the call is then a no-op, as in torch)."""
-    if group is GroupMember.NON_GROUP_MEMBER:
-        return None
-    g = resolve_group(group, op)
-    return g if g.is_member() else None
-
-
-def _root(g: ProcessGroup, op: str, rank: Optional[int], group_rank: Optional[int], name: str, default: Optional[int] = None) -> int:
-    if rank is not None and group_rank is not None:
-        raise ConfigError(f"{op}: pass {name}= (global rank) or group_{name}= (rank in the group), not both")
-    if group_rank is not None:
-        if not 0 <= group_rank < g.size():
-            raise ConfigError(f"{op}: group_{name}={group_rank} is outside [0, {g.size()}) for group {g.name}")
-        return int(group_rank)
-    if rank is None:
-        if default is None:
-            raise ConfigError(f"{op}: {name}= is required")
-        rank = g.ranks[default]
-    if int(rank) not in g.ranks:
-        raise ConfigError(
-            f"{op}: {name}={rank} is not a rank of group {g.name} (its global ranks are {g.ranks}); "
-            f"{name} is a global rank, use group_{name}= for a rank within the group"
-        )
-    return g.ranks.index(int(rank))
 
 
 def _same(op: str, a: Flat, b: Flat, what_a: str, what_b: str, factor: int = 1) -> None:
@@ -109,20 +80,37 @@ def _avg_or_none(op: Any) -> ReduceOp:
 
 
 # -- collectives ----------------------------------------------------------------------------
-def broadcast(tensor: Any, src: Optional[int] = None, group: Any = None, async_op: bool = False, group_src: Optional[int] = None, timeout: Any = None) -> Optional[Work]:
+def broadcast(
+    tensor: Any,
+    src: Optional[int] = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_src: Optional[int] = None,
+    timeout: Any = None,
+) -> Optional[Work]:
+    """Copy ``tensor`` from ``src`` (global rank) to every member, in place; a Work when ``async_op``."""
     g = _group(group, "broadcast")
     if g is None:
         return None
     root = _root(g, "broadcast", src, group_src, "src")
     f = as_flat(tensor, "broadcast tensor")
-    return g.run("broadcast", lambda c: alg.broadcast(c, f.array, root), async_op=async_op, timeout=timeout, signature=("broadcast", _dname(f.dtype), f.numel, f"root={root}"))
+    return g.run(
+        "broadcast",
+        lambda c: alg.broadcast(c, f.array, root),
+        async_op=async_op,
+        timeout=timeout,
+        signature=("broadcast", _dname(f.dtype), f.numel, f"root={root}"),
+    )
 
 
 #: (dtype, op) -> (dtype name, op name, kernel, needs finalize): what all_reduce derives per call, memoised
 _AR_PLAN: dict = {}
 
 
-def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:
+def all_reduce(
+    tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, timeout: Any = None
+) -> Optional[Work]:
+    """Reduce ``tensor`` over the group with ``op``, in place on every member; a Work when ``async_op``."""
     g = _group(group, "all_reduce")
     if g is None:
         return None
@@ -144,10 +132,21 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
         if avg:
             finalize(op, arr, c.size, dt)
 
-    return g.run("all_reduce", run, async_op=async_op, timeout=timeout, signature=("all_reduce", dname, arr.size, opname))
+    return g.run(
+        "all_reduce", run, async_op=async_op, timeout=timeout, signature=("all_reduce", dname, arr.size, opname)
+    )
 
 
-def reduce(tensor: Any, dst: Optional[int] = None, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, group_dst: Optional[int] = None, timeout: Any = None) -> Optional[Work]:
+def reduce(
+    tensor: Any,
+    dst: Optional[int] = None,
+    op: Any = ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
+    group_dst: Optional[int] = None,
+    timeout: Any = None,
+) -> Optional[Work]:
+    """Reduce ``tensor`` over the group into ``dst``'s tensor, in place there; others' tensors may change."""
     g = _group(group, "reduce")
     if g is None:
         return None
@@ -161,10 +160,19 @@ def reduce(tensor: Any, dst: Optional[int] = None, op: Any = ReduceOp.SUM, group
         if c.rank == root:
             finalize(op, f.array, c.size, f.dtype)
 
-    return g.run("reduce", run, async_op=async_op, timeout=timeout, signature=("reduce", _dname(f.dtype), f.numel, op.name, f"root={root}"))
+    return g.run(
+        "reduce",
+        run,
+        async_op=async_op,
+        timeout=timeout,
+        signature=("reduce", _dname(f.dtype), f.numel, op.name, f"root={root}"),
+    )
 
 
-def all_gather(tensor_list: List[Any], tensor: Any, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:
+def all_gather(
+    tensor_list: List[Any], tensor: Any, group: Any = None, async_op: bool = False, timeout: Any = None
+) -> Optional[Work]:
+    """Every member's ``tensor`` into ``tensor_list[i]`` (one entry per group rank) on every member."""
     g = _group(group, "all_gather")
     if g is None:
         return None
@@ -180,22 +188,42 @@ def all_gather(tensor_list: List[Any], tensor: Any, group: Any = None, async_op:
         buf = c.scratch(n * c.size * src.array.itemsize, slot=API_SLOT_A).view(src.array.dtype)
         alg.all_gather(c, src.array, buf)
         for i, o in enumerate(outs):
-            o.array[...] = buf[i * n:(i + 1) * n]
+            o.array[...] = buf[i * n : (i + 1) * n]
 
-    return g.run("all_gather", run, async_op=async_op, timeout=timeout, signature=("all_gather", _dname(src.dtype), src.numel))
+    return g.run(
+        "all_gather", run, async_op=async_op, timeout=timeout, signature=("all_gather", _dname(src.dtype), src.numel)
+    )
 
 
-def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:
+def all_gather_into_tensor(
+    output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False, timeout: Any = None
+) -> Optional[Work]:
+    """Every member's input concatenated in group-rank order into ``output_tensor``."""
     g = _group(group, "all_gather_into_tensor")
     if g is None:
         return None
     src = as_flat(input_tensor, "all_gather_into_tensor input", writable=False)
     out = as_flat(output_tensor, "all_gather_into_tensor output")
     _same("all_gather_into_tensor", src, out, "the input", "the output", g.size())
-    return g.run("all_gather_into_tensor", lambda c: alg.all_gather(c, src.array, out.array), async_op=async_op, timeout=timeout, signature=("all_gather", _dname(src.dtype), src.numel))
+    return g.run(
+        "all_gather_into_tensor",
+        lambda c: alg.all_gather(c, src.array, out.array),
+        async_op=async_op,
+        timeout=timeout,
+        signature=("all_gather", _dname(src.dtype), src.numel),
+    )
 
 
-def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[int] = None, group: Any = None, async_op: bool = False, group_dst: Optional[int] = None, timeout: Any = None) -> Optional[Work]:
+def gather(
+    tensor: Any,
+    gather_list: Optional[List[Any]] = None,
+    dst: Optional[int] = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_dst: Optional[int] = None,
+    timeout: Any = None,
+) -> Optional[Work]:
+    """Every member's ``tensor`` into ``gather_list`` on ``dst`` (None or empty elsewhere)."""
     g = _group(group, "gather")
     if g is None:
         return None
@@ -204,7 +232,10 @@ def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[i
     outs: List[Flat] = []
     if g.rank() == root:
         if gather_list is None or len(gather_list) != g.size():
-            raise ConfigError(f"gather: the destination rank needs gather_list with {g.size()} tensors, got {None if gather_list is None else len(gather_list)}")
+            raise ConfigError(
+                f"gather: the destination rank needs gather_list with {g.size()} tensors, "
+                f"got {None if gather_list is None else len(gather_list)}"
+            )
         outs = [as_flat(t, f"gather_list[{i}]") for i, t in enumerate(gather_list)]
         for i, o in enumerate(outs):
             _same("gather", src, o, "the input", f"gather_list[{i}]")
@@ -213,16 +244,35 @@ def gather(tensor: Any, gather_list: Optional[List[Any]] = None, dst: Optional[i
 
     def run(c: Any) -> None:
         n = src.numel
-        buf = c.scratch(n * c.size * src.array.itemsize, slot=API_SLOT_A).view(src.array.dtype) if c.rank == root else None
+        buf = (
+            c.scratch(n * c.size * src.array.itemsize, slot=API_SLOT_A).view(src.array.dtype)
+            if c.rank == root
+            else None
+        )
         alg.gather(c, src.array, buf, root)
         if buf is not None:
             for i, o in enumerate(outs):
-                o.array[...] = buf[i * n:(i + 1) * n]
+                o.array[...] = buf[i * n : (i + 1) * n]
 
-    return g.run("gather", run, async_op=async_op, timeout=timeout, signature=("gather", _dname(src.dtype), src.numel, f"root={root}"))
+    return g.run(
+        "gather",
+        run,
+        async_op=async_op,
+        timeout=timeout,
+        signature=("gather", _dname(src.dtype), src.numel, f"root={root}"),
+    )
 
 
-def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional[int] = None, group: Any = None, async_op: bool = False, group_src: Optional[int] = None, timeout: Any = None) -> Optional[Work]:
+def scatter(
+    tensor: Any,
+    scatter_list: Optional[List[Any]] = None,
+    src: Optional[int] = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_src: Optional[int] = None,
+    timeout: Any = None,
+) -> Optional[Work]:
+    """``scatter_list[i]`` on ``src`` into group rank i's ``tensor``."""
     g = _group(group, "scatter")
     if g is None:
         return None
@@ -231,7 +281,10 @@ def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional
     ins: List[Flat] = []
     if g.rank() == root:
         if scatter_list is None or len(scatter_list) != g.size():
-            raise ConfigError(f"scatter: the source rank needs scatter_list with {g.size()} tensors, got {None if scatter_list is None else len(scatter_list)}")
+            raise ConfigError(
+                f"scatter: the source rank needs scatter_list with {g.size()} tensors, "
+                f"got {None if scatter_list is None else len(scatter_list)}"
+            )
         ins = [as_flat(t, f"scatter_list[{i}]", writable=False) for i, t in enumerate(scatter_list)]
         for i, x in enumerate(ins):
             _same("scatter", out, x, "the output", f"scatter_list[{i}]")
@@ -244,20 +297,36 @@ def scatter(tensor: Any, scatter_list: Optional[List[Any]] = None, src: Optional
         if c.rank == root:
             buf = c.scratch(n * c.size * out.array.itemsize, slot=API_SLOT_A).view(out.array.dtype)
             for i, x in enumerate(ins):
-                buf[i * n:(i + 1) * n] = x.array
+                buf[i * n : (i + 1) * n] = x.array
         alg.scatter(c, buf, out.array, root)
 
-    return g.run("scatter", run, async_op=async_op, timeout=timeout, signature=("scatter", _dname(out.dtype), out.numel, f"root={root}"))
+    return g.run(
+        "scatter",
+        run,
+        async_op=async_op,
+        timeout=timeout,
+        signature=("scatter", _dname(out.dtype), out.numel, f"root={root}"),
+    )
 
 
-def reduce_scatter(output: Any, input_list: List[Any], op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:
+def reduce_scatter(
+    output: Any,
+    input_list: List[Any],
+    op: Any = ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
+    timeout: Any = None,
+) -> Optional[Work]:
+    """Reduce ``input_list[i]`` over the group into group rank i's ``output``."""
     g = _group(group, "reduce_scatter")
     if g is None:
         return None
     op = _avg_or_none(op)
     out = as_flat(output, "reduce_scatter output")
     if len(input_list) != g.size():
-        raise ConfigError(f"reduce_scatter: input_list has {len(input_list)} tensors but the group has {g.size()} ranks")
+        raise ConfigError(
+            f"reduce_scatter: input_list has {len(input_list)} tensors but the group has {g.size()} ranks"
+        )
     ins = [as_flat(t, f"input_list[{i}]", writable=False) for i, t in enumerate(input_list)]
     for i, x in enumerate(ins):
         _same("reduce_scatter", out, x, "the output", f"input_list[{i}]")
@@ -267,14 +336,23 @@ def reduce_scatter(output: Any, input_list: List[Any], op: Any = ReduceOp.SUM, g
         n = out.numel
         buf = c.scratch(n * c.size * out.array.itemsize, slot=API_SLOT_A).view(out.array.dtype)
         for i, x in enumerate(ins):
-            buf[i * n:(i + 1) * n] = x.array
+            buf[i * n : (i + 1) * n] = x.array
         alg.reduce_scatter(c, buf, out.array, kern)
         finalize(op, out.array, c.size, out.dtype)
 
-    return g.run("reduce_scatter", run, async_op=async_op, timeout=timeout, signature=("reduce_scatter", _dname(out.dtype), out.numel, op.name))
+    return g.run(
+        "reduce_scatter",
+        run,
+        async_op=async_op,
+        timeout=timeout,
+        signature=("reduce_scatter", _dname(out.dtype), out.numel, op.name),
+    )
 
 
-def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:  # noqa: A002 - torch's name
+def reduce_scatter_tensor(
+    output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, timeout: Any = None
+) -> Optional[Work]:  # noqa: A002 - torch's name
+    """Reduce ``input`` over the group; group rank i gets its i-th slice in ``output``."""
     g = _group(group, "reduce_scatter_tensor")
     if g is None:
         return None
@@ -288,16 +366,32 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM, group
         alg.reduce_scatter(c, src.array, out.array, kern)
         finalize(op, out.array, c.size, out.dtype)
 
-    return g.run("reduce_scatter_tensor", run, async_op=async_op, timeout=timeout, signature=("reduce_scatter", _dname(out.dtype), out.numel, op.name))
+    return g.run(
+        "reduce_scatter_tensor",
+        run,
+        async_op=async_op,
+        timeout=timeout,
+        signature=("reduce_scatter", _dname(out.dtype), out.numel, op.name),
+    )
 
 
-def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any], group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:
+def all_to_all(
+    output_tensor_list: List[Any],
+    input_tensor_list: List[Any],
+    group: Any = None,
+    async_op: bool = False,
+    timeout: Any = None,
+) -> Optional[Work]:
+    """``input_tensor_list[j]`` of rank i lands in ``output_tensor_list[i]`` of rank j."""
     g = _group(group, "all_to_all")
     if g is None:
         return None
     n = g.size()
     if len(output_tensor_list) != n or len(input_tensor_list) != n:
-        raise ConfigError(f"all_to_all: both lists need {n} tensors (one per rank), got {len(output_tensor_list)} outputs and {len(input_tensor_list)} inputs")
+        raise ConfigError(
+            f"all_to_all: both lists need {n} tensors (one per rank), got {len(output_tensor_list)} outputs "
+            f"and {len(input_tensor_list)} inputs"
+        )
     ins = [as_flat(t, f"input_tensor_list[{i}]", writable=False) for i, t in enumerate(input_tensor_list)]
     outs = [as_flat(t, f"output_tensor_list[{i}]") for i, t in enumerate(output_tensor_list)]
     dt = ins[0].dtype
@@ -313,12 +407,12 @@ def all_to_all(output_tensor_list: List[Any], input_tensor_list: List[Any], grou
         rbuf = c.scratch(sum(rcounts) * npdt.itemsize, slot=API_SLOT_B).view(npdt)
         pos = 0
         for f in ins:
-            sbuf[pos:pos + f.numel] = f.array
+            sbuf[pos : pos + f.numel] = f.array
             pos += f.numel
         alg.all_to_all(c, sbuf, scounts, rbuf, rcounts)
         pos = 0
         for f in outs:
-            f.array[...] = rbuf[pos:pos + f.numel]
+            f.array[...] = rbuf[pos : pos + f.numel]
             pos += f.numel
 
     return g.run("all_to_all", run, async_op=async_op, timeout=timeout, signature=("all_to_all", _dname(dt)))
@@ -329,15 +423,29 @@ def _splits(op: str, f: Flat, sizes: Optional[Sequence[int]], n: int, what: str)
     row = f.numel // rows if rows else 0
     if sizes is None:
         if rows % n:
-            raise ConfigError(f"{op}: {what} has {rows} rows (dim 0), not divisible by the group size {n}; pass {what}_split_sizes")
+            raise ConfigError(
+                f"{op}: {what} has {rows} rows (dim 0), not divisible by the group size {n}; pass {what}_split_sizes"
+            )
         return [rows // n * row] * n
     sizes = [int(s) for s in sizes]
     if len(sizes) != n or any(s < 0 for s in sizes) or sum(sizes) != rows:
-        raise ConfigError(f"{op}: {what}_split_sizes={sizes} must have {n} non-negative entries summing to dim 0 of the {what} ({rows})")
+        raise ConfigError(
+            f"{op}: {what}_split_sizes={sizes} must have {n} non-negative entries summing to dim 0 of the "
+            f"{what} ({rows})"
+        )
     return [s * row for s in sizes]
 
 
-def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[Sequence[int]] = None, input_split_sizes: Optional[Sequence[int]] = None, group: Any = None, async_op: bool = False, timeout: Any = None) -> Optional[Work]:  # noqa: A002
+def all_to_all_single(
+    output: Any,
+    input: Any,
+    output_split_sizes: Optional[Sequence[int]] = None,
+    input_split_sizes: Optional[Sequence[int]] = None,
+    group: Any = None,
+    async_op: bool = False,
+    timeout: Any = None,
+) -> Optional[Work]:  # noqa: A002
+    """All-to-all of one tensor split along dim 0 (equal parts, or the given split sizes)."""
     g = _group(group, "all_to_all_single")
     if g is None:
         return None
@@ -347,10 +455,17 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Optional[Sequ
         raise ConfigError(f"all_to_all_single: output dtype {out.dtype} differs from input dtype {src.dtype}")
     sc = _splits("all_to_all_single", src, input_split_sizes, g.size(), "input")
     rc = _splits("all_to_all_single", out, output_split_sizes, g.size(), "output")
-    return g.run("all_to_all_single", lambda c: alg.all_to_all(c, src.array, sc, out.array, rc), async_op=async_op, timeout=timeout, signature=("all_to_all", _dname(src.dtype)))
+    return g.run(
+        "all_to_all_single",
+        lambda c: alg.all_to_all(c, src.array, sc, out.array, rc),
+        async_op=async_op,
+        timeout=timeout,
+        signature=("all_to_all", _dname(src.dtype)),
+    )
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: Any = None) -> Optional[Work]:
+    """Return once every member has entered the barrier (a Work when ``async_op``)."""
     g = _group(group, "barrier")
     if g is None:
         return None
@@ -358,20 +473,10 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, t
 
 
 # -- point-to-point --------------------------------------------------------------------------
-def _peer(g: ProcessGroup, op: str, peer: Optional[int], group_peer: Optional[int], name: str, allow_any: bool = False) -> int:
-    """Global rank of the peer (ANY_SOURCE allowed for recv)."""
-    if peer is None and group_peer is None:
-        if allow_any:
-            return ANY_SOURCE
-        raise ConfigError(f"{op}: {name}= is required")
-    gr = _root(g, op, peer, group_peer, name)
-    gl = g.ranks[gr]
-    if gl == g.world.rank:
-        raise ConfigError(f"{op}: rank {gl} cannot {op} to/from itself ({name}={gl}); pick another rank")
-    return gl
-
-
-def isend(tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None) -> Optional[Work]:
+def isend(
+    tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None
+) -> Optional[Work]:
+    """Start sending ``tensor`` to ``dst`` (global rank) with ``tag``; returns a Work (None for non-members)."""
     g = _group(group, "isend")
     if g is None:
         return None
@@ -381,7 +486,10 @@ def isend(tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 
     return g.p2p("send", req, None, lambda st: None, f"to rank {peer}, tag {tag}, {f.describe()}")
 
 
-def irecv(tensor: Any, src: Optional[int] = None, group: Any = None, tag: int = 0, group_src: Optional[int] = None) -> Optional[Work]:
+def irecv(
+    tensor: Any, src: Optional[int] = None, group: Any = None, tag: int = 0, group_src: Optional[int] = None
+) -> Optional[Work]:
+    """Start receiving into ``tensor`` from ``src`` (any rank when None); Work.wait() gives the sender."""
     g = _group(group, "irecv")
     if g is None:
         return None
@@ -400,13 +508,18 @@ def irecv(tensor: Any, src: Optional[int] = None, group: Any = None, tag: int = 
     return w
 
 
-def send(tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None) -> None:
+def send(
+    tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None
+) -> None:
+    """Send ``tensor`` to ``dst`` and wait until it has been handed over."""
     w = isend(tensor, dst, group, tag, group_dst)
     if w is not None:
         w.wait()
 
 
-def recv(tensor: Any, src: Optional[int] = None, group: Any = None, tag: int = 0, group_src: Optional[int] = None) -> int:
+def recv(
+    tensor: Any, src: Optional[int] = None, group: Any = None, tag: int = 0, group_src: Optional[int] = None
+) -> int:
     """Receive into ``tensor``; returns the sender's global rank (-1 when not a member of ``group``)."""
     w = irecv(tensor, src, group, tag, group_src)
     if w is None:

@@ -147,12 +147,23 @@ _TABLE = (
     EnvVar(ENV.PROGRESS_INTERVAL, "seconds between rendezvous progress lines", "user"),
     EnvVar(ENV.TTY, "path of the launcher's terminal; dist.breakpoint() runs pdb there"),
     EnvVar(ENV.SHM_CMA, "0 turns off the single-copy (process_vm_readv) path for shm messages >= 1 MiB", "user"),
-    EnvVar(ENV.SHM_SPIN_US, "microseconds a shm wait spins before it sleeps on a futex (default 50; "
-           "shared-slot waits do not spin when the host has fewer CPUs than local ranks)", "user"),
-    EnvVar(ENV.SHM_SPLIT, "0: a single-copy shm message of 4 MiB or more is read by one thread instead of two "
-           "(the default uses a second core while the sender waits)", "user"),
-    EnvVar(ENV.SHM_ARENA, "0 sends small collectives among the ranks of one host as messages instead of through "
-           "shared slots (the arena)", "user"),
+    EnvVar(
+        ENV.SHM_SPIN_US,
+        "microseconds a shm wait spins before it sleeps on a futex (default 50; "
+        "shared-slot waits do not spin when the host has fewer CPUs than local ranks)",
+        "user",
+    ),
+    EnvVar(
+        ENV.SHM_SPLIT,
+        "0: a single-copy shm message of 4 MiB or more is read by one thread instead of two "
+        "(the default uses a second core while the sender waits)",
+        "user",
+    ),
+    EnvVar(
+        ENV.SHM_ARENA,
+        "0 sends small collectives among the ranks of one host as messages instead of through shared slots (the arena)",
+        "user",
+    ),
 )
 
 
@@ -160,8 +171,15 @@ class TORCHRUN:
     """Variables torchrun (and ``procgroup run``) set."""
 
     VARS = (
-        ENV.RANK, ENV.LOCAL_RANK, ENV.WORLD_SIZE, ENV.LOCAL_WORLD_SIZE, ENV.GROUP_RANK,
-        ENV.NODE_RANK, ENV.MASTER_ADDR, ENV.MASTER_PORT, ENV.TORCHELASTIC_RUN_ID,
+        ENV.RANK,
+        ENV.LOCAL_RANK,
+        ENV.WORLD_SIZE,
+        ENV.LOCAL_WORLD_SIZE,
+        ENV.GROUP_RANK,
+        ENV.NODE_RANK,
+        ENV.MASTER_ADDR,
+        ENV.MASTER_PORT,
+        ENV.TORCHELASTIC_RUN_ID,
     )
 
 
@@ -279,17 +297,23 @@ def env_int(name: str, environ: Optional[Mapping[str, str]] = None, *, minimum: 
     return n
 
 
-def env_float(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
+def _env_number(name: str, environ: Optional[Mapping[str, str]], bad: str, check: Any, bound: str) -> Optional[float]:
+    """A numeric variable: None when unset; ConfigError ``bad`` when not a number, ``bound`` when ``check`` fails."""
     v = env_str(name, environ)
     if v is None:
         return None
     try:
         x = float(v)
     except ValueError:
-        raise ConfigError(f"environment variable {name}={v!r} is not a number of seconds; set e.g. {name}=60") from None
-    if not x > 0:
-        raise ConfigError(f"environment variable {name}={v!r} must be > 0")
+        raise ConfigError(f"environment variable {name}={v!r} {bad}") from None
+    if not check(x):  # comparisons also reject NaN
+        raise ConfigError(f"environment variable {name}={v!r} {bound}")
     return x
+
+
+def env_float(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
+    """A variable in seconds (> 0); None when unset."""
+    return _env_number(name, environ, f"is not a number of seconds; set e.g. {name}=60", lambda x: x > 0, "must be > 0")
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -337,18 +361,9 @@ def to_seconds(value: Any, name: str = "timeout") -> Optional[float]:
 
 def env_micros(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
     """A variable in microseconds (>= 0); None when unset."""
-    v = env_str(name, environ)
-    if v is None:
-        return None
-    try:
-        x = float(v)
-    except ValueError:
-        raise ConfigError(
-            f"environment variable {name}={v!r} is not a number of microseconds; e.g. {name}=50"
-        ) from None
-    if not x >= 0:
-        raise ConfigError(f"environment variable {name}={v!r} must be >= 0 microseconds")
-    return x
+    return _env_number(
+        name, environ, f"is not a number of microseconds; e.g. {name}=50", lambda x: x >= 0, "must be >= 0 microseconds"
+    )
 
 
 @dataclass(frozen=True)
@@ -376,8 +391,14 @@ def shm_options(environ: Optional[Mapping[str, str]] = None) -> ShmOptions:
 
 
 _TRANSPORTS = ("auto", "shm", "tcp")
-_LOG_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "WARN": logging.WARNING,
-               "ERROR": logging.ERROR, "CRITICAL": logging.CRITICAL}
+_LOG_LEVELS = {
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARNING": logging.WARNING,
+    "WARN": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "CRITICAL": logging.CRITICAL,
+}
 
 #: seconds between rendezvous progress lines when PROCGROUP_PROGRESS_INTERVAL is unset
 DEFAULT_PROGRESS_INTERVAL = 10.0
@@ -460,6 +481,8 @@ def job_secret(cfg: RuntimeConfig, job_id: str) -> bytes:
         return cfg.secret.encode()
     _log.info(
         "%s is not set: the store and transport authenticate with a key derived from the job id %r, which stops "
-        "accidental cross-talk but not an attacker; `procgroup run` sets a random secret", ENV.SECRET, job_id,
+        "accidental cross-talk but not an attacker; `procgroup run` sets a random secret",
+        ENV.SECRET,
+        job_id,
     )
     return ("procgroup-derived:" + job_id).encode()

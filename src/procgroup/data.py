@@ -94,7 +94,10 @@ def as_flat(obj: Any, name: str = "tensor", *, writable: bool = True) -> Flat:
         if mv.ndim == 0 and mv.format == "B" and mv.nbytes > 0:
             arr = np.frombuffer(mv, dtype=np.uint8)
     if arr.dtype.hasobject or arr.dtype.fields is not None:
-        raise ConfigError(f"{name} has dtype {arr.dtype}, which is not a plain numeric dtype; use the *_object collectives for Python objects")
+        raise ConfigError(
+            f"{name} has dtype {arr.dtype}, which is not a plain numeric dtype; "
+            "use the *_object collectives for Python objects"
+        )
     if not arr.flags.c_contiguous:
         if writable:
             raise ConfigError(

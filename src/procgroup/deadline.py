@@ -8,20 +8,25 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
-__all__ = ["Deadline", "as_deadline"]
+from .config import to_seconds
+
+__all__ = ["Deadline", "as_deadline", "wait_seconds"]
 
 _NEVER = float("inf")
 
 
 @dataclass(frozen=True)
 class Deadline:
+    """An absolute monotonic time ``at`` (inf: never) and the moment ``start`` it was set."""
+
     at: float  # time.monotonic() value; inf means "never"
     start: float = field(default_factory=time.monotonic)
 
     @classmethod
     def after(cls, seconds: Optional[float]) -> "Deadline":
+        """``seconds`` from now (None: never; negative counts as 0)."""
         now = time.monotonic()
         if seconds is None:
             return cls(_NEVER, now)
@@ -46,9 +51,11 @@ class Deadline:
         return r if cap is None else min(r, cap)
 
     def expired(self) -> bool:
+        """True once the deadline has passed (never for a deadline of None)."""
         return self.at != _NEVER and time.monotonic() >= self.at
 
     def elapsed(self) -> float:
+        """Seconds since the deadline was set."""
         return time.monotonic() - self.start
 
     def sooner(self, seconds: Optional[float]) -> "Deadline":
@@ -58,9 +65,21 @@ class Deadline:
         return Deadline(min(self.at, time.monotonic() + seconds), self.start)
 
 
+def wait_seconds(timeout: Any, name: str = "timeout") -> Optional[float]:
+    """A wait's ``timeout`` (seconds or a ``datetime.timedelta``, as torch takes) as seconds.
+
+    None stays None (the caller's default); 0 means "do not block" (a poll); anything else goes through
+    :func:`procgroup.config.to_seconds`, so a negative or non-numeric value is a ConfigError naming ``name``.
+    """
+    if timeout is None:
+        return None
+    if timeout == 0 and isinstance(timeout, (int, float)):
+        return 0.0
+    return to_seconds(timeout, name)
+
+
 def as_deadline(timeout: Union[None, float, "Deadline"]) -> Deadline:
+    """``timeout`` as a Deadline: a Deadline as is, else that many seconds (a timedelta too) from now."""
     if isinstance(timeout, Deadline):
         return timeout
-    if hasattr(timeout, "total_seconds"):  # datetime.timedelta, as torch takes
-        timeout = timeout.total_seconds()  # type: ignore[union-attr]
-    return Deadline.after(timeout)
+    return Deadline.after(wait_seconds(timeout))

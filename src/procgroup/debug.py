@@ -23,10 +23,11 @@ from typing import Any, List, Optional, TextIO
 
 import numpy as np
 
-from .api import _state, resolve_group
-from .config import ENV, env_str
+from . import algorithms as alg
+from .config import to_seconds
 from .deadline import Deadline
 from .errors import ConfigError, DistTimeoutError, format_ranks
+from .state import _state, resolve_group
 
 __all__ = ["monitored_barrier", "breakpoint", "dump_state", "install_signal_handler"]
 
@@ -44,9 +45,8 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
     g = resolve_group(group, "monitored_barrier")
     if not g.is_member():
         return
-    if hasattr(timeout, "total_seconds"):
-        timeout = timeout.total_seconds()
-    tmo = g.timeout if timeout is None else float(timeout)
+    t = to_seconds(timeout)
+    tmo = g.timeout if t is None else t
 
     def run(c: Any) -> None:
         n = c.size
@@ -67,24 +67,28 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
                     if not wait_all_ranks:
                         break
             report[0] = len(missing)
-            report[1:1 + len(missing)] = missing
+            report[1 : 1 + len(missing)] = missing
             arrived = [p for p, req in reqs.items() if req.test()]
             for p in arrived:
                 c.send(p, report, step=1)
             if missing:
-                raise DistTimeoutError(_missing_msg(g, missing, arrived_ranks=[g.ranks[0]] + [g.ranks[p] for p in arrived], tmo=tmo, all_=wait_all_ranks))
+                arrived_ranks = [g.ranks[0]] + [g.ranks[p] for p in arrived]
+                raise DistTimeoutError(_missing_msg(g, missing, arrived_ranks, tmo=tmo, all_=wait_all_ranks))
         else:
             c.send(0, token, step=0)
             c.irecv(0, report, step=1).wait(Deadline.after(tmo + 10.0))
             k = int(report[0])
             if k > 0:
-                raise DistTimeoutError(_missing_msg(g, [int(x) for x in report[1:1 + k]], None, tmo, wait_all_ranks))
+                raise DistTimeoutError(_missing_msg(g, [int(x) for x in report[1 : 1 + k]], None, tmo, wait_all_ranks))
 
     g.run("monitored_barrier", run, timeout=tmo + 15.0, signature=("monitored_barrier",))
 
 
 def _missing_msg(g: Any, missing: List[int], arrived_ranks: Optional[List[int]], tmo: float, all_: bool) -> str:
-    s = f"rank{'s' if len(missing) > 1 else ''} {format_ranks(missing)} did not reach monitored_barrier in group {g.name} within {tmo:.1f}s"
+    s = (
+        f"rank{'s' if len(missing) > 1 else ''} {format_ranks(missing)} did not reach monitored_barrier "
+        f"in group {g.name} within {tmo:.1f}s"
+    )
     if arrived_ranks is not None:
         s += f" (ranks {format_ranks(arrived_ranks)} did)"
     if not all_:
@@ -93,7 +97,8 @@ def _missing_msg(g: Any, missing: List[int], arrived_ranks: Optional[List[int]],
 
 
 def _debugger_io() -> tuple:
-    path = env_str(ENV.TTY)
+    """The debugger's input and output: PROCGROUP_TTY (parsed at init), else /dev/tty, else stdin/stdout."""
+    path = _state.config.tty if _state.config is not None else None
     for p in ([path] if path else []) + ["/dev/tty"]:
         try:  # a terminal is not seekable, so one "r+" file object cannot serve both ways
             return open(p, "r"), open(p, "w", buffering=1)
@@ -107,8 +112,6 @@ def breakpoint(rank: int = 0, skip: int = 0) -> None:  # noqa: A001 - torch's na
     g = resolve_group(None, "breakpoint")
     if not 0 <= rank < g.size():
         raise ConfigError(f"breakpoint(rank={rank}): rank is outside [0, {g.size()})")
-    from . import algorithms as alg
-
     if g.rank() != rank:
         sys.stderr.write(f"procgroup: rank {g.rank()} waiting for the debugger on rank {rank}\n")
         g.run("breakpoint", alg.barrier, timeout=BREAKPOINT_WAIT, signature=("breakpoint",))
@@ -153,7 +156,9 @@ def dump_state(out: Optional[TextIO] = None) -> str:
     for g in list(_state.groups):
         if not g.is_member():
             continue
-        buf.write(f"--- group {g.name} (gid {g.gid}, ranks {format_ranks(g.ranks)}): last completed seq {g.last_completed}\n")
+        buf.write(
+            f"--- group {g.name} (gid {g.gid}, ranks {format_ranks(g.ranks)}): last completed seq {g.last_completed}\n"
+        )
         for rec in list(g.flight)[-16:]:
             buf.write(f"    {rec.describe()}\n")
     text = buf.getvalue()

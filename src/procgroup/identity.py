@@ -81,13 +81,14 @@ import socket
 import zlib
 from typing import Mapping, Optional
 
-from .config import ENV, KUBEFLOW, MPICH, OPENMPI, SLURM, Identity, env_int, env_str
+from .config import DEFAULT_MASTER_PORT, ENV, KUBEFLOW, MPICH, OPENMPI, SLURM, Identity, env_int, env_str
 from .errors import ConfigError
 
 __all__ = [
     "detect_identity",
     "describe_identity",
     "resolve_master",
+    "torchelastic_launched",
     "resolve_master_via_mpi",
     "derive_port",
     "expand_hostlist",
@@ -102,8 +103,6 @@ __all__ = [
 #: collides with a port the kernel handed to some client socket.
 PORT_BASE = 20000
 PORT_SPAN = 10000
-#: torch's default MASTER_PORT; used where a launcher exposes no job id (Hydra).
-DEFAULT_MASTER_PORT = 29500
 
 _HOW_TO_START = (
     "set RANK and WORLD_SIZE (and MASTER_ADDR, MASTER_PORT), or start the program with "
@@ -320,8 +319,15 @@ def _from_explicit(env: Mapping[str, str]) -> _Draft:
         source = "kubeflow"
     else:
         source = "torchrun"
-    d = _Draft(source, rank, world, ENV.RANK, ENV.WORLD_SIZE,
-               local_rank_var=ENV.LOCAL_RANK, local_world_var=ENV.LOCAL_WORLD_SIZE)
+    d = _Draft(
+        source,
+        rank,
+        world,
+        ENV.RANK,
+        ENV.WORLD_SIZE,
+        local_rank_var=ENV.LOCAL_RANK,
+        local_world_var=ENV.LOCAL_WORLD_SIZE,
+    )
     d.job_id = env_str(ENV.RUN_ID, env) or env_str(ENV.TORCHELASTIC_RUN_ID, env) or env_str(KUBEFLOW.RDZV_ID, env)
 
     # nodes
@@ -365,8 +371,9 @@ def _from_explicit(env: Mapping[str, str]) -> _Draft:
     elif lr is not None:
         if d.num_nodes is not None and d.num_nodes > 0 and world % d.num_nodes == 0:
             d.local_rank, d.local_world_size = lr, world // d.num_nodes
-            d.note(f"LOCAL_WORLD_SIZE={d.local_world_size} "
-                   f"({ENV.WORLD_SIZE}={world} / {d.num_nodes_var}={d.num_nodes})")
+            d.note(
+                f"LOCAL_WORLD_SIZE={d.local_world_size} ({ENV.WORLD_SIZE}={world} / {d.num_nodes_var}={d.num_nodes})"
+            )
         else:
             raise ConfigError(
                 f"{ENV.LOCAL_RANK}={lr} is set but {ENV.LOCAL_WORLD_SIZE} is not; set {ENV.LOCAL_WORLD_SIZE} to the "
@@ -413,8 +420,7 @@ def _from_slurm(env: Mapping[str, str]) -> _Draft:
             f"{SLURM.PROCID}={rank} is set but none of {SLURM.STEP_NUM_TASKS}, {SLURM.NTASKS}, {SLURM.NPROCS} is; "
             "this does not look like an srun task: start the program with srun, or set RANK and WORLD_SIZE"
         )
-    d = _Draft("slurm", rank, world, SLURM.PROCID, wvar,
-               local_rank_var=SLURM.LOCALID, node_rank_var=SLURM.NODEID)
+    d = _Draft("slurm", rank, world, SLURM.PROCID, wvar, local_rank_var=SLURM.LOCALID, node_rank_var=SLURM.NODEID)
     d.node_rank = env_int(SLURM.NODEID, env) or 0
     lr = env_int(SLURM.LOCALID, env)
 
@@ -463,8 +469,10 @@ def _from_slurm(env: Mapping[str, str]) -> _Draft:
         d.job_id = f"{job}.{step}"
         if env_str(ENV.MASTER_PORT, env) is None:
             d.master_port = derive_port(job, step)
-            d.note(f"MASTER_PORT={d.master_port} "
-                   f"({PORT_BASE} + ({SLURM.JOB_ID}={job} * 7 + {step_var}={step}) % {PORT_SPAN})")
+            d.note(
+                f"MASTER_PORT={d.master_port} "
+                f"({PORT_BASE} + ({SLURM.JOB_ID}={job} * 7 + {step_var}={step}) % {PORT_SPAN})"
+            )
     elif env_str(ENV.MASTER_PORT, env) is None:
         raise ConfigError(f"cannot derive MASTER_PORT under Slurm: {SLURM.JOB_ID} is not set; set MASTER_PORT")
     return d
@@ -501,9 +509,16 @@ def _daemon_vpid(uri: Optional[str]) -> Optional[int]:
 def _from_openmpi(env: Mapping[str, str]) -> _Draft:
     rank = _require_int(env, OPENMPI.RANK, "mpirun sets it for every process")
     world = _require_int(env, OPENMPI.SIZE, f"mpirun sets it with {OPENMPI.RANK}")
-    d = _Draft("openmpi", rank, world, OPENMPI.RANK, OPENMPI.SIZE,
-               local_rank_var=OPENMPI.LOCAL_RANK, local_world_var=OPENMPI.LOCAL_SIZE,
-               node_rank_var="Open MPI node index")
+    d = _Draft(
+        "openmpi",
+        rank,
+        world,
+        OPENMPI.RANK,
+        OPENMPI.SIZE,
+        local_rank_var=OPENMPI.LOCAL_RANK,
+        local_world_var=OPENMPI.LOCAL_SIZE,
+        node_rank_var="Open MPI node index",
+    )
     lr, lws = env_int(OPENMPI.LOCAL_RANK, env), env_int(OPENMPI.LOCAL_SIZE, env)
     if lr is None or lws is None:
         raise ConfigError(
@@ -524,19 +539,24 @@ def _from_openmpi(env: Mapping[str, str]) -> _Draft:
             d.node_rank = vpid
             d.note(f"node rank {vpid} (this node's daemon number in {OPENMPI.LOCAL_DAEMON_URI}; mpirun's node is 0)")
         else:
-            d.note(f"node rank unknown (daemon number {vpid} in {OPENMPI.LOCAL_DAEMON_URI} is not below "
-                   f"{OPENMPI.NUM_NODES}={num_nodes}: some allocated node runs no rank): reported as 0")
+            d.note(
+                f"node rank unknown (daemon number {vpid} in {OPENMPI.LOCAL_DAEMON_URI} is not below "
+                f"{OPENMPI.NUM_NODES}={num_nodes}: some allocated node runs no rank): reported as 0"
+            )
 
     if env_str(ENV.MASTER_ADDR, env) is None:
         hnp = env_str(OPENMPI.HNP_URI, env)
         if lws == world:
             d.master_addr = "127.0.0.1"
-            d.note(f"MASTER_ADDR=127.0.0.1 (all {world} ranks run on this host: "
-                   f"{OPENMPI.LOCAL_SIZE} == {OPENMPI.SIZE})")
+            d.note(
+                f"MASTER_ADDR=127.0.0.1 (all {world} ranks run on this host: {OPENMPI.LOCAL_SIZE} == {OPENMPI.SIZE})"
+            )
         elif hnp is not None and _hnp_host(hnp):
             d.master_addr = _hnp_host(hnp)
-            d.note(f"MASTER_ADDR={d.master_addr} (mpirun's host, from {OPENMPI.HNP_URI}: right when rank 0 "
-                   "runs on mpirun's node, the default; not with --nolocal)")
+            d.note(
+                f"MASTER_ADDR={d.master_addr} (mpirun's host, from {OPENMPI.HNP_URI}: right when rank 0 "
+                "runs on mpirun's node, the default; not with --nolocal)"
+            )
         else:
             d.note(f"MASTER_ADDR unknown: ranks span hosts and {OPENMPI.HNP_URI} is not set (Open MPI 5?)")
     if env_str(ENV.MASTER_PORT, env) is None:
@@ -561,14 +581,21 @@ def _from_mpich(env: Mapping[str, str]) -> _Draft:
     assert rvar is not None and rank is not None
     world = env_int(MPICH.SIZE, env)
     if world is None:
-        extra = (f" ({MPICH.PMI_ID} without {MPICH.SIZE} is what `mpiexec -pmi-port` exports; run mpiexec "
-                 "without -pmi-port)") if rvar == MPICH.PMI_ID else ""
+        extra = (
+            (
+                f" ({MPICH.PMI_ID} without {MPICH.SIZE} is what `mpiexec -pmi-port` exports; run mpiexec "
+                "without -pmi-port)"
+            )
+            if rvar == MPICH.PMI_ID
+            else ""
+        )
         raise ConfigError(
             f"{rvar}={rank} is set but {MPICH.SIZE} is not, so the world size is unknown{extra}; "
             "or set RANK and WORLD_SIZE"
         )
-    d = _Draft("mpich", rank, world, rvar, MPICH.SIZE,
-               local_rank_var=MPICH.LOCAL_RANK, local_world_var=MPICH.LOCAL_SIZE)
+    d = _Draft(
+        "mpich", rank, world, rvar, MPICH.SIZE, local_rank_var=MPICH.LOCAL_RANK, local_world_var=MPICH.LOCAL_SIZE
+    )
     lr, lws = env_int(MPICH.LOCAL_RANK, env), env_int(MPICH.LOCAL_SIZE, env)
     if lr is not None and lws is not None:
         d.local_rank, d.local_world_size = lr, lws
@@ -583,8 +610,15 @@ def _from_mpich(env: Mapping[str, str]) -> _Draft:
     s_tasks, s_nodes = env_int(SLURM.STEP_NUM_TASKS, env), env_int(SLURM.STEP_NUM_NODES, env)
     _, s_hosts = _first(env, SLURM.STEP_NODELIST)
     _, job = _slurm_job(env)
-    in_proxy_step = (step is not None and s_tasks is not None and s_tasks == s_nodes and s_hosts is not None
-                     and job is not None and lws is not None and lws < world)
+    in_proxy_step = (
+        step is not None
+        and s_tasks is not None
+        and s_tasks == s_nodes
+        and s_hosts is not None
+        and job is not None
+        and lws is not None
+        and lws < world
+    )
     if lws is not None and lws == world:
         d.node_rank, d.num_nodes, d.num_nodes_var = 0, 1, f"{MPICH.LOCAL_SIZE} == {MPICH.SIZE}"
         if env_str(ENV.MASTER_ADDR, env) is None:
@@ -592,29 +626,39 @@ def _from_mpich(env: Mapping[str, str]) -> _Draft:
             d.note(f"MASTER_ADDR=127.0.0.1 (all {world} ranks run on this host: {MPICH.LOCAL_SIZE} == {MPICH.SIZE})")
         if env_str(ENV.MASTER_PORT, env) is None:
             d.master_port = DEFAULT_MASTER_PORT
-            d.note(f"MASTER_PORT={DEFAULT_MASTER_PORT} (default: Hydra exports no job id; "
-                   "set MASTER_PORT to run two jobs on one host)")
+            d.note(
+                f"MASTER_PORT={DEFAULT_MASTER_PORT} (default: Hydra exports no job id; "
+                "set MASTER_PORT to run two jobs on one host)"
+            )
     elif in_proxy_step:
         step_var, step_id = step  # type: ignore[misc]
         d.node_rank = env_int(SLURM.NODEID, env) or 0
         d.node_rank_var = SLURM.NODEID
         d.num_nodes, d.num_nodes_var = s_nodes, SLURM.STEP_NUM_NODES
         d.job_id = f"{job}.{step_id}"
-        d.note(f"node rank {d.node_rank} of {s_nodes} ({SLURM.NODEID}/{SLURM.STEP_NUM_NODES} of the srun step "
-               "that runs Hydra's proxies, one per node)")
+        d.note(
+            f"node rank {d.node_rank} of {s_nodes} ({SLURM.NODEID}/{SLURM.STEP_NUM_NODES} of the srun step "
+            "that runs Hydra's proxies, one per node)"
+        )
         if env_str(ENV.MASTER_ADDR, env) is None:
             d.master_addr = expand_hostlist(s_hosts, var=SLURM.STEP_NODELIST)[0]
-            d.note(f"MASTER_ADDR={d.master_addr} (first host of the proxies' {SLURM.STEP_NODELIST}={s_hosts}, "
-                   "where Hydra places rank 0)")
+            d.note(
+                f"MASTER_ADDR={d.master_addr} (first host of the proxies' {SLURM.STEP_NODELIST}={s_hosts}, "
+                "where Hydra places rank 0)"
+            )
         if env_str(ENV.MASTER_PORT, env) is None:
             d.master_port = derive_port(job, step_id)
-            d.note(f"MASTER_PORT={d.master_port} ({PORT_BASE} + ({SLURM.JOB_ID}={job} * 7 + {step_var}={step_id}) "
-                   f"% {PORT_SPAN})")
+            d.note(
+                f"MASTER_PORT={d.master_port} ({PORT_BASE} + ({SLURM.JOB_ID}={job} * 7 + {step_var}={step_id}) "
+                f"% {PORT_SPAN})"
+            )
     else:
         d.note("node rank unknown (Hydra exports no node index): reported as 0")
         if env_str(ENV.MASTER_ADDR, env) is None:
-            d.note("MASTER_ADDR unknown: ranks span hosts and Hydra exports no shared host "
-                   f"({MPICH.PMI_PORT}, if set, names this node's proxy)")
+            d.note(
+                "MASTER_ADDR unknown: ranks span hosts and Hydra exports no shared host "
+                f"({MPICH.PMI_PORT}, if set, names this node's proxy)"
+            )
     return d
 
 
@@ -640,8 +684,10 @@ def detect_identity(environ: Optional[Mapping[str, str]] = None) -> Identity:
     step = _slurm_step(env)
     ompi = has(OPENMPI.RANK)
     pmi = has(MPICH.RANK) or has(MPICH.PMI_ID)
-    inside = (f" (ignoring the SLURM_* variables: they describe the srun step that started the MPI launcher's "
-              "daemons, not this process)")
+    inside = (
+        " (ignoring the SLURM_* variables: they describe the srun step that started the MPI launcher's "
+        "daemons, not this process)"
+    )
     if ompi and (step is None or has(OPENMPI.HNP_URI)):
         d = _from_openmpi(env)
         if step is not None:
@@ -679,8 +725,10 @@ def describe_identity(identity: Identity) -> str:
     """One log line: ``rank 3/6 (local 1/2, node 1/3) from slurm job 7.0; master h1:23456 [derived: ...]``."""
     i = identity
     nodes = "?" if i.num_nodes is None else str(i.num_nodes)
-    s = (f"rank {i.rank}/{i.world_size} (local {i.local_rank}/{i.local_world_size}, node {i.node_rank}/{nodes}) "
-         f"from {i.source}")
+    s = (
+        f"rank {i.rank}/{i.world_size} (local {i.local_rank}/{i.local_world_size}, node {i.node_rank}/{nodes}) "
+        f"from {i.source}"
+    )
     if i.job_id:
         s += f" job {i.job_id}"
     if i.master_addr is None and i.master_port is None:
@@ -739,15 +787,23 @@ def resolve_master_via_mpi(
                 addr = "127.0.0.1"
             else:
                 peer = next(h for h in hosts if h != me)
-                addr = netutil.advertised_addr(peer, 0, environ)
+                addr = netutil.advertised_addr(peer, 0, os.environ if environ is None else environ)
             msg = (addr, netutil.free_port(addr), None)
         except (OSError, ConfigError) as e:
-            msg = (None, None,
-                   f"rank 0 on {me} could not pick a rendezvous address: {e}; set MASTER_ADDR and MASTER_PORT")
+            msg = (
+                None,
+                None,
+                f"rank 0 on {me} could not pick a rendezvous address: {e}; set MASTER_ADDR and MASTER_PORT",
+            )
     addr, port, err = comm.bcast(msg, root=0)
     if err is not None:
         raise ConfigError(err)
     return str(addr), int(port)
+
+
+def torchelastic_launched(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """True when torchrun (torchelastic) started this process: TORCHELASTIC_RUN_ID is set."""
+    return env_str(ENV.TORCHELASTIC_RUN_ID, os.environ if environ is None else environ) is not None
 
 
 def resolve_master(identity: Identity, environ: Optional[Mapping[str, str]] = None) -> Identity:
@@ -775,8 +831,11 @@ def resolve_master(identity: Identity, environ: Optional[Mapping[str, str]] = No
         if identity.master_addr is None:
             launcher = "mpirun" if identity.source == "openmpi" else "mpiexec"
             flag = "-x" if identity.source == "openmpi" else "-genv"
-            example = (f"{launcher} -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=29500 ..." if flag == "-x"
-                       else f"{launcher} -genv MASTER_ADDR <rank 0's host> -genv MASTER_PORT 29500 ...")
+            example = (
+                f"{launcher} -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=29500 ..."
+                if flag == "-x"
+                else f"{launcher} -genv MASTER_ADDR <rank 0's host> -genv MASTER_PORT 29500 ..."
+            )
             raise ConfigError(
                 f"cannot find the rendezvous host: this {launcher} job spans hosts and its environment names no "
                 f"host that runs rank 0. Set MASTER_ADDR and MASTER_PORT for every rank (e.g. `{example}`), "

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import os
 import socket
 import struct
 import subprocess
 from typing import Mapping, Optional
 
+from . import procfs
 from .config import ENV, env_str
 from .errors import ConfigError, PortInUseError
 
@@ -77,7 +77,7 @@ def bind_listener(host: str, port: int, backlog: int = 4096) -> socket.socket:
             # a hostname: bind to what it resolves to
             addrs = resolve(bare, port)
             if not addrs:
-                raise ConfigError(f"cannot bind to {format_hostport(host, port)}: the name does not resolve")
+                raise ConfigError(f"cannot bind to {format_hostport(host, port)}: the name does not resolve") from None
             bare = addrs[0]
             family = _family_for(bare)
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -114,81 +114,14 @@ def bind_listener(host: str, port: int, backlog: int = 4096) -> socket.socket:
     return sock
 
 
-def _listen_inodes(port: int) -> set[str]:
-    """Socket inodes in LISTEN state (st == 0A) on ``port`` from /proc/net/tcp{,6}."""
-    inodes: set[str] = set()
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(name) as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 10:
-                continue
-            local, state, inode = fields[1], fields[3], fields[9]
-            try:
-                lport = int(local.rsplit(":", 1)[1], 16)
-            except (IndexError, ValueError):
-                continue
-            if lport == port and state == "0A" and inode != "0":
-                inodes.add(inode)
-    return inodes
-
-
-def _cmdline(pid: str, limit: int = 120) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read(4096)
-    except OSError:
-        raw = b""
-    cmd = " ".join(raw.replace(b"\0", b" ").decode("utf-8", "replace").split())
-    if not cmd:
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                cmd = f.read().strip()
-        except OSError:
-            cmd = "?"
-    if len(cmd) > limit:
-        cmd = cmd[: limit - 3] + "..."
-    return cmd
-
-
 def port_holder(port: int) -> Optional[str]:
     """``"pid 123 (python3 train.py ...)"`` of the process listening on ``port``, or None.
 
-    Scans /proc/net/tcp and /proc/net/tcp6 for a LISTEN socket on the port and
-    matches its inode against /proc/*/fd; processes of other users are not
-    visible without privileges, so None is a normal answer.
+    Read through :mod:`procgroup.procfs` (a LISTEN socket's inode matched against ``/proc/*/fd``);
+    processes of other users are not visible without privileges, so None is a normal answer.
     """
-    inodes = _listen_inodes(port)
-    if not inodes:
-        return None
-    targets = {f"socket:[{i}]" for i in inodes}
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return None
-    # our own pid first: cheap, and the common case in tests
-    me = str(os.getpid())
-    if me in pids:
-        pids.remove(me)
-        pids.insert(0, me)
-    for pid in pids:
-        fd_dir = f"/proc/{pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(f"{fd_dir}/{fd}")
-            except OSError:
-                continue
-            if link in targets:
-                return f"pid {pid} ({_cmdline(pid)})"
-    return None
+    pid = procfs.port_holder_pid(port)
+    return None if pid is None else f"pid {pid} ({procfs.cmdline(pid, limit=120)})"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -242,7 +175,7 @@ def resolve(host: str, port: int) -> list[str]:
             f"cannot resolve host {host!r}: {e.strerror or e}; check MASTER_ADDR (or the host name you passed)"
         ) from e
     out: list[str] = []
-    for fam, _t, _p, _c, sa in sorted(infos, key=lambda i: 0 if i[0] == socket.AF_INET else 1):
+    for _fam, _t, _p, _c, sa in sorted(infos, key=lambda i: 0 if i[0] == socket.AF_INET else 1):
         a = str(sa[0])
         if a not in out:
             out.append(a)
@@ -330,7 +263,10 @@ def _ifaddr_ip(ifname: str) -> Optional[str]:
     try:
         out = subprocess.run(
             ["ip", "-o", "-4", "addr", "show", "dev", ifname],
-            capture_output=True, text=True, timeout=5, check=False,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
@@ -362,17 +298,29 @@ def interface_addr(ifname: str) -> str:
     )
 
 
-def advertised_addr(master_addr: str, master_port: int, environ: Optional[Mapping[str, str]] = None) -> str:
+def advertised_addr(
+    master_addr: str,
+    master_port: int,
+    environ: Optional[Mapping[str, str]] = None,
+    *,
+    socket_addr: Optional[str] = None,
+    socket_ifname: Optional[str] = None,
+) -> str:
     """The address this rank advertises to its peers.
 
-    ``PROCGROUP_SOCKET_ADDR`` if set, else the address of
-    ``PROCGROUP_SOCKET_IFNAME`` if set, else the local address of the
-    interface that routes to the master (:func:`local_addr_towards`).
+    ``socket_addr`` (``PROCGROUP_SOCKET_ADDR``) if set, else the address of ``socket_ifname``
+    (``PROCGROUP_SOCKET_IFNAME``) if set, else the local address of the interface that routes to the
+    master (:func:`local_addr_towards`).  The two settings come from the parsed configuration, or from
+    ``environ`` when a mapping is given (this module never reads ``os.environ`` itself).
+    Raises ConfigError for an interface that does not exist or has no IPv4 address.
     """
-    addr = env_str(ENV.SOCKET_ADDR, environ)
+    if environ is not None:
+        socket_addr = env_str(ENV.SOCKET_ADDR, environ)
+        socket_ifname = env_str(ENV.SOCKET_IFNAME, environ)
+    addr = socket_addr
     if addr:
         return addr
-    ifname = env_str(ENV.SOCKET_IFNAME, environ)
+    ifname = socket_ifname
     if ifname:
         return interface_addr(ifname)
     addr = local_addr_towards(master_addr, master_port)

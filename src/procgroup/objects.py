@@ -12,9 +12,12 @@ from typing import Any, List, Optional
 import numpy as np
 
 from . import algorithms as alg
-from .collectives import API_SLOT_C, _group, _peer, _root
+from .arguments import API_SLOT_C
+from .arguments import member_group as _group
+from .arguments import peer_rank as _peer
+from .arguments import root_rank as _root
 from .errors import ConfigError
-from .group import p2p_tag
+from .process_group import p2p_tag
 from .protocol import payload
 
 __all__ = [
@@ -40,7 +43,13 @@ def _decode(buf: np.ndarray) -> Any:
     return payload.loads(buf)
 
 
-def broadcast_object_list(object_list: List[Any], src: Optional[int] = None, group: Any = None, device: Any = None, group_src: Optional[int] = None) -> None:
+def broadcast_object_list(
+    object_list: List[Any],
+    src: Optional[int] = None,
+    group: Any = None,
+    device: Any = None,
+    group_src: Optional[int] = None,
+) -> None:
     """Root's ``object_list`` entries replace every other rank's, in place (same length everywhere)."""
     g = _group(group, "broadcast_object_list")
     if g is None:
@@ -61,7 +70,10 @@ def broadcast_object_list(object_list: List[Any], src: Optional[int] = None, gro
         if c.rank != root:
             got = _decode(data)
             if len(got) != len(object_list):
-                raise ConfigError(f"broadcast_object_list: the source sent {len(got)} objects but this rank's list has {len(object_list)}; use lists of the same length")
+                raise ConfigError(
+                    f"broadcast_object_list: the source sent {len(got)} objects but this rank's list has "
+                    f"{len(object_list)}; use lists of the same length"
+                )
             object_list[:] = got
 
     g.run("broadcast_object_list", run, signature=("broadcast_object_list", f"root={root}"))
@@ -79,22 +91,26 @@ def _gatherv(c: Any, mine: np.ndarray, root: Optional[int]) -> Optional[List[np.
     else:
         m = max(counts) if counts else 0
         padded = c.scratch(m, slot=API_SLOT_C)
-        padded[:mine.nbytes] = mine
+        padded[: mine.nbytes] = mine
         out = np.empty(m * c.size, np.uint8) if c.rank == root else None
         alg.gather(c, padded, out, root)
         if out is None:
             return None
-        return [out[i * m:i * m + counts[i]] for i in range(c.size)]
+        return [out[i * m : i * m + counts[i]] for i in range(c.size)]
     offs = np.concatenate([[0], np.cumsum(counts)]).astype(int)
-    return [out[offs[i]:offs[i + 1]] for i in range(c.size)]
+    return [out[offs[i] : offs[i + 1]] for i in range(c.size)]
 
 
 def all_gather_object(object_list: List[Any], obj: Any, group: Any = None) -> None:
+    """Every member's ``obj`` into ``object_list`` (length = group size), on every member."""
     g = _group(group, "all_gather_object")
     if g is None:
         return
     if len(object_list) != g.size():
-        raise ConfigError(f"all_gather_object: object_list has {len(object_list)} entries but the group has {g.size()} ranks; pass [None] * world_size")
+        raise ConfigError(
+            f"all_gather_object: object_list has {len(object_list)} entries but the group has {g.size()} ranks; "
+            "pass [None] * world_size"
+        )
 
     def run(c: Any) -> None:
         parts = _gatherv(c, _encode(obj), None)
@@ -105,7 +121,14 @@ def all_gather_object(object_list: List[Any], obj: Any, group: Any = None) -> No
     g.run("all_gather_object", run, signature=("all_gather_object",))
 
 
-def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None, dst: Optional[int] = None, group: Any = None, group_dst: Optional[int] = None) -> None:
+def gather_object(
+    obj: Any,
+    object_gather_list: Optional[List[Any]] = None,
+    dst: Optional[int] = None,
+    group: Any = None,
+    group_dst: Optional[int] = None,
+) -> None:
+    """Every member's ``obj`` into ``object_gather_list`` on ``dst``."""
     g = _group(group, "gather_object")
     if g is None:
         return
@@ -122,14 +145,22 @@ def gather_object(obj: Any, object_gather_list: Optional[List[Any]] = None, dst:
     g.run("gather_object", run, signature=("gather_object", f"root={root}"))
 
 
-def scatter_object_list(scatter_object_output_list: List[Any], scatter_object_input_list: Optional[List[Any]] = None, src: Optional[int] = None, group: Any = None, group_src: Optional[int] = None) -> None:
+def scatter_object_list(
+    scatter_object_output_list: List[Any],
+    scatter_object_input_list: Optional[List[Any]] = None,
+    src: Optional[int] = None,
+    group: Any = None,
+    group_src: Optional[int] = None,
+) -> None:
     """Rank i gets ``scatter_object_input_list[i]`` (from the source) in ``scatter_object_output_list[0]``."""
     g = _group(group, "scatter_object_list")
     if g is None:
         return
     root = _root(g, "scatter_object_list", src, group_src, "src", default=0)
     if not scatter_object_output_list:
-        raise ConfigError("scatter_object_list: scatter_object_output_list must have at least one element to receive into")
+        raise ConfigError(
+            "scatter_object_list: scatter_object_output_list must have at least one element to receive into"
+        )
     if g.rank() == root and (scatter_object_input_list is None or len(scatter_object_input_list) != g.size()):
         raise ConfigError(f"scatter_object_list: the source rank needs scatter_object_input_list of length {g.size()}")
 
@@ -158,7 +189,14 @@ def scatter_object_list(scatter_object_output_list: List[Any], scatter_object_in
     g.run("scatter_object_list", run, signature=("scatter_object_list", f"root={root}"))
 
 
-def send_object_list(object_list: List[Any], dst: Optional[int] = None, group: Any = None, device: Any = None, group_dst: Optional[int] = None) -> None:
+def send_object_list(
+    object_list: List[Any],
+    dst: Optional[int] = None,
+    group: Any = None,
+    device: Any = None,
+    group_dst: Optional[int] = None,
+) -> None:
+    """Send the picklable objects of ``object_list`` to ``dst`` (see recv_object_list)."""
     g = _group(group, "send_object_list")
     if g is None:
         return
@@ -173,7 +211,13 @@ def send_object_list(object_list: List[Any], dst: Optional[int] = None, group: A
         t.send(peer, tag, s, dl)
 
 
-def recv_object_list(object_list: List[Any], src: Optional[int] = None, group: Any = None, device: Any = None, group_src: Optional[int] = None) -> int:
+def recv_object_list(
+    object_list: List[Any],
+    src: Optional[int] = None,
+    group: Any = None,
+    device: Any = None,
+    group_src: Optional[int] = None,
+) -> int:
     """Fill ``object_list`` in place from ``src`` (any rank when None); returns the sender's global rank."""
     g = _group(group, "recv_object_list")
     if g is None:
@@ -195,10 +239,13 @@ def recv_object_list(object_list: List[Any], src: Optional[int] = None, group: A
     buf = np.empty(total, np.uint8)
     pos = 0
     for ln in lens:
-        t.recv(sender, tag, buf[pos:pos + ln], dl)
+        t.recv(sender, tag, buf[pos : pos + ln], dl)
         pos += ln
     got = _decode(buf)
     if len(got) != len(object_list):
-        raise ConfigError(f"recv_object_list: rank {sender} sent {len(got)} objects but object_list has {len(object_list)} slots; use lists of the same length")
+        raise ConfigError(
+            f"recv_object_list: rank {sender} sent {len(got)} objects but object_list has {len(object_list)} "
+            "slots; use lists of the same length"
+        )
     object_list[:] = got
     return sender

@@ -250,7 +250,9 @@ def _check(op: ReduceOp, dtype: Any) -> Tuple[str, np.ufunc]:
     if op in _BITWISE and kind not in "biu":
         raise ConfigError(f"{op.name} is not defined for {name}; use an integer or bool tensor")
     if op in (ReduceOp.MIN, ReduceOp.MAX) and kind == "c":
-        raise ConfigError(f"{op.name} is not defined for {name}: complex numbers are not ordered; reduce .real/.abs() instead")
+        raise ConfigError(
+            f"{op.name} is not defined for {name}: complex numbers are not ordered; reduce .real/.abs() instead"
+        )
     if op is ReduceOp.AVG and kind in "biu":
         raise ConfigError(
             f"AVG is not defined for {name}: AVG needs a floating or complex dtype "

@@ -56,7 +56,7 @@ def stat(pid: int) -> Optional[StatLine]:
     except OSError:
         return None
     # comm is in parentheses and may itself contain spaces and ')'
-    rest = data[data.rfind(b")") + 2:].split()
+    rest = data[data.rfind(b")") + 2 :].split()
     try:
         return StatLine(
             state=rest[0].decode(),
@@ -87,7 +87,7 @@ def pid_alive(pid: int) -> bool:
         except PermissionError:
             return True
         return True
-    st = data[data.rfind(b")") + 2:data.rfind(b")") + 3]
+    st = data[data.rfind(b")") + 2 : data.rfind(b")") + 3]
     return st not in (b"Z", b"X", b"x")
 
 

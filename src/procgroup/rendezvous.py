@@ -21,10 +21,10 @@ import os
 import socket
 import sys
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence
 from urllib.parse import parse_qs, urlparse
 
-from .config import ENV, env_float
+from .config import DEFAULT_PROGRESS_INTERVAL, ENV
 from .deadline import Deadline
 from .errors import ConfigError, RendezvousError, RendezvousTimeoutError, StoreTimeoutError, format_ranks
 
@@ -62,7 +62,10 @@ def parse_init_method(url: Optional[str]) -> InitMethod:
     q = {k: v[-1] for k, v in parse_qs(u.query).items()}
     unknown = set(q) - {"rank", "world_size"}
     if unknown:
-        raise ConfigError(f"init_method {url!r} has unknown query parameters {sorted(unknown)}; only rank= and world_size= are accepted")
+        raise ConfigError(
+            f"init_method {url!r} has unknown query parameters {sorted(unknown)}; "
+            "only rank= and world_size= are accepted"
+        )
 
     def qint(name: str) -> Optional[int]:
         if name not in q:
@@ -81,7 +84,9 @@ def parse_init_method(url: Optional[str]) -> InitMethod:
         except ValueError:
             port = None
         if not u.hostname or port is None:
-            raise ConfigError(f"init_method {url!r} needs a host and a port: tcp://HOST:PORT, e.g. tcp://10.0.0.1:29500")
+            raise ConfigError(
+                f"init_method {url!r} needs a host and a port: tcp://HOST:PORT, e.g. tcp://10.0.0.1:29500"
+            )
         return InitMethod("tcp", host=u.hostname, port=port, rank=rank, world_size=ws)
     if u.scheme == "file":
         path = u.path or u.netloc
@@ -163,7 +168,13 @@ def rendezvous(
     where: str,
     progress_interval: Optional[float] = None,
 ) -> List[MemberInfo]:
-    """Join; return every member's info (index = rank) once all ``world_size`` have joined."""
+    """Join; return every member's info (index = rank) once all ``world_size`` have joined.
+
+    ``progress_interval``: seconds between "waiting for ranks" log lines (init passes the parsed
+    PROCGROUP_PROGRESS_INTERVAL; default :data:`~procgroup.config.DEFAULT_PROGRESS_INTERVAL`).
+    Raises RendezvousError (bad rank, duplicate rank, world-size mismatch, an error posted by a member)
+    and RendezvousTimeoutError naming the missing ranks.
+    """
     ws = me.world_size
     if ws < 1:
         raise ConfigError(f"world_size={ws} must be >= 1 (set WORLD_SIZE or world_size=)")
@@ -175,7 +186,7 @@ def rendezvous(
         _post_error(store, msg)
         raise RendezvousError(msg)
     if progress_interval is None:
-        progress_interval = env_float(ENV.PROGRESS_INTERVAL) or 10.0
+        progress_interval = DEFAULT_PROGRESS_INTERVAL  # init passes PROCGROUP_PROGRESS_INTERVAL, parsed once
 
     cur = store.compare_set("world_size", b"", str(ws).encode())
     if cur != str(ws).encode():
@@ -231,8 +242,14 @@ def rendezvous(
             if d.missing:
                 logger.warning(
                     "rank %d: %d/%d joined at %s; waiting for rank%s %s (%.0fs elapsed, deadline %.0fs)",
-                    me.rank, ws - len(d.missing), ws, where, "s" if len(d.missing) > 1 else "",
-                    format_ranks(d.missing), deadline.elapsed(), deadline.timeout or float("inf"),
+                    me.rank,
+                    ws - len(d.missing),
+                    ws,
+                    where,
+                    "s" if len(d.missing) > 1 else "",
+                    format_ranks(d.missing),
+                    deadline.elapsed(),
+                    deadline.timeout or float("inf"),
                 )
     return [MemberInfo.decode(v) for v in store.multi_get(keys)]
 
@@ -242,19 +259,19 @@ def new_nonce() -> str:
     return os.urandom(16).hex()
 
 
-def setup_logging() -> None:
+def setup_logging(level: Optional[int] = None) -> None:
     """A stderr handler for procgroup's own messages unless the application configured logging.
 
+    ``level``: the parsed PROCGROUP_LOG_LEVEL (None: unset; then WARNING when this adds the handler).
     Records still propagate, so an application's (or pytest's) root handlers see them too; our handler is
     only added when the root logger has none, so nothing is printed twice.
     """
-    level = os.environ.get(ENV.LOG_LEVEL)
-    if level:
-        logger.setLevel(getattr(logging, level.upper(), logging.WARNING))
+    if level is not None:
+        logger.setLevel(level)
     if logger.handlers or logging.getLogger().handlers:
         return
     h = logging.StreamHandler(sys.stderr)
     h.setFormatter(logging.Formatter("procgroup %(levelname)s: %(message)s"))
     logger.addHandler(h)
-    if not level:
+    if level is None:
         logger.setLevel(logging.WARNING)

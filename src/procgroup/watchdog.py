@@ -1,7 +1,7 @@
 """Watchdog: mismatch detection and roll call through the store, off the hot path.
 
 The fast path of a collective does no extra work for these checks: its tag
-carries a fingerprint of the call (see ``group.py``), so ranks that call
+carries a fingerprint of the call (see ``process_group.py``), so ranks that call
 different collectives never match each other's messages.  When a collective
 has been waiting for ``check_after`` seconds, the watchdog thread of that
 process publishes what it is doing and compares with the other members:
@@ -24,14 +24,74 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .errors import CollectiveMismatchError, PeerFailureError, ProcGroupError, format_ranks
-from .group import FAILURE_KEY, ProcessGroup, describe_signature
+from .flight import FlightRecord, describe_signature
 
-__all__ = ["Watchdog", "roll_call", "mismatch_message", "recorded_abort", "abort_key"]
+__all__ = [
+    "Watchdog",
+    "GroupStatus",
+    "roll_call",
+    "describe_roll_call",
+    "mismatch_message",
+    "recorded_abort",
+    "abort_key",
+    "first_failure",
+    "FAILURE_KEY",
+]
 
 logger = logging.getLogger("procgroup")
+
+#: store key of the job's first peer failure (JSON {"peer": rank, "text": message}); first writer wins
+FAILURE_KEY = "failure"
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    """What the watchdog and the roll call read of a group: a snapshot, taken by ``ProcessGroup.status()``."""
+
+    gid: int
+    name: str
+    ranks: Tuple[int, ...]
+    member: bool
+    closed: bool
+    #: the collective in flight (None: none)
+    inflight: Optional[FlightRecord]
+    last_completed: int
+    #: (seq, rolling hash of the fingerprints up to seq), oldest first
+    chain: Tuple[Tuple[int, int], ...]
+    #: the flight recorder's records, oldest first
+    flight: Tuple[FlightRecord, ...]
+
+    def size(self) -> int:
+        """Number of ranks in the group."""
+        return len(self.ranks)
+
+
+def first_failure(store: Any, e: PeerFailureError, store_host: Optional[int] = None) -> PeerFailureError:
+    """Record this failure if it is the job's first; return an error naming the first failed rank.
+
+    A rank that only lost a *survivor* (which raised and left) then still names the rank that really died.
+    When the store itself is unreachable and a rank hosts it (``store_host``), that rank is the one that died.
+    """
+    mine = json.dumps({"peer": e.peer, "text": str(e)}).encode()
+    try:
+        first = json.loads(store.compare_set(FAILURE_KEY, b"", mine))
+    except Exception as se:  # noqa: BLE001 - the store may be gone with the dead rank
+        if store_host is not None and e.peer != store_host:
+            return PeerFailureError(
+                f"rank {store_host}, which hosts the store, is unreachable ({se}): it most likely failed first "
+                f"(here: {e})",
+                peer=store_host,
+            )
+        return e
+    if first.get("peer") == e.peer or first.get("text") == str(e):
+        return e
+    return PeerFailureError(
+        f"rank {first.get('peer')} failed first: {first.get('text')} (here: {e})", peer=first.get("peer")
+    )
 
 
 def _key(gid: int, rank: int) -> str:
@@ -39,6 +99,7 @@ def _key(gid: int, rank: int) -> str:
 
 
 def abort_key(gid: int) -> str:
+    """Store key holding the mismatch a member of group ``gid`` found."""
     return f"wd/abort/{gid}"
 
 
@@ -51,7 +112,7 @@ def recorded_abort(store: Any, gid: int) -> Optional[str]:
         return None
 
 
-def _state(g: ProcessGroup) -> Dict[str, Any]:
+def _state(g: GroupStatus) -> Dict[str, Any]:
     rec = g.inflight
     chain = [g.chain[-1][0], g.chain[-1][1]] if g.chain else None
     if rec is not None and g.chain and g.chain[-1][0] == rec.seq and len(g.chain) > 1:
@@ -64,7 +125,7 @@ def _state(g: ProcessGroup) -> Dict[str, Any]:
     }
 
 
-def roll_call(store: Any, g: ProcessGroup) -> Dict[int, Dict[str, Any]]:
+def roll_call(store: Any, g: GroupStatus) -> Dict[int, Dict[str, Any]]:
     """Every member's last published state (global rank -> state); members that never published are absent."""
     keys = [_key(g.gid, r) for r in g.ranks]
     out: Dict[int, Dict[str, Any]] = {}
@@ -77,18 +138,22 @@ def roll_call(store: Any, g: ProcessGroup) -> Dict[int, Dict[str, Any]]:
     return out
 
 
-def mismatch_message(g: ProcessGroup, seq: int, calls: Dict[int, tuple]) -> str:
+def mismatch_message(g: GroupStatus, seq: int, calls: Dict[int, tuple]) -> str:
+    """The error text of a mismatch at ``seq``: which ranks called what."""
     by_call: Dict[tuple, List[int]] = {}
     for r, sig in sorted(calls.items()):
         by_call.setdefault(tuple(sig), []).append(r)
-    sides = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {format_ranks(rs)} called {describe_signature(sig)}" for sig, rs in by_call.items())
+    sides = "; ".join(
+        f"rank{'s' if len(rs) > 1 else ''} {format_ranks(rs)} called {describe_signature(sig)}"
+        for sig, rs in by_call.items()
+    )
     return (
         f"collective mismatch in group {g.name} at seq {seq}: {sides}. Every member of a group must call the same "
         "collectives in the same order, with the same dtype, element count, root and reduce op"
     )
 
 
-def describe_roll_call(g: ProcessGroup, states: Dict[int, Dict[str, Any]], seq: int) -> str:
+def describe_roll_call(g: GroupStatus, states: Dict[int, Dict[str, Any]], seq: int) -> str:
     """'ranks [0, 2] reached seq 5; rank 1 last completed seq 4, not in a collective; rank 3 never reported'."""
     reached, parts = [], []
     for r in g.ranks:
@@ -100,19 +165,25 @@ def describe_roll_call(g: ProcessGroup, states: Dict[int, Dict[str, Any]], seq: 
         elif st.get("seq") is not None:
             parts.append(f"rank {r} is in seq {st['seq']} {describe_signature(tuple(st['sig'] or ()))}")
         else:
-            parts.append(f"rank {r} last completed seq {st.get('last')} and is not in a collective (busy in its own code?)")
+            parts.append(
+                f"rank {r} last completed seq {st.get('last')} and is not in a collective (busy in its own code?)"
+            )
     head = f"ranks {format_ranks(reached)} reached seq {seq}" if reached else f"no rank reported reaching seq {seq}"
     return "; ".join([head] + parts)
 
 
 class Watchdog:
-    """One daemon thread per process; started by init_process_group, stopped by destroy."""
+    """One daemon thread per process; started by init_process_group, stopped by destroy.
+
+    ``groups`` returns a :class:`GroupStatus` snapshot of every group to watch; ``abort`` fails the
+    transport's waits with the given error.
+    """
 
     def __init__(
         self,
         store: Any,
         rank: int,
-        groups: Callable[[], List[ProcessGroup]],
+        groups: Callable[[], List[GroupStatus]],
         abort: Callable[[BaseException], None],
         interval: float = 0.5,
         check_after: float = 1.0,
@@ -129,10 +200,12 @@ class Watchdog:
         self._thread = threading.Thread(target=self._loop, name="procgroup-watchdog", daemon=True)
 
     def start(self) -> "Watchdog":
+        """Start the thread; returns self."""
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop the thread (joined for at most 2 s unless called from it)."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
@@ -146,15 +219,18 @@ class Watchdog:
                 return
 
     def tick(self) -> None:
+        """One round: fail on a recorded peer failure or mismatch, publish this rank's state, compare."""
         now = time.monotonic()
         if not self._failed and self.store.check([FAILURE_KEY]):
             # some rank saw a peer die: fail this rank's waits now, naming it, instead of at the deadline
             self._failed = True
             first = json.loads(self.store.get(FAILURE_KEY, timeout=1.0))
-            self.abort(PeerFailureError(f"rank {first.get('peer')} failed: {first.get('text')}", peer=first.get("peer")))
+            self.abort(
+                PeerFailureError(f"rank {first.get('peer')} failed: {first.get('text')}", peer=first.get("peer"))
+            )
             return
         for g in list(self.groups()):
-            if not g.is_member() or g._closed or g.size() == 1:
+            if not g.member or g.closed or g.size() == 1:
                 continue
             rec = g.inflight
             waiting = rec is not None and now - rec.start >= self.check_after
@@ -171,7 +247,7 @@ class Watchdog:
             if waiting or changed:
                 self._check(g, rec)
 
-    def _check(self, g: ProcessGroup, rec: Any) -> None:
+    def _check(self, g: GroupStatus, rec: Any) -> None:
         """Same seq in flight with a different call, or a different call history: a mismatch."""
         states = roll_call(self.store, g)
         if rec is not None:
@@ -189,7 +265,7 @@ class Watchdog:
                 return self._fail(g, q, self._divergence(g, r, q))
         return None
 
-    def _divergence(self, g: ProcessGroup, peer: int, upto: int) -> str:
+    def _divergence(self, g: GroupStatus, peer: int, upto: int) -> str:
         """Find the first differing call with ``peer`` from both flight recorders (exchanged through the store)."""
         hk = f"wd/hist/{g.gid}/{self.rank}"
         mine = {r.seq: tuple(r.signature) for r in list(g.flight)}
@@ -204,12 +280,13 @@ class Watchdog:
             if q <= upto and mine[q] != theirs[q]:
                 return mismatch_message(g, q, {self.rank: mine[q], peer: theirs[q]})
         return (
-            f"collective mismatch in group {g.name}: the calls of ranks {self.rank} and {peer} diverged at or before "
-            f"seq {upto} (beyond the last {len(mine)} calls each rank remembers). Every member of a group must call the "
-            "same collectives in the same order, with the same dtype, element count, root and reduce op"
+            f"collective mismatch in group {g.name}: the calls of ranks {self.rank} and {peer} diverged at or "
+            f"before seq {upto} (beyond the last {len(mine)} calls each rank remembers). Every member of a group must "
+            "call the same collectives in the same order, with the same dtype, element count, root and reduce op"
         )
 
-    def _fail(self, g: ProcessGroup, seq: int, msg: str) -> None:
+    def _fail(self, g: GroupStatus, seq: int, msg: str) -> None:
         # recorded first, so a member that sees this rank leave reports the mismatch, not a dead peer
-        first = self.store.compare_set(abort_key(g.gid), b"", msg.encode())  # every member reports the same finding
+        # every member reports the same finding
+        first = self.store.compare_set(abort_key(g.gid), b"", msg.encode())
         self.abort(CollectiveMismatchError(first.decode(errors="replace") or msg))

@@ -65,13 +65,15 @@ def require_root(why: str) -> None:
         pytest.skip(f"infra: {why} needs root (running as uid {os.geteuid()})")
 
 
-def _script(name: str, *args: str, timeout: float = 120, env: Optional[Mapping[str, str]] = None
-            ) -> subprocess.CompletedProcess:
+def _script(
+    name: str, *args: str, timeout: float = 120, env: Optional[Mapping[str, str]] = None
+) -> subprocess.CompletedProcess:
     e = dict(os.environ)
     e["PATH"] = SBIN_PATH
     e.update(env or {})
-    return subprocess.run([str(INFRA / name), *args], capture_output=True, text=True, timeout=timeout, env=e,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [str(INFRA / name), *args], capture_output=True, text=True, timeout=timeout, env=e, stdin=subprocess.DEVNULL
+    )
 
 
 def _timed(what: str, name: str, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -84,8 +86,11 @@ def _timed(what: str, name: str, *args: str, **kw) -> subprocess.CompletedProces
 def _bring_up(what: str, name: str, *args: str, **kw) -> None:
     r = _timed(f"{what} up", name, *args, **kw)
     if r.returncode != 0:
-        pytest.fail(f"infra: infra/{name} {' '.join(args)} failed with exit status {r.returncode}\n"
-                    f"--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}", pytrace=False)
+        pytest.fail(
+            f"infra: infra/{name} {' '.join(args)} failed with exit status {r.returncode}\n"
+            f"--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}",
+            pytrace=False,
+        )
 
 
 def _tear_down(what: str, name: str, *args: str) -> None:
@@ -111,15 +116,21 @@ class _Guard:
                 if time.monotonic() > deadline:
                     holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "?"
                     os.close(self.fd)
-                    pytest.skip(f"infra: another test session (pid {holder}) has held {LOCK} for over "
-                                f"{LOCK_WAIT_S:.0f}s; set PG_INFRA_LOCK_WAIT to wait longer")
+                    pytest.skip(
+                        f"infra: another test session (pid {holder}) has held {LOCK} for over "
+                        f"{LOCK_WAIT_S:.0f}s; set PG_INFRA_LOCK_WAIT to wait longer"
+                    )
                 time.sleep(0.5)
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
         self.watchdog: Optional[subprocess.Popen] = subprocess.Popen(
             ["sh", "-c", 'read _ignored; exec "$0" "$1"', str(INFRA / "down_all.sh"), str(NHOSTS)],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, pass_fds=(self.fd,), env={**os.environ, "PATH": SBIN_PATH},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            pass_fds=(self.fd,),
+            env={**os.environ, "PATH": SBIN_PATH},
         )
 
     def close(self) -> None:
@@ -157,11 +168,23 @@ class NetnsHosts:
         """argv that runs ``argv`` on ``host``."""
         return [str(self.hostexec), host, *argv]
 
-    def run(self, host: str, *argv: str, timeout: float = 30, env: Optional[Mapping[str, str]] = None,
-            input: Optional[str] = None) -> subprocess.CompletedProcess:
-        return subprocess.run(self.cmd(host, *argv), capture_output=True, text=True, timeout=timeout,
-                              env=None if env is None else dict(env), input=input,
-                              stdin=None if input is not None else subprocess.DEVNULL)
+    def run(
+        self,
+        host: str,
+        *argv: str,
+        timeout: float = 30,
+        env: Optional[Mapping[str, str]] = None,
+        input: Optional[str] = None,
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.cmd(host, *argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=None if env is None else dict(env),
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
 
 
 def _probe_netns() -> Optional[str]:
@@ -176,9 +199,21 @@ def _probe_netns() -> Optional[str]:
     if r.returncode != 0:
         return f"`ip netns add` is refused: {r.stderr.strip() or f'exit status {r.returncode}'}"
     try:
-        r = subprocess.run([which("nsenter") or "nsenter", f"--net=/run/netns/{name}", which("unshare") or "unshare",
-                            "--uts", "--mount", "--propagation", "private", "true"],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [
+                which("nsenter") or "nsenter",
+                f"--net=/run/netns/{name}",
+                which("unshare") or "unshare",
+                "--uts",
+                "--mount",
+                "--propagation",
+                "private",
+                "true",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if r.returncode != 0:
             return f"entering a network namespace with new UTS and mount namespaces is refused: {r.stderr.strip()}"
     finally:
@@ -219,8 +254,18 @@ class SlurmCluster:
 
 @pytest.fixture(scope="session")
 def slurm_cluster(request, netns_hosts: NetnsHosts) -> SlurmCluster:
-    require_binaries("munged", "munge", "unmunge", "slurmctld", "slurmd", "slurmstepd", "srun", "sinfo", "runuser",
-                     why="slurm_cluster")
+    require_binaries(
+        "munged",
+        "munge",
+        "unmunge",
+        "slurmctld",
+        "slurmd",
+        "slurmstepd",
+        "srun",
+        "sinfo",
+        "runuser",
+        why="slurm_cluster",
+    )
     try:
         import pwd
 

@@ -46,8 +46,15 @@ def test_own_name_resolves_to_127_0_1_1(netns_hosts: NetnsHosts):
 def test_hosts_reach_each_other_by_name(netns_hosts: NetnsHosts):
     """Each host serves its name on PORT; every other host connects to it by name and gets that name."""
     hosts = netns_hosts.names
-    servers = [subprocess.Popen(netns_hosts.cmd(h, sys.executable, REACH, "serve", str(PORT), str(len(hosts) - 1)),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for h in hosts]
+    servers = [
+        subprocess.Popen(
+            netns_hosts.cmd(h, sys.executable, REACH, "serve", str(PORT), str(len(hosts) - 1)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for h in hosts
+    ]
     try:
         for s in servers:
             assert s.stdout.readline().strip() == "ready", s.stderr.read()  # type: ignore[union-attr]
@@ -84,8 +91,13 @@ def test_launch_finds_and_kills_what_a_launch_leaves_behind(netns_hosts: NetnsHo
 
 
 def test_slurm_places_two_tasks_per_node(slurm_cluster: SlurmCluster):
-    r = subprocess.run(slurm_cluster.cmd("srun", "-N3", "-n6", "sh", "-c", 'echo "$SLURM_PROCID $(hostname)"'),
-                       capture_output=True, text=True, timeout=60, env=slurm_cluster.env(clean_env()))
+    r = subprocess.run(
+        slurm_cluster.cmd("srun", "-N3", "-n6", "sh", "-c", 'echo "$SLURM_PROCID $(hostname)"'),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=slurm_cluster.env(clean_env()),
+    )
     got = sorted(tuple(line.split()) for line in _ok(r).splitlines())
     assert got == sorted((str(i), f"h{i // 2 + 1}") for i in range(6))
 
@@ -93,7 +105,11 @@ def test_slurm_places_two_tasks_per_node(slurm_cluster: SlurmCluster):
 def test_ssh_between_hosts(sshd_hosts: SshHosts):
     for src in sshd_hosts.hosts.names:
         for dst in sshd_hosts.hosts.names:
-            r = subprocess.run(sshd_hosts.cmd(src, dst, "hostname"), capture_output=True, text=True, timeout=60,
-                               stdin=subprocess.DEVNULL)
+            r = subprocess.run(
+                sshd_hosts.cmd(src, dst, "hostname"),
+                capture_output=True,
+                text=True,
+                timeout=60,
+                stdin=subprocess.DEVNULL,
+            )
             assert _ok(r).strip() == dst, f"ssh {src} -> {dst}"
-

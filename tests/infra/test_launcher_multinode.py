@@ -50,13 +50,16 @@ class Proc:
     def __init__(self, name: str, cmd: Sequence[str], env: Dict[str, str], cwd: Path) -> None:
         self.name = name
         self.cmd = list(cmd)
-        self.p = subprocess.Popen(self.cmd, env=env, cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  start_new_session=True)
+        self.p = subprocess.Popen(
+            self.cmd, env=env, cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        )
         self.out: List[str] = []
         self.err: List[str] = []
         self.lines: "queue.Queue[tuple[str, float]]" = queue.Queue()
-        self._t = [threading.Thread(target=self._read, args=(self.p.stdout, self.out), daemon=True),
-                   threading.Thread(target=self._read, args=(self.p.stderr, self.err), daemon=True)]
+        self._t = [
+            threading.Thread(target=self._read, args=(self.p.stdout, self.out), daemon=True),
+            threading.Thread(target=self._read, args=(self.p.stderr, self.err), daemon=True),
+        ]
         for t in self._t:
             t.start()
 
@@ -92,8 +95,10 @@ class Proc:
         return "\n".join(self.err)
 
     def text(self) -> str:
-        return (f"=== {self.name}: $ {' '.join(self.cmd)}\nexit status {self.p.returncode}\n"
-                f"--- stdout\n{self.stdout}\n--- stderr\n{self.stderr[-8000:]}")
+        return (
+            f"=== {self.name}: $ {' '.join(self.cmd)}\nexit status {self.p.returncode}\n"
+            f"--- stdout\n{self.stdout}\n--- stderr\n{self.stderr[-8000:]}"
+        )
 
 
 class Job:
@@ -144,9 +149,15 @@ class Job:
     def as_launch(self, rcs: Sequence[Optional[int]], elapsed: float) -> Launch:
         """One :class:`Launch` with everyone's output, for :func:`check_world`."""
         rc = 0 if all(r == 0 for r in rcs) else next((r for r in rcs if r != 0), None)
-        return Launch(cmd=[p.name for p in self.procs], returncode=rc, stdout="\n".join(p.stdout for p in self.procs),
-                      stderr=self.text(), elapsed=elapsed, timed_out=any(r is None for r in rcs),
-                      leftovers=self.leftovers())
+        return Launch(
+            cmd=[p.name for p in self.procs],
+            returncode=rc,
+            stdout="\n".join(p.stdout for p in self.procs),
+            stderr=self.text(),
+            elapsed=elapsed,
+            timed_out=any(r is None for r in rcs),
+            leftovers=self.leftovers(),
+        )
 
 
 @pytest.fixture
@@ -161,8 +172,17 @@ def procgroup_run(*args: str) -> List[str]:
 
 
 def worker_args(tag: str, names: Sequence[str]) -> List[str]:
-    return [str(WORKER), "--tag", tag, "--world", str(len(names) * PER_NODE), "--per-node", str(PER_NODE),
-            "--hosts", ",".join(names)]
+    return [
+        str(WORKER),
+        "--tag",
+        tag,
+        "--world",
+        str(len(names) * PER_NODE),
+        "--per-node",
+        str(PER_NODE),
+        "--hosts",
+        ",".join(names),
+    ]
 
 
 FAIL_SCRIPT = """
@@ -241,14 +261,34 @@ def _secret_in_cmdlines(secret: str) -> List[str]:
 # ------------------------------------------------------------------------------------ per-node mode
 
 
-def _per_node(job: Job, names: Sequence[str], script: List[str], env: Dict[str, str], cwd: Path,
-              explicit_ranks: bool = True, order: Optional[Sequence[int]] = None) -> List[Proc]:
+def _per_node(
+    job: Job,
+    names: Sequence[str],
+    script: List[str],
+    env: Dict[str, str],
+    cwd: Path,
+    explicit_ranks: bool = True,
+    order: Optional[Sequence[int]] = None,
+) -> List[Proc]:
     procs: Dict[int, Proc] = {}
-    for i in (order or range(len(names))):
+    for i in order or range(len(names)):
         h = names[i]
         rank = ["--node-rank", str(i)] if explicit_ranks else []
-        cmd = job.hosts.cmd(h, *procgroup_run("--nnodes", str(len(names)), *rank, "--master-addr", names[0],
-                                              "--master-port", str(PORT), "--nproc-per-node", str(PER_NODE), *script))
+        cmd = job.hosts.cmd(
+            h,
+            *procgroup_run(
+                "--nnodes",
+                str(len(names)),
+                *rank,
+                "--master-addr",
+                names[0],
+                "--master-port",
+                str(PORT),
+                "--nproc-per-node",
+                str(PER_NODE),
+                *script,
+            ),
+        )
         procs[i] = job.start(h, cmd, env, cwd)
     return [procs[i] for i in range(len(names))]
 
@@ -261,8 +301,15 @@ def test_per_node_mode_three_hosts(job: Job, tmp_path: Path, ranks: str):
     tag = new_tag()
     env = clean_env({"PROCGROUP_SECRET": secrets.token_hex(16)})
     t0 = time.monotonic()
-    procs = _per_node(job, names, worker_args(tag, names), env, tmp_path, explicit_ranks=ranks == "explicit",
-                      order=None if ranks == "explicit" else [2, 1, 0])
+    procs = _per_node(
+        job,
+        names,
+        worker_args(tag, names),
+        env,
+        tmp_path,
+        explicit_ranks=ranks == "explicit",
+        order=None if ranks == "explicit" else [2, 1, 0],
+    )
     rcs = job.wait_all()
     r = job.as_launch(rcs, time.monotonic() - t0)
     check_world(r, len(names) * PER_NODE, PER_NODE, names)
@@ -277,8 +324,22 @@ def test_per_node_mode_three_hosts(job: Job, tmp_path: Path, ranks: str):
 
 def test_per_node_mode_needs_a_shared_secret(job: Job, tmp_path: Path):
     names = job.hosts.names
-    cmd = job.hosts.cmd(names[1], *procgroup_run("--nnodes", "3", "--node-rank", "1", "--master-addr", names[0],
-                                                 "--master-port", str(PORT), str(WORKER), "--tag", new_tag()))
+    cmd = job.hosts.cmd(
+        names[1],
+        *procgroup_run(
+            "--nnodes",
+            "3",
+            "--node-rank",
+            "1",
+            "--master-addr",
+            names[0],
+            "--master-port",
+            str(PORT),
+            str(WORKER),
+            "--tag",
+            new_tag(),
+        ),
+    )
     p = job.start(names[1], cmd, clean_env(), tmp_path)
     assert p.wait(60) == 1, p.text()
     assert "PROCGROUP_SECRET" in p.stderr and "--secret-file" in p.stderr, p.text()
@@ -299,10 +360,12 @@ def test_failure_on_h2_stops_all_six_workers_within_5s(job: Job, tmp_path: Path)
         err = p.stderr
         assert re.search(rf"### Root cause: rank 3 \(local 1\) on host h2, pid {pids[3]}, exit code 1", err), p.text()
         assert "in explode" in err and "ValueError: boom from rank 3 on h2" in err, p.text()
-        assert re.search(r"the launcher stopped 5 worker\(s\) on 3 host\(s\) \d+\.\d+s after the root cause", err), \
+        assert re.search(r"the launcher stopped 5 worker\(s\) on 3 host\(s\) \d+\.\d+s after the root cause", err), (
             p.text()
-    assert re.search(r"^\s+3\s+h2\s+\d+\s+\S+\s+FAILED exit code 1\s+<- root cause", procs[0].stderr, re.M), \
-        procs[0].text()
+        )
+    assert re.search(r"^\s+3\s+h2\s+\d+\s+\S+\s+FAILED exit code 1\s+<- root cause", procs[0].stderr, re.M), procs[
+        0
+    ].text()
     left = job.leftovers(grace=2.0)
     assert not left, f"left behind: {left}\n{job.text()}"
 
@@ -318,8 +381,9 @@ def _hostfile(d: Path, names: Sequence[str]) -> Path:
 
 def _head(job: Job, sshd: SshHosts, tmp_path: Path, script: List[str], env: Dict[str, str]) -> Proc:
     names = job.hosts.names
-    cmd = job.hosts.cmd(names[0], *procgroup_run("--hostfile", str(_hostfile(tmp_path, names)),
-                                                 "--ssh-command", str(sshd.ssh), *script))
+    cmd = job.hosts.cmd(
+        names[0], *procgroup_run("--hostfile", str(_hostfile(tmp_path, names)), "--ssh-command", str(sshd.ssh), *script)
+    )
     return job.start("head", cmd, env, tmp_path)
 
 
@@ -369,7 +433,8 @@ def test_stopping_the_head_stops_every_host(job: Job, sshd_hosts: SshHosts, tmp_
     head reaches every worker on every host and stops nothing.)"""
     names = job.hosts.names
     s = tmp_path / "sleep.py"
-    s.write_text(textwrap.dedent("""
+    s.write_text(
+        textwrap.dedent("""
         import os, signal, socket, time
         import procgroup as dist
         dist.init_process_group()
@@ -378,7 +443,8 @@ def test_stopping_the_head_stops_every_host(job: Job, sshd_hosts: SshHosts, tmp_
         print(f"pid={os.getpid()} rank={dist.get_rank()} host={socket.gethostname()}", flush=True)
         while True:
             time.sleep(120)
-    """))
+    """)
+    )
     head = _head(job, sshd_hosts, tmp_path, [str(s)], clean_env())
     pids, _ = _collect_pids([head], len(names) * PER_NODE, timeout=90, raising=False)
     if how == "SIGINT":
@@ -408,9 +474,14 @@ def test_srun_one_agent_per_node(slurm_cluster: SlurmCluster, job: Job, tmp_path
     from Slurm; the job secret shared through a 0600 file in the (shared) working directory."""
     names = job.hosts.names
     tag = new_tag()
-    cmd = slurm_cluster.cmd("srun", f"--chdir={tmp_path}", f"-N{len(names)}", "--ntasks-per-node=1",
-                            "--kill-on-bad-exit=1",
-                            *procgroup_run("--nproc-per-node", str(PER_NODE), *worker_args(tag, names)))
+    cmd = slurm_cluster.cmd(
+        "srun",
+        f"--chdir={tmp_path}",
+        f"-N{len(names)}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        *procgroup_run("--nproc-per-node", str(PER_NODE), *worker_args(tag, names)),
+    )
     t0 = time.monotonic()
     job.start("srun", cmd, slurm_cluster.env(clean_env()), tmp_path)
     rcs = job.wait_all()
@@ -427,14 +498,16 @@ def test_remote_agent_dies_with_its_ssh_session(job: Job, sshd_hosts: SshHosts, 
     stops its workers and aborts the gang, so every host stops."""
     names = job.hosts.names
     s = tmp_path / "sleep.py"
-    s.write_text(textwrap.dedent("""
+    s.write_text(
+        textwrap.dedent("""
         import os, socket, time
         import procgroup as dist
         dist.init_process_group()
         dist.barrier()
         print(f"pid={os.getpid()} rank={dist.get_rank()} host={socket.gethostname()}", flush=True)
         time.sleep(120)
-    """))
+    """)
+    )
     head = _head(job, sshd_hosts, tmp_path, [str(s)], clean_env())
     pids, _ = _collect_pids([head], len(names) * PER_NODE, timeout=90, raising=False)
     agent = None

@@ -44,8 +44,13 @@ def test_srun(slurm_cluster: SlurmCluster):
     hosts = slurm_cluster.hosts
     world, names = _expect(hosts)
     tag = new_tag()
-    cmd = slurm_cluster.cmd("srun", "--kill-on-bad-exit=1", f"-N{len(names)}", f"-n{world}",
-                            *worker_cmd(python_for_hosts(), tag, world, PER_NODE, names))
+    cmd = slurm_cluster.cmd(
+        "srun",
+        "--kill-on-bad-exit=1",
+        f"-N{len(names)}",
+        f"-n{world}",
+        *worker_cmd(python_for_hosts(), tag, world, PER_NODE, names),
+    )
     r = launch(cmd, env=slurm_cluster.env(clean_env(hide_mpi4py=True)), timeout=LAUNCH_TIMEOUT, tag=tag, netns=names)
     check_world(r, world, PER_NODE, names)
 
@@ -61,8 +66,18 @@ def remote_agent(request, netns_hosts: NetnsHosts) -> str:
 
 def _openmpi_mpirun_cmd(hosts: NetnsHosts, agent: str, worker: list) -> list:
     fwd = ["PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "PROCGROUP_TIMEOUT"]  # ssh starts a clean env
-    return hosts.cmd(hosts.names[0], "mpirun", "--allow-run-as-root", "-H", host_list(hosts.names, PER_NODE),
-                     "--mca", "plm_rsh_agent", agent, *[a for v in fwd for a in ("-x", v)], *worker)
+    return hosts.cmd(
+        hosts.names[0],
+        "mpirun",
+        "--allow-run-as-root",
+        "-H",
+        host_list(hosts.names, PER_NODE),
+        "--mca",
+        "plm_rsh_agent",
+        agent,
+        *[a for v in fwd for a in ("-x", v)],
+        *worker,
+    )
 
 
 def test_openmpi_mpirun(netns_hosts: NetnsHosts, remote_agent: str):
@@ -79,8 +94,17 @@ def test_mpich_mpiexec(netns_hosts: NetnsHosts, remote_agent: str):
     world, names = _expect(netns_hosts)
     tag = new_tag()
     cmd = netns_hosts.cmd(
-        names[0], "mpiexec.mpich", "-hosts", host_list(names, PER_NODE),
-        "-launcher", "ssh", "-launcher-exec", remote_agent, "-genv", "MASTER_ADDR", names[0],
+        names[0],
+        "mpiexec.mpich",
+        "-hosts",
+        host_list(names, PER_NODE),
+        "-launcher",
+        "ssh",
+        "-launcher-exec",
+        remote_agent,
+        "-genv",
+        "MASTER_ADDR",
+        names[0],
         *worker_cmd(python_for_hosts(), tag, world, PER_NODE, names),
     )
     r = launch(cmd, env=clean_env(hide_mpi4py=True), timeout=LAUNCH_TIMEOUT, tag=tag, netns=names)
@@ -94,8 +118,14 @@ def test_mpich_mpiexec_without_master_addr_says_what_to_set(netns_hosts: NetnsHo
     world, names = _expect(netns_hosts)
     tag = new_tag()
     cmd = netns_hosts.cmd(
-        names[0], "mpiexec.mpich", "-hosts", host_list(names, PER_NODE),
-        "-launcher", "ssh", "-launcher-exec", str(INFRA / "rsh_hostexec.sh"),
+        names[0],
+        "mpiexec.mpich",
+        "-hosts",
+        host_list(names, PER_NODE),
+        "-launcher",
+        "ssh",
+        "-launcher-exec",
+        str(INFRA / "rsh_hostexec.sh"),
         *worker_cmd(python_for_hosts(), tag, world, PER_NODE, names),
     )
     r = launch(cmd, env=clean_env(hide_mpi4py=True), timeout=LAUNCH_TIMEOUT, tag=tag, netns=names)
@@ -114,8 +144,9 @@ def test_openmpi_mpirun_mpi4py_master(netns_hosts: NetnsHosts):
         pytest.skip(f"needs mpi4py built for Open MPI (installed: {lib or 'none'})")
     world, names = _expect(netns_hosts)
     tag = new_tag()
-    cmd = _openmpi_mpirun_cmd(netns_hosts, str(INFRA / "rsh_hostexec.sh"),
-                              worker_cmd(python_for_hosts(), tag, world, PER_NODE, names))
+    cmd = _openmpi_mpirun_cmd(
+        netns_hosts, str(INFRA / "rsh_hostexec.sh"), worker_cmd(python_for_hosts(), tag, world, PER_NODE, names)
+    )
     r = launch(cmd, env=clean_env(), timeout=LAUNCH_TIMEOUT, tag=tag, netns=names)
     check_world(r, world, PER_NODE, names)
     assert f"MASTER_ADDR={netns_hosts.addrs[names[0]]} (rank 0's address, MPI-broadcast)" in r.stderr, r.report()

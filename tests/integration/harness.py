@@ -35,28 +35,54 @@ class Result:
 def worker_env(rank: int, n: int, port: int, secret: str, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     env = dict(os.environ)
     env.update(
-        RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PROCGROUP_SECRET=secret,
-        PROCGROUP_TIMEOUT="30", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
-        PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+        RANK=str(rank),
+        WORLD_SIZE=str(n),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(n),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        PROCGROUP_SECRET=secret,
+        PROCGROUP_TIMEOUT="30",
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS="1",
     )
-    for k in ("TORCHELASTIC_RUN_ID", "PROCGROUP_RUN_ID", "PROCGROUP_STORE_HOSTED", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+    for k in (
+        "TORCHELASTIC_RUN_ID",
+        "PROCGROUP_RUN_ID",
+        "PROCGROUP_STORE_HOSTED",
+        "SLURM_PROCID",
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_RANK",
+    ):
         env.pop(k, None)
     if extra:
         env.update(extra)
     return env
 
 
-def spawn_world(n: int, func: str, args: Sequence[str] = (), env: Optional[Dict[str, str]] = None, ranks: Optional[Sequence[int]] = None) -> List[subprocess.Popen]:
+def spawn_world(
+    n: int,
+    func: str,
+    args: Sequence[str] = (),
+    env: Optional[Dict[str, str]] = None,
+    ranks: Optional[Sequence[int]] = None,
+) -> List[subprocess.Popen]:
     port = free_port()
     secret = secrets.token_hex(16)
     procs = []
-    for r in (range(n) if ranks is None else ranks):
-        procs.append(subprocess.Popen(
-            [sys.executable, str(WORKERS), func, *args],
-            env=worker_env(r, n, port, secret, env), cwd=str(ROOT),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        ))
+    for r in range(n) if ranks is None else ranks:
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(WORKERS), func, *args],
+                env=worker_env(r, n, port, secret, env),
+                cwd=str(ROOT),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
     return procs
 
 
@@ -95,7 +121,9 @@ def report(results: List[Result]) -> str:
     return "\n".join(f"--- rank {r.rank} rc={r.returncode}\n{r.stdout}\n{r.stderr}" for r in results)
 
 
-def run_world(n: int, func: str, args: Sequence[str] = (), env: Optional[Dict[str, str]] = None, timeout: float = 90.0) -> List[Result]:
+def run_world(
+    n: int, func: str, args: Sequence[str] = (), env: Optional[Dict[str, str]] = None, timeout: float = 90.0
+) -> List[Result]:
     results = collect(spawn_world(n, func, args, env), timeout)
     if any(r.returncode != 0 for r in results):
         raise AssertionError(f"{func} failed at world size {n}:\n{report(results)}")

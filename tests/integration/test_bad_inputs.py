@@ -35,17 +35,32 @@ from .harness import ROOT, collect, kill_all, worker_env
 BAD = Path(__file__).with_name("fault_workers") / "bad_inputs.py"
 
 
-def spawn(n: int, args: Sequence[str], env: Optional[Dict[str, str]] = None, per_rank: Optional[Dict[int, Dict[str, str]]] = None,
-          ranks: Optional[Sequence[int]] = None, port: Optional[int] = None, secret: Optional[str] = None) -> List[subprocess.Popen]:
+def spawn(
+    n: int,
+    args: Sequence[str],
+    env: Optional[Dict[str, str]] = None,
+    per_rank: Optional[Dict[int, Dict[str, str]]] = None,
+    ranks: Optional[Sequence[int]] = None,
+    port: Optional[int] = None,
+    secret: Optional[str] = None,
+) -> List[subprocess.Popen]:
     port = port or free_port()
     secret = secret or secrets.token_hex(16)
     procs = []
     for i, r in enumerate(range(n) if ranks is None else ranks):
         e = dict(env or {})
         e.update((per_rank or {}).get(i, {}))
-        procs.append(subprocess.Popen(
-            [sys.executable, str(BAD), *args], env=worker_env(r, n, port, secret, e), cwd=str(ROOT),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(BAD), *args],
+                env=worker_env(r, n, port, secret, e),
+                cwd=str(ROOT),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
     return procs
 
 
@@ -60,11 +75,14 @@ def finish(procs: List[subprocess.Popen], timeout: float = 60.0):
 
 
 # -------------------------------------------------------------------------------- mismatched calls
-@pytest.mark.parametrize("kind, transport, sides", [
-    ("dtype", "shm", ["all_reduce(float32, 4, SUM)", "all_reduce(float64, 4, SUM)"]),
-    ("count", "tcp", ["all_reduce(int64, 4, SUM)", "all_reduce(int64, 8, SUM)"]),
-    ("shape", "shm", ["all_gather(float32, 4)", "all_gather(float32, 6)"]),
-])
+@pytest.mark.parametrize(
+    "kind, transport, sides",
+    [
+        ("dtype", "shm", ["all_reduce(float32, 4, SUM)", "all_reduce(float64, 4, SUM)"]),
+        ("count", "tcp", ["all_reduce(int64, 4, SUM)", "all_reduce(int64, 8, SUM)"]),
+        ("shape", "shm", ["all_gather(float32, 4)", "all_gather(float32, 6)"]),
+    ],
+)
 @pytest.mark.timeout(60)
 def test_mismatch_across_ranks(kind: str, transport: str, sides: List[str]) -> None:
     """3 ranks, the last calls with another dtype / element count / shape: every rank raises CollectiveMismatchError."""
@@ -107,7 +125,9 @@ def test_duplicate_rank() -> None:
 def test_wrong_secret() -> None:
     """Rank 2 has another PROCGROUP_SECRET: it fails at once (AuthenticationError, use the same secret);
     ranks 0 and 1 cannot distinguish it from a rank that never came and time out naming it missing."""
-    procs = spawn(3, ["init_only"], env={"TEST_INIT_TIMEOUT": "4"}, per_rank={2: {"PROCGROUP_SECRET": "not-the-job-secret"}})
+    procs = spawn(
+        3, ["init_only"], env={"TEST_INIT_TIMEOUT": "4"}, per_rank={2: {"PROCGROUP_SECRET": "not-the-job-secret"}}
+    )
     results, text, _ = finish(procs, 40)
     bad = results[2]
     assert bad.get("type") == "AuthenticationError", text

@@ -36,8 +36,22 @@ def test_breakpoint_on_rank_0_via_the_launchers_terminal():
     master, slave = pty.openpty()
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     p = subprocess.Popen(
-        [sys.executable, "-m", "procgroup", "run", "--standalone", "--nproc-per-node", "2", "tests/integration/scripts/breakpoint_worker.py"],
-        cwd=ROOT, env=env, stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "procgroup",
+            "run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "tests/integration/scripts/breakpoint_worker.py",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdin=slave,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     os.close(slave)
     try:

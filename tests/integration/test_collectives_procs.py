@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 
-from .harness import collect, report, run_world, spawn_world, worker_env
+from .harness import collect, report, run_world, spawn_world
 
 TRANSPORTS = ["shm", "tcp"]
 

@@ -17,8 +17,14 @@ def launch(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PROCGROUP_SECRET"):
         env.pop(k, None)
-    return subprocess.run([sys.executable, "-m", "procgroup", "run", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "procgroup", "run", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.timeout(120)

@@ -32,9 +32,9 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from .harness import ROOT, collect, worker_env
-
 from procgroup.netutil import free_port
+
+from .harness import ROOT, collect, worker_env
 
 FAULT = Path(__file__).with_name("fault_workers")
 KILL_LOOP = FAULT / "kill_loop.py"
@@ -52,8 +52,10 @@ def _summary(request):
     if not DELAYS:
         return
     d = sorted(DELAYS)
-    line = (f"fault injection: {len(d)} detections: min {d[0]:.3f}s, median {statistics.median(d):.3f}s, "
-            f"max {d[-1]:.3f}s (limit {DETECT_LIMIT}s)")
+    line = (
+        f"fault injection: {len(d)} detections: min {d[0]:.3f}s, median {statistics.median(d):.3f}s, "
+        f"max {d[-1]:.3f}s (limit {DETECT_LIMIT}s)"
+    )
     tr = request.config.pluginmanager.get_plugin("terminalreporter")
     if tr is not None:
         tr.write_line("")
@@ -83,15 +85,42 @@ def _alive(pid: int, marker: str) -> Optional[str]:
 
 def _launch(program: Path, args: List[str], transport: str, run_id: str, timeout: float = 90.0):
     env = dict(os.environ)
-    env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), PROCGROUP_TRANSPORT=transport,
-               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-              "PROCGROUP_RUN_ID", "PROCGROUP_SECRET", "PROCGROUP_STORE_HOSTED"):
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        PROCGROUP_TRANSPORT=transport,
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS="1",
+    )
+    for k in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "PROCGROUP_RUN_ID",
+        "PROCGROUP_SECRET",
+        "PROCGROUP_STORE_HOSTED",
+    ):
         env.pop(k, None)
-    cmd = [sys.executable, "-m", "procgroup", "run", "--standalone", "--nproc-per-node", "4", "--run-id", run_id,
-           "--term-timeout", "8", str(program), *args]
-    p = subprocess.Popen(cmd, env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "procgroup",
+        "run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        "--run-id",
+        run_id,
+        "--term-timeout",
+        "8",
+        str(program),
+        *args,
+    ]
+    p = subprocess.Popen(
+        cmd, env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -113,7 +142,10 @@ def test_sigkill_in_collective_loop(seed: int) -> None:
     m = re.search(r"^\[0\] PLAN victim=(\d) mode=(\w+) at=(\d+) delay=([\d.]+)", out, re.M)
     assert m, out
     victim = int(m.group(1))
-    plan = f"seed {seed} transport {transport}: victim rank {victim}, mode {m.group(2)}, at op {m.group(3)}, delay {m.group(4)}s"
+    plan = (
+        f"seed {seed} transport {transport}: victim rank {victim}, mode {m.group(2)}, at op {m.group(3)}, "
+        f"delay {m.group(4)}s"
+    )
     print(plan)
     ctx = f"{plan}\n{out}"
     pids: Dict[int, int] = {int(a): int(b) for a, b in re.findall(r"^\[\d\] PID (\d) (\d+)$", out, re.M)}
@@ -121,8 +153,10 @@ def test_sigkill_in_collective_loop(seed: int) -> None:
     k = re.search(rf"^\[{victim}\] KILL {victim} ([\d.]+)$", out, re.M)
     assert k, ctx
     t_kill = float(k.group(1))
-    det = {int(r): (float(t), int(p) if p != "None" else None, typ, msg)
-           for r, t, p, typ, msg in re.findall(r"^\[\d\] DETECTED (\d) ([\d.]+) [\d.]+ peer=(\w+) (\w+): (.*)$", out, re.M)}
+    det = {
+        int(r): (float(t), int(p) if p != "None" else None, typ, msg)
+        for r, t, p, typ, msg in re.findall(r"^\[\d\] DETECTED (\d) ([\d.]+) [\d.]+ peer=(\w+) (\w+): (.*)$", out, re.M)
+    }
     delays = {r: det[r][0] - t_kill for r in det}
     DELAYS.extend(delays.values())
     print("detection delays:", {r: round(d, 3) for r, d in sorted(delays.items())})
@@ -139,7 +173,8 @@ def test_sigkill_in_collective_loop(seed: int) -> None:
     rc_line = re.search(r"^### Root cause: (.*)$", out, re.M)
     assert rc_line, ctx
     assert rc_line.group(1).startswith(f"rank {victim} ") and "signal SIGKILL" in rc_line.group(1), (
-        f"root cause should be rank {victim} (signal SIGKILL), got {rc_line.group(1)!r}\n{ctx}")
+        f"root cause should be rank {victim} (signal SIGKILL), got {rc_line.group(1)!r}\n{ctx}"
+    )
 
     # every survivor raised PeerFailureError naming the victim, within 5 s of the kill
     survivors = [r for r in range(4) if r != victim]
@@ -149,16 +184,23 @@ def test_sigkill_in_collective_loop(seed: int) -> None:
         assert typ == "PeerFailureError", ctx
         assert delays[r] < DETECT_LIMIT, f"rank {r} detected after {delays[r]:.2f}s\n{ctx}"
         assert peer == victim and f"rank {victim}" in msg, (
-            f"rank {r} names rank {peer}, not the killed rank {victim}: {msg}\n{ctx}")
+            f"rank {r} names rank {peer}, not the killed rank {victim}: {msg}\n{ctx}"
+        )
 
 
 # ------------------------------------------------------------------------------------------ scenarios
 def _scenario(name: str, n: int, transport: str, timeout: float = 40.0):
     port, secret = free_port(), secrets.token_hex(16)
     procs = [
-        subprocess.Popen([sys.executable, str(SCENARIOS), name],
-                         env=worker_env(r, n, port, secret, {"PROCGROUP_TRANSPORT": transport}), cwd=str(ROOT),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        subprocess.Popen(
+            [sys.executable, str(SCENARIOS), name],
+            env=worker_env(r, n, port, secret, {"PROCGROUP_TRANSPORT": transport}),
+            cwd=str(ROOT),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         for r in range(n)
     ]
     outs = [(r.returncode, r.stdout, r.stderr) for r in collect(procs, timeout)]
@@ -199,7 +241,9 @@ def test_p2p_chain_every_survivor_names_the_dead_rank() -> None:
     assert res.get(2, {}).get("peer") == "3", text
     for r in (1, 0):
         assert res.get(r, {}).get("type") == "PeerFailureError", text
-        assert res[r].get("peer") == "3", f"rank {r} should name rank 3 (dead), it names rank {res[r].get('peer')}\n{text}"
+        assert res[r].get("peer") == "3", (
+            f"rank {r} should name rank 3 (dead), it names rank {res[r].get('peer')}\n{text}"
+        )
 
 
 @pytest.mark.timeout(60)
@@ -224,15 +268,39 @@ def test_root_cause_is_the_killed_rank_not_a_faster_survivor() -> None:
     from procgroup.launcher.report import RunResult, WorkerResult, format_root_cause
 
     t = 1_000_000.0
-    err = {"rank": 1, "exc_type": "procgroup.errors.PeerFailureError", "timestamp": t + 0.03, "traceback": "...",
-           "message": "all_to_all (seq 182) in group WORLD on rank 1 after 0.03s [all_to_all(int16)]: rank 1: recv "
-                      "from rank 0 (tag 7) cannot complete: rank 0 at 127.0.0.1:5 closed the connection"}
+    err = {
+        "rank": 1,
+        "exc_type": "procgroup.errors.PeerFailureError",
+        "timestamp": t + 0.03,
+        "traceback": "...",
+        "message": "all_to_all (seq 182) in group WORLD on rank 1 after 0.03s [all_to_all(int16)]: rank 1: recv "
+        "from rank 0 (tag 7) cannot complete: rank 0 at 127.0.0.1:5 closed the connection",
+    }
     workers = (
         WorkerResult(rank=0, local_rank=0, host="h", pid=10, returncode=-9, start_time=t - 2, end_time=t + 0.06),
-        WorkerResult(rank=1, local_rank=1, host="h", pid=11, returncode=-15, start_time=t - 2, end_time=t + 0.3,
-                     signaled_by_agent=15, signaled_at=t + 0.07, error=err),
-        WorkerResult(rank=2, local_rank=2, host="h", pid=12, returncode=-15, start_time=t - 2, end_time=t + 0.3,
-                     signaled_by_agent=15, signaled_at=t + 0.07),
+        WorkerResult(
+            rank=1,
+            local_rank=1,
+            host="h",
+            pid=11,
+            returncode=-15,
+            start_time=t - 2,
+            end_time=t + 0.3,
+            signaled_by_agent=15,
+            signaled_at=t + 0.07,
+            error=err,
+        ),
+        WorkerResult(
+            rank=2,
+            local_rank=2,
+            host="h",
+            pid=12,
+            returncode=-15,
+            start_time=t - 2,
+            end_time=t + 0.3,
+            signaled_by_agent=15,
+            signaled_at=t + 0.07,
+        ),
     )
     run = RunResult(workers=workers, run_id="x", host="h")
     assert run.root_cause is not None

@@ -36,7 +36,7 @@ def _alive(pid: int) -> bool:
             data = f.read()
     except OSError:
         return False
-    return data[data.rfind(b")") + 2:].split()[0] not in (b"Z", b"X")
+    return data[data.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
 class Launch:
@@ -49,7 +49,11 @@ class Launch:
         e.update(env or {})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "procgroup", "run", *args],
-            cwd=str(cwd), env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            cwd=str(cwd),
+            env=e,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         self.out: "queue.Queue[Optional[str]]" = queue.Queue()
         self.stdout_lines: list[str] = []
@@ -163,7 +167,10 @@ def assert_gone(pids: set[int], within: float = 2.0) -> None:
 
 
 def test_four_workers_get_the_env_contract(launch, workdir):  # type: ignore[no-untyped-def]
-    s = script(workdir, "env.py", """
+    s = script(
+        workdir,
+        "env.py",
+        """
         import hashlib, os
         e = os.environ
         print("pid=%d" % os.getpid(), *(e[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
@@ -171,7 +178,8 @@ def test_four_workers_get_the_env_contract(launch, workdir):  # type: ignore[no-
               "TORCHELASTIC_RESTART_COUNT", "OMP_NUM_THREADS")),
               hashlib.sha256(e["PROCGROUP_SECRET"].encode()).hexdigest()[:12],
               e["PROCGROUP_ERROR_FILE"] == e["TORCHELASTIC_ERROR_FILE"])
-    """)
+    """,
+    )
     ln = launch("--standalone", "--nproc-per-node", "4", s)
     rc = ln.finish()
     assert rc == 0, ln.text()
@@ -194,11 +202,15 @@ def test_four_workers_get_the_env_contract(launch, workdir):  # type: ignore[no-
 
 
 def test_script_args_argv_and_sys_path_pass_through(launch, workdir):  # type: ignore[no-untyped-def]
-    s = script(workdir, "args.py", """
+    s = script(
+        workdir,
+        "args.py",
+        """
         import os, sys
         print(repr(sys.argv[1:]), __name__, sys.path[0] == os.path.dirname(os.path.realpath(__file__)),
               os.path.basename(sys.argv[0]))
-    """)
+    """,
+    )
     ln = launch("--standalone", "--nproc-per-node", "1", s, "--nproc-per-node", "9", "-m", "x y", "--")
     assert ln.finish() == 0, ln.text()
     assert ln.stdout_lines == ["[0] ['--nproc-per-node', '9', '-m', 'x y', '--'] __main__ True args.py"], ln.text()
@@ -220,7 +232,10 @@ def test_module_mode(launch, workdir):  # type: ignore[no-untyped-def]
 
 
 def test_worker_exception_is_root_cause_and_peers_are_torn_down(launch, workdir):  # type: ignore[no-untyped-def]
-    s = script(workdir, "fail.py", """
+    s = script(
+        workdir,
+        "fail.py",
+        """
         import os, sys, time
         rank = int(os.environ["RANK"])
         print(f"pid={os.getpid()}", flush=True)
@@ -230,7 +245,8 @@ def test_worker_exception_is_root_cause_and_peers_are_torn_down(launch, workdir)
             time.sleep(0.3)
             explode()
         time.sleep(60)
-    """)
+    """,
+    )
     ln = launch("--standalone", "--nproc-per-node", "4", s)
     ln.wait_lines(r"pid=(?P<pid>\d+)", 4)
     t0 = time.monotonic()
@@ -238,10 +254,10 @@ def test_worker_exception_is_root_cause_and_peers_are_torn_down(launch, workdir)
     assert time.monotonic() - t0 < 5.0, "teardown took too long"
     assert rc == 1, ln.text()
     err = ln.stderr
-    block = err[err.index("### Root cause"):]
+    block = err[err.index("### Root cause") :]
     assert block.startswith("### Root cause: rank 2 (local 2) on host "), block
     assert "exit code 1" in block.splitlines()[0]
-    assert 'in explode' in block and "ValueError: boom from rank 2" in block
+    assert "in explode" in block and "ValueError: boom from rank 2" in block
     assert "bootstrap.py" not in block and "runpy" not in block, "launcher frames must be hidden"
     for r in (0, 1, 3):
         assert re.search(rf"rank {r} \(local {r}\) pid \d+: terminated by the launcher \(SIGTERM\)", block), block
@@ -250,14 +266,18 @@ def test_worker_exception_is_root_cause_and_peers_are_torn_down(launch, workdir)
 
 
 def test_worker_killed_by_sigkill_is_reported_as_signal(launch, workdir):  # type: ignore[no-untyped-def]
-    s = script(workdir, "kill.py", """
+    s = script(
+        workdir,
+        "kill.py",
+        """
         import os, signal, time
         print(f"pid={os.getpid()}", flush=True)
         if os.environ["RANK"] == "1":
             time.sleep(0.3)
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)
-    """)
+    """,
+    )
     ln = launch("--standalone", "--nproc-per-node", "3", s)
     ln.wait_lines(r"pid=(?P<pid>\d+)", 3)
     rc = ln.finish()
@@ -267,28 +287,36 @@ def test_worker_killed_by_sigkill_is_reported_as_signal(launch, workdir):  # typ
 
 
 def test_segfault_root_cause_shows_stderr_tail(launch, workdir):  # type: ignore[no-untyped-def]
-    s = script(workdir, "segv.py", """
+    s = script(
+        workdir,
+        "segv.py",
+        """
         import ctypes, os
         def crash_here():
             ctypes.string_at(0)
         if os.environ["RANK"] == "0":
             crash_here()
-    """)
+    """,
+    )
     ln = launch("--standalone", "--nproc-per-node", "2", s)
     rc = ln.finish()
     assert rc == 128 + signal.SIGSEGV, ln.text()
-    block = ln.stderr[ln.stderr.index("### Root cause"):]
+    block = ln.stderr[ln.stderr.index("### Root cause") :]
     assert "signal SIGSEGV" in block.splitlines()[0]
     assert "of its stderr" in block and "crash_here" in block, block  # faulthandler's stack
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_launcher_tears_everything_down(launch, workdir, sig):  # type: ignore[no-untyped-def]
-    s = script(workdir, "sleep.py", """
+    s = script(
+        workdir,
+        "sleep.py",
+        """
         import os, time
         print(f"pid={os.getpid()}", flush=True)
         time.sleep(60)
-    """)
+    """,
+    )
     ln = launch("--standalone", "--nproc-per-node", "3", s)
     ln.wait_lines(r"pid=(?P<pid>\d+)", 3)
     t0 = time.monotonic()
@@ -301,7 +329,10 @@ def test_signal_to_launcher_tears_everything_down(launch, workdir, sig):  # type
 
 
 def test_sigterm_ignored_then_sigkill_and_grandchildren_reaped(launch, workdir):  # type: ignore[no-untyped-def]
-    s = script(workdir, "stubborn.py", """
+    s = script(
+        workdir,
+        "stubborn.py",
+        """
         import os, signal, subprocess, sys, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         # one grandchild in the worker's group, one that escapes into its own session
@@ -312,7 +343,8 @@ def test_sigterm_ignored_then_sigkill_and_grandchildren_reaped(launch, workdir):
             time.sleep(0.5)
             sys.exit(3)
         time.sleep(60)
-    """)
+    """,
+    )
     ln = launch("--standalone", "--nproc-per-node", "2", "--term-timeout", "0.5", s)
     for m in ln.wait_lines(r"pid=(\d+) pid=(\d+) pid=(\d+)", 2):
         ln.pids.update(int(g) for g in m.groups())
@@ -324,11 +356,15 @@ def test_sigterm_ignored_then_sigkill_and_grandchildren_reaped(launch, workdir):
 
 
 def test_workers_die_with_a_sigkilled_launcher(launch, workdir):  # type: ignore[no-untyped-def]
-    s = script(workdir, "orphan.py", """
+    s = script(
+        workdir,
+        "orphan.py",
+        """
         import os, time
         print(f"pid={os.getpid()}", flush=True)
         time.sleep(60)
-    """)
+    """,
+    )
     tmp = workdir / "tmp"
     tmp.mkdir()  # the killed launcher cannot remove its temporary directory: keep it inside tmp_path
     ln = launch("--standalone", "--nproc-per-node", "2", s, env={"TMPDIR": str(tmp)})
@@ -355,11 +391,15 @@ def test_busy_port_is_an_error_naming_addr_port_and_holder(launch, workdir):  # 
 
 
 def test_log_dir_one_file_per_rank(launch, workdir):  # type: ignore[no-untyped-def]
-    s = script(workdir, "logs.py", """
+    s = script(
+        workdir,
+        "logs.py",
+        """
         import os, sys
         print("out of", os.environ["RANK"])
         print("err of", os.environ["RANK"], file=sys.stderr)
-    """)
+    """,
+    )
     logs = workdir / "logs"
     ln = launch("--standalone", "--nproc-per-node", "3", "--log-dir", str(logs), s)
     assert ln.finish() == 0, ln.text()
@@ -371,20 +411,26 @@ def test_log_dir_one_file_per_rank(launch, workdir):  # type: ignore[no-untyped-
 
 def test_ranks_filter_and_prefix_format(launch, workdir):  # type: ignore[no-untyped-def]
     s = script(workdir, "hi.py", "import os; print('hi', os.environ['RANK'])\n")
-    ln = launch("--standalone", "--nproc-per-node", "4", "--ranks-filter", "0,3", "--prefix-format", "<{rank}/{world_size}> ", s)
+    ln = launch(
+        "--standalone", "--nproc-per-node", "4", "--ranks-filter", "0,3", "--prefix-format", "<{rank}/{world_size}> ", s
+    )
     assert ln.finish() == 0, ln.text()
     assert sorted(ln.stdout_lines) == ["<0/4> hi 0", "<3/4> hi 3"], ln.text()
 
 
 def test_gang_restart_increments_restart_count(launch, workdir):  # type: ignore[no-untyped-def]
-    s = script(workdir, "flaky.py", """
+    s = script(
+        workdir,
+        "flaky.py",
+        """
         import os, sys
         n = os.environ["PROCGROUP_RESTART_COUNT"]
         assert n == os.environ["TORCHELASTIC_RESTART_COUNT"]
         print("attempt", n, "rank", os.environ["RANK"])
         if n == "0" and os.environ["RANK"] == "1":
             raise RuntimeError("first attempt fails")
-    """)
+    """,
+    )
     ln = launch("--standalone", "--nproc-per-node", "2", "--max-restarts", "2", s)
     assert ln.finish() == 0, ln.text()
     assert "restarting all 2 workers (restart 1 of max 2)" in ln.stderr, ln.text()
@@ -402,14 +448,27 @@ def test_two_nodes_on_one_host_share_one_store(launch, workdir):  # type: ignore
     (their rank 0 hosts its own store there, as torch's would)."""
     from procgroup.netutil import free_port
 
-    s = script(workdir, "mn.py", """
+    s = script(
+        workdir,
+        "mn.py",
+        """
         import os
         e = os.environ
         print(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"], e["NODE_RANK"], e["GROUP_WORLD_SIZE"], e["MASTER_PORT"])
-    """)
+    """,
+    )
     port = str(free_port())
     env = {"PROCGROUP_SECRET": "shared-secret"}
-    common = ("--nnodes", "2", "--nproc-per-node", "2", "--master-port", port, "--prefix-format", "[n{node_rank}:{rank}] ")
+    common = (
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        port,
+        "--prefix-format",
+        "[n{node_rank}:{rank}] ",
+    )
     n1 = launch(*common, "--node-rank", "1", s, env=env)  # before node 0: it waits for node 0's store
     n0 = launch(*common, "--node-rank", "0", s, env=env)
     assert n0.finish() == 0, n0.text()
@@ -427,8 +486,22 @@ def _gang(launch, workdir, body: str, n: int = 3, extra=()):  # type: ignore[no-
     s = script(workdir, "gang.py", body)
     port = str(free_port())
     env = {"PROCGROUP_SECRET": "shared-secret"}
-    return [launch("--nnodes", str(n), "--node-rank", str(k), "--nproc-per-node", "2", "--master-port", port,
-                   *extra, s, env=env) for k in range(n)]
+    return [
+        launch(
+            "--nnodes",
+            str(n),
+            "--node-rank",
+            str(k),
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            port,
+            *extra,
+            s,
+            env=env,
+        )
+        for k in range(n)
+    ]
 
 
 GANG_SLEEPER = """
@@ -473,7 +546,10 @@ def test_signal_to_one_agent_stops_the_whole_gang(launch, workdir):  # type: ign
 
 
 def test_gang_restart_across_nodes(launch, workdir):  # type: ignore[no-untyped-def]
-    nodes = _gang(launch, workdir, """
+    nodes = _gang(
+        launch,
+        workdir,
+        """
         import os
         import numpy as np
         import procgroup as dist
@@ -486,7 +562,9 @@ def test_gang_restart_across_nodes(launch, workdir):  # type: ignore[no-untyped-
         dist.all_reduce(x)
         print("attempt", n, "sum", int(x[0]))
         dist.destroy_process_group()
-    """, extra=("--max-restarts", "1"))
+    """,
+        extra=("--max-restarts", "1"),
+    )
     for ln in nodes:
         assert ln.finish(timeout=60) == 0, ln.text()
     assert "restarting all 6 workers on 3 nodes (restart 1 of max 1)" in nodes[0].stderr, nodes[0].text()
@@ -513,10 +591,15 @@ def test_log_dir_ranks_filter_and_uneven_nodes(launch, workdir):  # type: ignore
     both consoles; --log-dir gets every rank's file (from both nodes) and --tee keeps the console."""
     from procgroup.netutil import free_port
 
-    s = script(workdir, "hi.py", """
+    s = script(
+        workdir,
+        "hi.py",
+        """
         import os
-        print("hi", os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_WORLD_SIZE"])
-    """)
+        print("hi", os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"],
+              os.environ["LOCAL_WORLD_SIZE"])
+    """,
+    )
     logs = workdir / "logs"
     port = str(free_port())
     env = {"PROCGROUP_SECRET": "shared-secret"}
@@ -534,14 +617,18 @@ def test_log_dir_ranks_filter_and_uneven_nodes(launch, workdir):  # type: ignore
 
 
 def test_sigusr1_is_passed_on_to_the_workers_not_a_stop(launch, workdir):  # type: ignore[no-untyped-def]
-    s = script(workdir, "usr1.py", """
+    s = script(
+        workdir,
+        "usr1.py",
+        """
         import os, signal, threading
         got = threading.Event()
         signal.signal(signal.SIGUSR1, lambda *a: got.set())
         print(f"pid={os.getpid()}", "tty" if os.environ.get("PROCGROUP_TTY") else "notty", flush=True)
         assert got.wait(20), "no SIGUSR1"
         print("got SIGUSR1", flush=True)
-    """)
+    """,
+    )
     ln = launch("--standalone", "--nproc-per-node", "2", s)
     ln.wait_lines(r"pid=(?P<pid>\d+) notty", 2)  # no terminal here: PROCGROUP_TTY is not set
     ln.proc.send_signal(signal.SIGUSR1)

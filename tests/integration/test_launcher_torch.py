@@ -43,11 +43,21 @@ TORCH_SCRIPT = """
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     script = tmp_path / "torch_allreduce.py"
     script.write_text(textwrap.dedent(TORCH_SCRIPT))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROCGROUP_", "TORCHELASTIC_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PROCGROUP_", "TORCHELASTIC_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
-    return subprocess.run([sys.executable, "-m", "procgroup", "run", *args, str(script)], cwd=str(tmp_path),
-                          env=env, capture_output=True, text=True, timeout=150)
+    return subprocess.run(
+        [sys.executable, "-m", "procgroup", "run", *args, str(script)],
+        cwd=str(tmp_path),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
 
 
 def test_unmodified_torch_gloo_script_runs_under_procgroup_run(tmp_path):

@@ -39,8 +39,7 @@ def test_openmpi_mpirun_single_host():
         pytest.skip(f"mpirun is not Open MPI's ({(v.stdout + v.stderr).strip().splitlines()[:1]})")
     tag = new_tag()
     # --oversubscribe: 4 ranks may exceed the cores; --allow-run-as-root: harmless when not root
-    cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(NP),
-           *worker_cmd(sys.executable, tag, NP, NP)]
+    cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(NP), *worker_cmd(sys.executable, tag, NP, NP)]
     r = launch(cmd, env=clean_env(hide_mpi4py=True), timeout=LAUNCH_TIMEOUT, tag=tag)
     check_world(r, NP, NP, [socket.gethostname()])
 

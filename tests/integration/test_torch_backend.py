@@ -31,9 +31,15 @@ def spawn(n: int, scenario: str, init: str = "tcp", env: Optional[Dict[str, str]
     extra = {"PROCGROUP_TIMEOUT": "60", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     extra.update(env or {})
     return [
-        subprocess.Popen([sys.executable, str(WORKER), scenario, init], env=worker_env(r, n, port, secret, extra),
-                         cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+        subprocess.Popen(
+            [sys.executable, str(WORKER), scenario, init],
+            env=worker_env(r, n, port, secret, extra),
+            cwd=str(ROOT),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         for r in range(n)
     ]
 
@@ -80,15 +86,27 @@ def test_unmodified_script_under_launchers(launcher: str) -> None:
     """init_process_group("procgroup") with env:// under `procgroup run` and under torchrun."""
     cmd = {
         "procgroup": [sys.executable, "-m", "procgroup", "run", "--nproc-per-node", "2"],
-        "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                     f"--master-port={free_port()}"],
+        "torchrun": [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            f"--master-port={free_port()}",
+        ],
     }[launcher]
     env = worker_env(0, 2, free_port(), secrets.token_hex(16), {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-              "PROCGROUP_SECRET"):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PROCGROUP_SECRET"):
         env.pop(k, None)  # the launcher sets them
-    out = subprocess.run([*cmd, str(WORKER), "basic", "env"], env=env, cwd=str(ROOT), capture_output=True,
-                         text=True, timeout=100, check=False)
+    out = subprocess.run(
+        [*cmd, str(WORKER), "basic", "env"],
+        env=env,
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
     assert out.returncode == 0 and out.stdout.count("OK") >= 2, out.stdout + out.stderr
 
 
@@ -135,7 +153,7 @@ def test_mismatch_is_named_on_every_rank() -> None:
 
 @pytest.mark.timeout(120)
 def test_cuda_through_nccl() -> None:
-    """"cpu:procgroup,cuda:nccl": CUDA tensors through torch's NCCL under the same group."""
+    """ "cpu:procgroup,cuda:nccl": CUDA tensors through torch's NCCL under the same group."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device here: the CUDA path is covered on CPU by test_device_delegation_path")
     run(min(2, torch.cuda.device_count()), "cuda")

@@ -113,10 +113,12 @@ def test_import_torch_registers_through_the_entry_point(tmp_path: Path, autoload
         "print('registered' if 'PROCGROUP' in Backend._plugins else 'absent')\n"
         "print('backend-module-loaded' if 'procgroup.torch.backend' in sys.modules else 'lazy')\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(path), str(ROOT / "src")]),
-               TORCH_DEVICE_BACKEND_AUTOLOAD=autoload)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=100,
-                         check=False)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(path), str(ROOT / "src")]), TORCH_DEVICE_BACKEND_AUTOLOAD=autoload
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=100, check=False
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == (["registered", "lazy"] if autoload == "1" else ["absent", "lazy"]), out
 
@@ -129,10 +131,12 @@ def test_import_procgroup_torch_before_torch_with_the_hook_installed(tmp_path: P
         "import procgroup.torch as p, torch.distributed as d\n"
         "print('registered' if 'PROCGROUP' in d.Backend._plugins and p.is_registered() else 'absent')\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(path), str(ROOT / "src")]),
-               TORCH_DEVICE_BACKEND_AUTOLOAD="1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=100,
-                         check=False)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(path), str(ROOT / "src")]), TORCH_DEVICE_BACKEND_AUTOLOAD="1"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=100, check=False
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["registered"], out
     assert "could not register" not in out.stderr, out.stderr

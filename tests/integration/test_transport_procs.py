@@ -165,11 +165,24 @@ class Gang:
         self.procs: Dict[int, subprocess.Popen] = {}
 
     def start(self, rank: int, role: str, **extra: Any) -> subprocess.Popen:
-        cfg = {"rank": rank, "ws": self.ws, "role": role, "store": str(self.store), "job": self.job,
-               "mode": self.mode, "host_keys": self.host_keys, **extra}
+        cfg = {
+            "rank": rank,
+            "ws": self.ws,
+            "role": role,
+            "store": str(self.store),
+            "job": self.job,
+            "mode": self.mode,
+            "host_keys": self.host_keys,
+            **extra,
+        }
         env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        p = subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(cfg)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env)
+        p = subprocess.Popen(
+            [sys.executable, "-c", WORKER, json.dumps(cfg)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         self.procs[rank] = p
         return p
 
@@ -180,11 +193,11 @@ class Gang:
         except subprocess.TimeoutExpired:
             p.kill()
             out, err = p.communicate()
-            raise AssertionError(f"rank {rank} hung; stderr:\n{err[-3000:]}")
+            raise AssertionError(f"rank {rank} hung; stderr:\n{err[-3000:]}") from None
         assert p.returncode == 0, f"rank {rank} exited with {p.returncode}; stderr:\n{err[-3000:]}"
         lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
         assert lines, f"rank {rank} printed no result; stdout:\n{out}\nstderr:\n{err[-3000:]}"
-        return json.loads(lines[-1][len("RESULT "):])
+        return json.loads(lines[-1][len("RESULT ") :])
 
     def wait_line(self, rank: int, text: str, timeout: float = 60) -> None:
         p = self.procs[rank]
@@ -193,7 +206,9 @@ class Gang:
         while time.monotonic() < end:
             line = p.stdout.readline()
             if not line:
-                raise AssertionError(f"rank {rank} exited before {text!r}: {p.wait()} {p.stderr.read()[-3000:] if p.stderr else ''}")
+                raise AssertionError(
+                    f"rank {rank} exited before {text!r}: {p.wait()} {p.stderr.read()[-3000:] if p.stderr else ''}"
+                )
             if line.strip() == text:
                 return
         raise AssertionError(f"rank {rank} did not print {text!r}")

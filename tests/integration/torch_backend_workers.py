@@ -48,11 +48,11 @@ def init(how: str, timeout: float = 60.0, backend: str = "procgroup", store: Any
     if how == "env":
         dist.init_process_group(backend, timeout=tmo, **kw)
     elif how == "tcp":
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=RANK, world_size=WS,
-                                timeout=tmo, **kw)
+        dist.init_process_group(
+            backend, init_method=f"tcp://127.0.0.1:{port}", rank=RANK, world_size=WS, timeout=tmo, **kw
+        )
     elif how.startswith("file:"):
-        dist.init_process_group(backend, init_method="file://" + how[5:], rank=RANK, world_size=WS,
-                                timeout=tmo, **kw)
+        dist.init_process_group(backend, init_method="file://" + how[5:], rank=RANK, world_size=WS, timeout=tmo, **kw)
     elif how == "store":
         if store is None:
             store = dist.TCPStore("127.0.0.1", port, WS, RANK == 0, timeout=tmo)
@@ -106,8 +106,12 @@ def collectives() -> None:
     for dt in DTYPES:
         name = str(dt)
         floating = dt.is_floating_point
-        ops = {dist.ReduceOp.SUM: S, dist.ReduceOp.MAX: WS, dist.ReduceOp.MIN: 1,
-               dist.ReduceOp.PRODUCT: math.factorial(WS)}
+        ops = {
+            dist.ReduceOp.SUM: S,
+            dist.ReduceOp.MAX: WS,
+            dist.ReduceOp.MIN: 1,
+            dist.ReduceOp.PRODUCT: math.factorial(WS),
+        }
         if floating:
             ops[dist.ReduceOp.AVG] = (WS + 1) / 2
         for op, want in ops.items():
@@ -218,7 +222,7 @@ def edges() -> None:
     dist.gather(torch.full((2,), float(RANK)), [gg[:, i] for i in range(WS)] if RANK == 0 else None, dst=0)
     check(RANK != 0 or torch.equal(gg[0], torch.arange(float(WS))), f"non-contiguous gather list {gg}")
     whole = torch.zeros(WS * 3)
-    mine = whole[RANK * 3:(RANK + 1) * 3]
+    mine = whole[RANK * 3 : (RANK + 1) * 3]
     mine.fill_(RANK + 1)
     dist.all_gather_into_tensor(whole, mine)  # the input is the output's own chunk, as FSDP does
     check(torch.equal(whole, torch.arange(1.0, WS + 1).repeat_interleave(3)), f"aliased all_gather {whole}")
@@ -257,9 +261,16 @@ def _coalesced() -> None:
     pg.reduce_scatter_tensor_coalesced(rs_out, rs_in).wait()
     for o in rs_out:
         eq(o, S, "reduce_scatter_tensor_coalesced")
-    lists = [[torch.zeros(1) for _ in range(WS)]]
-    pg.allgather_coalesced(lists, [torch.full((1,), float(RANK))]).wait()
-    check([float(x) for x in lists[0]] == [float(r) for r in range(WS)], f"allgather_coalesced {lists}")
+    # torch's layout: output_lists[r][j] receives rank r's input j (the public API's, as torch's own tests use it)
+    ins2 = [torch.full((1,), float(RANK)), torch.full((2,), float(10 * RANK))]
+    lists = [[torch.zeros_like(t) for t in ins2] for _ in range(WS)]
+    pg.allgather_coalesced(lists, ins2).wait()
+    for r in range(WS):
+        check(float(lists[r][0]) == r and lists[r][1].tolist() == [10.0 * r] * 2, f"allgather_coalesced {lists}")
+    lists = [[torch.zeros_like(t) for t in ins2] for _ in range(WS)]
+    dist.all_gather_coalesced(lists, ins2)
+    for r in range(WS):
+        check(float(lists[r][0]) == r and lists[r][1].tolist() == [10.0 * r] * 2, f"all_gather_coalesced {lists}")
 
 
 def async_ops() -> None:
@@ -400,8 +411,10 @@ def fallthrough() -> None:
         check(torch.equal(s.to_dense(), torch.tensor([S, 0.0, S, 0.0])), f"sparse all_reduce {s.to_dense()}")
     check(pg.fallthrough_counts == {"monitored_barrier": 2, "allreduce": 2}, f"counts {pg.fallthrough_counts}")
     msgs = [r.getMessage() for r in records if "falls through" in r.getMessage()]
-    check(len(msgs) == 2 and any("monitored_barrier" in m for m in msgs) and any("sparse" in m for m in msgs),
-          f"logged once per op: {msgs}")
+    check(
+        len(msgs) == 2 and any("monitored_barrier" in m for m in msgs) and any("sparse" in m for m in msgs),
+        f"logged once per op: {msgs}",
+    )
     t = torch.full((2,), float(RANK + 1))
     dist.all_reduce(t)  # native ops still native
     eq(t, S, "native all_reduce after fallthrough")
@@ -496,7 +509,7 @@ def deadline() -> None:
 
 
 def cuda() -> None:
-    """"cpu:procgroup,cuda:nccl": CUDA tensors go through torch's NCCL built underneath, CPU ones through procgroup."""
+    """ "cpu:procgroup,cuda:nccl": CUDA tensors go through torch's NCCL built underneath, CPU ones through procgroup."""
     torch.cuda.set_device(RANK)
     dev = torch.device("cuda", RANK)
     t = torch.full((1000,), float(RANK + 1), device=dev)
@@ -557,10 +570,20 @@ def mismatch() -> None:
 
 
 SCENARIOS: Dict[str, Callable[[], None]] = {
-    "basic": basic, "collectives": collectives, "async": async_ops, "p2p": p2p, "subgroups": subgroups,
-    "fallthrough": fallthrough, "delegate": delegate, "dead_peer": dead_peer, "deadline": deadline,
+    "basic": basic,
+    "collectives": collectives,
+    "async": async_ops,
+    "p2p": p2p,
+    "subgroups": subgroups,
+    "fallthrough": fallthrough,
+    "delegate": delegate,
+    "dead_peer": dead_peer,
+    "deadline": deadline,
     "dead_peer_async": dead_peer_async,
-    "cuda": cuda, "coalescing": coalescing, "mismatch": mismatch, "edges": edges,
+    "cuda": cuda,
+    "coalescing": coalescing,
+    "mismatch": mismatch,
+    "edges": edges,
 }
 
 

@@ -69,11 +69,16 @@ def collectives() -> None:
             inp = contrib(r, ws * n, dtype)
             out = np.zeros(n, dtype)
             dist.reduce_scatter_tensor(out, inp)
-            check(np.array_equal(out, ref("SUM", ws, ws * n, dtype)[r * n:(r + 1) * n]), f"reduce_scatter {dtype} n={n}")
+            check(
+                np.array_equal(out, ref("SUM", ws, ws * n, dtype)[r * n : (r + 1) * n]), f"reduce_scatter {dtype} n={n}"
+            )
             # all_gather_into_tensor
             big = np.zeros(ws * n, dtype)
             dist.all_gather_into_tensor(big, contrib(r, n, dtype))
-            check(np.array_equal(big, np.concatenate([contrib(q, n, dtype) for q in range(ws)])), f"all_gather {dtype} n={n}")
+            check(
+                np.array_equal(big, np.concatenate([contrib(q, n, dtype) for q in range(ws)])),
+                f"all_gather {dtype} n={n}",
+            )
             # all_to_all_single: rank r's block j is (r*ws + j + 1) * ones
             a2a_in = np.concatenate([np.full(n, r * ws + j + 1, dtype) for j in range(ws)]) if n else np.zeros(0, dtype)
             a2a_out = np.zeros(ws * n, dtype)
@@ -86,11 +91,17 @@ def collectives() -> None:
                 check(np.array_equal(b, contrib(root, n, dtype)), f"broadcast root={root} {dtype} n={n}")
                 x = contrib(r, n, dtype)
                 dist.reduce(x, dst=root)
-                check(np.array_equal(x, ref("SUM", ws, n, dtype) if r == root else contrib(r, n, dtype)), f"reduce root={root} {dtype} n={n}")
+                check(
+                    np.array_equal(x, ref("SUM", ws, n, dtype) if r == root else contrib(r, n, dtype)),
+                    f"reduce root={root} {dtype} n={n}",
+                )
                 gl = [np.zeros(n, dtype) for _ in range(ws)] if r == root else None
                 dist.gather(contrib(r, n, dtype), gl, dst=root)
                 if r == root:
-                    check(all(np.array_equal(gl[q], contrib(q, n, dtype)) for q in range(ws)), f"gather root={root} {dtype} n={n}")
+                    check(
+                        all(np.array_equal(gl[q], contrib(q, n, dtype)) for q in range(ws)),
+                        f"gather root={root} {dtype} n={n}",
+                    )
                 s = np.zeros(n, dtype)
                 dist.scatter(s, [contrib(q, n, dtype) for q in range(ws)] if r == root else None, src=root)
                 check(np.array_equal(s, contrib(r, n, dtype)), f"scatter root={root} {dtype} n={n}")
@@ -114,7 +125,7 @@ def big(mib: str = "64") -> None:
     check(b[-1] == n - 1 and b[12345] == 12345, "big broadcast")
     g = np.zeros(n, np.float32)
     part = n // ws
-    dist.all_gather_into_tensor(g[:part * ws], np.full(part, r, np.float32))
+    dist.all_gather_into_tensor(g[: part * ws], np.full(part, r, np.float32))
     check(all(g[q * part] == q and g[(q + 1) * part - 1] == q for q in range(ws)), "big all_gather")
     print(f"rank {r}: big ok")
     dist.destroy_process_group()
@@ -162,7 +173,6 @@ def init_only() -> None:
     dist.init_process_group(timeout=timeout)
     print(f"rank {dist.get_rank()} joined")
     dist.destroy_process_group()
-
 
 
 def mismatch(kind: str = "op") -> None:

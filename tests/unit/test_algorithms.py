@@ -17,14 +17,14 @@ from typing import Any, Callable, List, Optional, Sequence
 import numpy as np
 import pytest
 
-from procgroup.algorithms import select
 from procgroup.algorithms import allreduce as AR
 from procgroup.algorithms import alltoall as A2A
-from procgroup.algorithms import dissemination as BAR
 from procgroup.algorithms import bcast as BC
+from procgroup.algorithms import dissemination as BAR
 from procgroup.algorithms import gathering as GA
-from procgroup.algorithms import reduction as RED
 from procgroup.algorithms import redscat as RSC
+from procgroup.algorithms import reduction as RED
+from procgroup.algorithms import select
 from procgroup.algorithms.comm import Comm, ScratchPool
 from procgroup.deadline import Deadline
 from procgroup.errors import ConfigError, PeerFailureError
@@ -219,7 +219,7 @@ def data(dt: str, r: int, n: int, salt: int = 0) -> np.ndarray:
     """Distinct per-rank payload for the data-movement collectives."""
     v = (r * 1000 + salt * 7 + np.arange(n)) % 30011  # fits float16
     if dt == "bool":
-        return ((v * 7 + r) % 3 == 0)
+        return (v * 7 + r) % 3 == 0
     return encode(dt, v)
 
 
@@ -303,8 +303,10 @@ REDUCE = {
 @pytest.mark.parametrize("alg", list(REDUCE))
 def test_reduce(alg, p):
     f = REDUCE[alg]
-    cases = [(root, dt, ReduceOp.SUM if root % 2 == 0 else ReduceOp.MAX if dt != "complex64" else ReduceOp.PRODUCT, n)
-             for root, dt, n in rooted_cases(p)]
+    cases = [
+        (root, dt, ReduceOp.SUM if root % 2 == 0 else ReduceOp.MAX if dt != "complex64" else ReduceOp.PRODUCT, n)
+        for root, dt, n in rooted_cases(p)
+    ]
     cases += [(p // 2, dt, op, n) for dt, op, n in red_cases() if op is not ReduceOp.SUM]
 
     def body(r, make):
@@ -449,7 +451,9 @@ def test_reduce_scatter(alg, p):
         for k, (dt, op, n) in enumerate(cases):
             # block j of rank r's sendbuf is contrib(...) of a "virtual rank" r, shifted by j*31 elements
             full = contrib(dt, op, r, p * n + 31 * p)
-            send = np.concatenate([full[j * 31 + j * n : j * 31 + j * n + n] for j in range(p)]) if n else full[:0].copy()
+            send = (
+                np.concatenate([full[j * 31 + j * n : j * 31 + j * n + n] for j in range(p)]) if n else full[:0].copy()
+            )
             keep = send.copy()
             recv = garbage(dt, n)
             f(make(k + 1), send, recv, kernel(op, dt))
@@ -557,7 +561,8 @@ class RecordingTransport:
 @pytest.mark.parametrize("hosts", HOST_LAYOUTS, ids=["-".join(h) for h in HOST_LAYOUTS])
 def test_hierarchical_all_reduce(hosts):
     p = len(hosts)
-    assert select.choose_all_reduce(Comm(None, range(p), 0, 0, Deadline.after(1), hosts), 4, 1) is AR.allreduce_hierarchical
+    comm = Comm(None, range(p), 0, 0, Deadline.after(1), hosts)
+    assert select.choose_all_reduce(comm, 4, 1) is AR.allreduce_hierarchical
     leaders = {h: hosts.index(h) for h in hosts}
     cases = red_cases() + [("float32", ReduceOp.SUM, 100_003), ("float64", ReduceOp.MAX, 100_003)]
     log: list = []
@@ -598,7 +603,11 @@ def test_multileader_all_reduce(hosts):
     mk = Comm(None, range(p), 0, 0, Deadline.after(1), hosts)
     assert select.choose_all_reduce(mk, 4, 1) is AR.allreduce_hierarchical  # small: one leader per host
     assert select.choose_all_reduce(mk, 1 << 20, 1 << 18) is AR.allreduce_multileader
-    cases = red_cases() + [("float32", ReduceOp.SUM, 100_003), ("float64", ReduceOp.MAX, 100_003), ("int32", ReduceOp.SUM, 2)]
+    cases = red_cases() + [
+        ("float32", ReduceOp.SUM, 100_003),
+        ("float64", ReduceOp.MAX, 100_003),
+        ("int32", ReduceOp.SUM, 2),
+    ]
     log: list = []
     lock = threading.Lock()
     out: dict = {}
@@ -647,7 +656,14 @@ BIG = 4 * 1024 * 1024 + 3  # not divisible by 2, 3, 4, 5
 
 @pytest.mark.parametrize(
     "p, what",
-    [(3, "ring"), (4, "select"), (5, "reduce_scatter_gather"), (3, "bcast"), (4, "reduce_scatter_ring"), (5, "hierarchical")],
+    [
+        (3, "ring"),
+        (4, "select"),
+        (5, "reduce_scatter_gather"),
+        (3, "bcast"),
+        (4, "reduce_scatter_ring"),
+        (5, "hierarchical"),
+    ],
 )
 def test_large(p, what):
     """~4M float32 elements through the bandwidth-optimal paths."""
@@ -860,9 +876,20 @@ def test_entry_points_pick_small_and_large(monkeypatch):
 
         monkeypatch.setattr(select, name, w)
 
-    for name in ("allgather_bruck", "allgather_ring", "gather_binomial", "gather_linear", "scatter_binomial",
-                 "scatter_linear", "reduce_scatter_allreduce", "reduce_scatter_ring", "alltoall_linear",
-                 "alltoall_pairwise", "allgatherv_gather_bcast", "allgatherv_ring"):
+    for name in (
+        "allgather_bruck",
+        "allgather_ring",
+        "gather_binomial",
+        "gather_linear",
+        "scatter_binomial",
+        "scatter_linear",
+        "reduce_scatter_allreduce",
+        "reduce_scatter_ring",
+        "alltoall_linear",
+        "alltoall_pairwise",
+        "allgatherv_gather_bcast",
+        "allgatherv_ring",
+    ):
         spy(name, getattr(select, name))
     monkeypatch.setattr(select, "ALLGATHER_SMALL", 64)
     monkeypatch.setattr(select, "GATHER_SMALL", 64)
@@ -892,9 +919,14 @@ def test_entry_points_pick_small_and_large(monkeypatch):
             select.all_gatherv(make(base + 6), np.full(n, r, np.int32), v, [n] * p)
 
     run_ranks(p, body)
-    for small, large in (("allgather_bruck", "allgather_ring"), ("gather_binomial", "gather_linear"),
-                         ("scatter_binomial", "scatter_linear"), ("reduce_scatter_allreduce", "reduce_scatter_ring"),
-                         ("alltoall_linear", "alltoall_pairwise"), ("allgatherv_gather_bcast", "allgatherv_ring")):
+    for small, large in (
+        ("allgather_bruck", "allgather_ring"),
+        ("gather_binomial", "gather_linear"),
+        ("scatter_binomial", "scatter_linear"),
+        ("reduce_scatter_allreduce", "reduce_scatter_ring"),
+        ("alltoall_linear", "alltoall_pairwise"),
+        ("allgatherv_gather_bcast", "allgatherv_ring"),
+    ):
         assert small in calls and large in calls, (small, large, calls)
 
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import procgroup as dist
-from procgroup.api import _make_group
 from procgroup.errors import ConfigError
 from procgroup.store import HashStore
+from procgroup.subgroups import _make_group
 
 from ..conftest import run_ranks, thread_world
 
@@ -28,7 +28,7 @@ def contrib(r: int, n: int, dtype) -> np.ndarray:
 def test_all_reduce_sum_max_avg(ws, dtype):
     pgs = thread_world(ws)
     n = 11
-    base = (np.arange(n) % 7 + 1)
+    base = np.arange(n) % 7 + 1
 
     def body(r):
         x = contrib(r, n, dtype)

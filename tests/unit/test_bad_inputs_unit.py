@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import procgroup as dist
-from procgroup.errors import (ConfigError, ConnectError, NotInitializedError, PortInUseError, ProcGroupError)
+from procgroup.errors import ConfigError, ConnectError, NotInitializedError, PortInUseError, ProcGroupError
 from procgroup.netutil import free_port
 
 from ..conftest import thread_world
@@ -43,16 +43,22 @@ def clean_default_group():
 
 
 # -------------------------------------------------------------------------------- roots / peers out of range
-@pytest.mark.parametrize("call, phrase", [
-    (lambda g: dist.broadcast(np.zeros(2), src=3, group=g), r"src=3 is not a rank of group WORLD .*use group_src= for a rank within the group"),
-    (lambda g: dist.broadcast(np.zeros(2), group_src=5, group=g), r"group_src=5 is outside \[0, 3\)"),
-    (lambda g: dist.reduce(np.zeros(2), dst=-1, group=g), r"dst=-1 is not a rank of group WORLD .*use group_dst="),
-    (lambda g: dist.gather(np.zeros(2), None, dst=7, group=g), r"dst=7 is not a rank of group WORLD"),
-    (lambda g: dist.scatter(np.zeros(2), None, src=99, group=g), r"src=99 is not a rank of group WORLD"),
-    (lambda g: dist.send(np.zeros(2), dst=3, group=g), r"dst=3 is not a rank of group WORLD"),
-    (lambda g: dist.recv(np.zeros(2), src=4, group=g), r"src=4 is not a rank of group WORLD"),
-    (lambda g: dist.broadcast(np.zeros(2), group=g), r"broadcast: src= is required"),
-])
+@pytest.mark.parametrize(
+    "call, phrase",
+    [
+        (
+            lambda g: dist.broadcast(np.zeros(2), src=3, group=g),
+            r"src=3 is not a rank of group WORLD .*use group_src= for a rank within the group",
+        ),
+        (lambda g: dist.broadcast(np.zeros(2), group_src=5, group=g), r"group_src=5 is outside \[0, 3\)"),
+        (lambda g: dist.reduce(np.zeros(2), dst=-1, group=g), r"dst=-1 is not a rank of group WORLD .*use group_dst="),
+        (lambda g: dist.gather(np.zeros(2), None, dst=7, group=g), r"dst=7 is not a rank of group WORLD"),
+        (lambda g: dist.scatter(np.zeros(2), None, src=99, group=g), r"src=99 is not a rank of group WORLD"),
+        (lambda g: dist.send(np.zeros(2), dst=3, group=g), r"dst=3 is not a rank of group WORLD"),
+        (lambda g: dist.recv(np.zeros(2), src=4, group=g), r"src=4 is not a rank of group WORLD"),
+        (lambda g: dist.broadcast(np.zeros(2), group=g), r"broadcast: src= is required"),
+    ],
+)
 def test_root_src_dst_out_of_range(g3, call, phrase):
     with pytest.raises(ConfigError, match=phrase):
         call(g3[0])
@@ -68,26 +74,34 @@ def test_send_and_recv_to_self(g3):
 
 
 # -------------------------------------------------------------------------------- output buffers
-@pytest.mark.parametrize("call", [
-    lambda g, x: dist.all_reduce(x, group=g),
-    lambda g, x: dist.broadcast(x, src=0, group=g),
-    lambda g, x: dist.all_gather([x], np.zeros(x.size), group=g),
-    lambda g, x: dist.all_gather_into_tensor(x, np.zeros(x.size), group=g),
-    lambda g, x: dist.reduce_scatter_tensor(x, np.zeros(x.size), group=g),
-    lambda g, x: dist.scatter(x, [np.zeros(x.size)], src=0, group=g),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda g, x: dist.all_reduce(x, group=g),
+        lambda g, x: dist.broadcast(x, src=0, group=g),
+        lambda g, x: dist.all_gather([x], np.zeros(x.size), group=g),
+        lambda g, x: dist.all_gather_into_tensor(x, np.zeros(x.size), group=g),
+        lambda g, x: dist.reduce_scatter_tensor(x, np.zeros(x.size), group=g),
+        lambda g, x: dist.scatter(x, [np.zeros(x.size)], src=0, group=g),
+    ],
+)
 def test_non_contiguous_output(g1, call):
     x = np.zeros((4, 4))[:, ::2]
-    with pytest.raises(ConfigError, match=r"is not C-contiguous .*pass a contiguous array \(x = np.ascontiguousarray\(x\)\)"):
+    with pytest.raises(
+        ConfigError, match=r"is not C-contiguous .*pass a contiguous array \(x = np.ascontiguousarray\(x\)\)"
+    ):
         call(g1, x)
 
 
-@pytest.mark.parametrize("call", [
-    lambda g, x: dist.all_reduce(x, group=g),
-    lambda g, x: dist.reduce(x, dst=0, group=g),
-    lambda g, x: dist.all_gather([x], np.zeros(x.size), group=g),
-    lambda g, x: dist.all_to_all_single(x, np.zeros(x.size), group=g),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda g, x: dist.all_reduce(x, group=g),
+        lambda g, x: dist.reduce(x, dst=0, group=g),
+        lambda g, x: dist.all_gather([x], np.zeros(x.size), group=g),
+        lambda g, x: dist.all_to_all_single(x, np.zeros(x.size), group=g),
+    ],
+)
 def test_read_only_output(g1, call):
     x = np.zeros(4)
     x.flags.writeable = False
@@ -123,12 +137,19 @@ def test_not_a_buffer(g1):
 
 
 # -------------------------------------------------------------------------------- ops a dtype does not have
-@pytest.mark.parametrize("dtype, op, phrase", [
-    (np.float32, "BAND", r"BAND is not defined for float32; use an integer or bool tensor"),
-    (np.float64, "BXOR", r"BXOR is not defined for float64; use an integer or bool tensor"),
-    (np.complex64, "MAX", r"MAX is not defined for complex64: complex numbers are not ordered; reduce .real/.abs\(\) instead"),
-    (np.int32, "AVG", r"AVG is not defined for int32: .*convert to float, or use SUM and divide yourself"),
-])
+@pytest.mark.parametrize(
+    "dtype, op, phrase",
+    [
+        (np.float32, "BAND", r"BAND is not defined for float32; use an integer or bool tensor"),
+        (np.float64, "BXOR", r"BXOR is not defined for float64; use an integer or bool tensor"),
+        (
+            np.complex64,
+            "MAX",
+            r"MAX is not defined for complex64: complex numbers are not ordered; reduce .real/.abs\(\) instead",
+        ),
+        (np.int32, "AVG", r"AVG is not defined for int32: .*convert to float, or use SUM and divide yourself"),
+    ],
+)
 def test_unsupported_op_for_dtype(g1, dtype, op, phrase):
     with pytest.raises(ConfigError, match=phrase):
         dist.all_reduce(np.zeros(2, dtype), op=getattr(dist.ReduceOp, op), group=g1)
@@ -137,7 +158,9 @@ def test_unsupported_op_for_dtype(g1, dtype, op, phrase):
 
 
 def test_not_a_reduce_op(g1):
-    with pytest.raises(ConfigError, match=r"op='MEDIAN' is not a ReduceOp \(SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR\)"):
+    with pytest.raises(
+        ConfigError, match=r"op='MEDIAN' is not a ReduceOp \(SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR\)"
+    ):
         dist.all_reduce(np.zeros(2), op="MEDIAN", group=g1)
 
 
@@ -154,15 +177,20 @@ def test_local_count_and_dtype_mismatch(g3):
 
 
 # -------------------------------------------------------------------------------- lifecycle
-@pytest.mark.parametrize("call", [
-    lambda: dist.all_reduce(np.zeros(2)),
-    lambda: dist.barrier(),
-    lambda: dist.get_rank(),
-    lambda: dist.new_group([0]),
-    lambda: dist.send(np.zeros(1), dst=1),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: dist.all_reduce(np.zeros(2)),
+        lambda: dist.barrier(),
+        lambda: dist.get_rank(),
+        lambda: dist.new_group([0]),
+        lambda: dist.send(np.zeros(1), dst=1),
+    ],
+)
 def test_call_before_init(clean_default_group, call):
-    with pytest.raises(NotInitializedError, match=r"has not been initialized: call procgroup.init_process_group\(\) first"):
+    with pytest.raises(
+        NotInitializedError, match=r"has not been initialized: call procgroup.init_process_group\(\) first"
+    ):
         call()
 
 
@@ -170,7 +198,9 @@ def test_double_init(clean_default_group, monkeypatch):
     monkeypatch.setenv("PROCGROUP_SECRET", "unit-test-secret")
     dist.init_process_group(init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1, timeout=20)
     try:
-        with pytest.raises(ProcGroupError, match=r"called twice.*call destroy_process_group\(\) first, or use new_group\(\)"):
+        with pytest.raises(
+            ProcGroupError, match=r"called twice.*call destroy_process_group\(\) first, or use new_group\(\)"
+        ):
             dist.init_process_group(init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1, timeout=20)
         x = np.ones(3)
         dist.all_reduce(x)  # the first group still works
@@ -180,14 +210,17 @@ def test_double_init(clean_default_group, monkeypatch):
     assert not dist.is_initialized()
 
 
-@pytest.mark.parametrize("url, phrase", [
-    ("http://127.0.0.1:29500", r"is not supported; use env://"),
-    ("tcp://127.0.0.1", r"needs a host and a port: tcp://HOST:PORT"),
-    ("tcp://127.0.0.1:99999", r"needs a host and a port: tcp://HOST:PORT"),
-    ("file://", r"needs a path: file:///shared/dir/rdzv_file"),
-    ("env://?rank=x", r"rank='x' is not an integer"),
-    ("env://?ranks=1", r"unknown query parameters \['ranks'\]; only rank= and world_size= are accepted"),
-])
+@pytest.mark.parametrize(
+    "url, phrase",
+    [
+        ("http://127.0.0.1:29500", r"is not supported; use env://"),
+        ("tcp://127.0.0.1", r"needs a host and a port: tcp://HOST:PORT"),
+        ("tcp://127.0.0.1:99999", r"needs a host and a port: tcp://HOST:PORT"),
+        ("file://", r"needs a path: file:///shared/dir/rdzv_file"),
+        ("env://?rank=x", r"rank='x' is not an integer"),
+        ("env://?ranks=1", r"unknown query parameters \['ranks'\]; only rank= and world_size= are accepted"),
+    ],
+)
 def test_invalid_init_method(clean_default_group, url, phrase):
     with pytest.raises(ConfigError, match=phrase):
         dist.init_process_group(init_method=url, rank=0, world_size=1, timeout=5)
@@ -234,8 +267,9 @@ def test_port_in_use_env(clean_default_group, monkeypatch):
     holder.bind(("127.0.0.1", 0))
     holder.listen(1)
     port = holder.getsockname()[1]
-    for k, v in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="2",
-                     PROCGROUP_SECRET="s").items():
+    for k, v in dict(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="2", PROCGROUP_SECRET="s"
+    ).items():
         monkeypatch.setenv(k, v)
     try:
         with pytest.raises(PortInUseError, match=rf"127.0.0.1:{port}.*already in use.*MASTER_PORT"):
@@ -271,10 +305,22 @@ def test_half_the_environment(clean_default_group, monkeypatch):
         dist.init_process_group(timeout=5)
 
 
-@pytest.mark.parametrize("var, value, phrase", [
-    ("PROCGROUP_TIMEOUT", "soon", r"PROCGROUP_TIMEOUT='soon' is not a number of seconds; set e.g. PROCGROUP_TIMEOUT=60"),
-    ("PROCGROUP_TRANSPORT", "carrier-pigeon", r"PROCGROUP_TRANSPORT='carrier-pigeon' is not one of auto, shm, tcp"),
-])
+@pytest.mark.parametrize(
+    "var, value, phrase",
+    [
+        (
+            "PROCGROUP_TIMEOUT",
+            "soon",
+            r"PROCGROUP_TIMEOUT='soon' is not a number of seconds; set e.g. PROCGROUP_TIMEOUT=60",
+        ),
+        ("PROCGROUP_TRANSPORT", "carrier-pigeon", r"PROCGROUP_TRANSPORT='carrier-pigeon' is not one of auto, shm, tcp"),
+        (
+            "PROCGROUP_LOG_LEVEL",
+            "loud",
+            r"PROCGROUP_LOG_LEVEL='loud' is not a log level; use DEBUG, INFO, WARNING or ERROR",
+        ),
+    ],
+)
 def test_bad_setting(clean_default_group, monkeypatch, var, value, phrase):
     monkeypatch.setenv("PROCGROUP_SECRET", "s")
     monkeypatch.setenv(var, value)
@@ -283,12 +329,15 @@ def test_bad_setting(clean_default_group, monkeypatch, var, value, phrase):
     assert not dist.is_initialized()
 
 
-@pytest.mark.parametrize("kwargs, phrase", [
-    (dict(timeout=-1), r"timeout=-1 must be > 0 seconds"),
-    (dict(backend="nccl"), r"backend='nccl' needs CUDA devices.*use backend='cpu' \(or 'gloo'\)"),
-    (dict(backend="carrier"), r"backend='carrier' is not one of 'cpu' \(alias 'gloo'\), 'mpi', 'nccl'"),
-    (dict(init_method="env://", store=object()), r"pass either init_method= or store=, not both"),
-])
+@pytest.mark.parametrize(
+    "kwargs, phrase",
+    [
+        (dict(timeout=-1), r"timeout=-1 must be > 0 seconds"),
+        (dict(backend="nccl"), r"backend='nccl' needs CUDA devices.*use backend='cpu' \(or 'gloo'\)"),
+        (dict(backend="carrier"), r"backend='carrier' is not one of 'cpu' \(alias 'gloo'\), 'mpi', 'nccl'"),
+        (dict(init_method="env://", store=object()), r"pass either init_method= or store=, not both"),
+    ],
+)
 def test_bad_init_arguments(clean_default_group, kwargs, phrase):
     with pytest.raises(ConfigError, match=phrase):
         dist.init_process_group(**kwargs)

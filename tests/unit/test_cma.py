@@ -17,7 +17,8 @@ def _addr(a: np.ndarray) -> int:
 
 
 @pytest.mark.parametrize(
-    "n", [1, 4095, _cma.SPLIT_MIN - 1, _cma.SPLIT_MIN, _cma.SPLIT_MIN + 4097, 3 * _cma.SPLIT_MIN + 1])
+    "n", [1, 4095, _cma.SPLIT_MIN - 1, _cma.SPLIT_MIN, _cma.SPLIT_MIN + 4097, 3 * _cma.SPLIT_MIN + 1]
+)
 def test_read_parallel_copies_every_byte(n: int) -> None:
     src = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
     dst = np.zeros(n + 16, dtype=np.uint8)  # a guard band after the destination must stay untouched
@@ -34,6 +35,7 @@ def test_read_parallel_reports_a_failure_of_either_half(monkeypatch: pytest.Monk
     real = _cma.read
     src = np.ones(n, dtype=np.uint8)
     for bad_half in (0, 1):
+
         def flaky(pid: int, local: int, remote: int, k: int, bad_half: int = bad_half) -> None:
             if (local != _addr(dst)) == bool(bad_half):
                 raise OSError(14, "injected failure")

@@ -26,10 +26,23 @@ def test_defaults_from_an_empty_environment():
 
 def test_every_variable_is_read():
     env = {
-        ENV.TIMEOUT: "7.5", ENV.TRANSPORT: "TCP", ENV.SOCKET_ADDR: "10.0.0.2", ENV.SOCKET_IFNAME: "eth1",
-        ENV.HOSTNAME: "h9", ENV.LOG_LEVEL: "debug", ENV.PROGRESS_INTERVAL: "2", ENV.STORE_HOSTED: "1",
-        ENV.RUN_ID: "job7", ENV.TORCHELASTIC_RUN_ID: "te7", ENV.RESTART_COUNT: "3", ENV.TTY: "/dev/pts/9",
-        ENV.SECRET: "s3cr3t", ENV.SHM_CMA: "0", ENV.SHM_SPIN_US: "40", ENV.SHM_SPLIT: "off", ENV.SHM_ARENA: "no",
+        ENV.TIMEOUT: "7.5",
+        ENV.TRANSPORT: "TCP",
+        ENV.SOCKET_ADDR: "10.0.0.2",
+        ENV.SOCKET_IFNAME: "eth1",
+        ENV.HOSTNAME: "h9",
+        ENV.LOG_LEVEL: "debug",
+        ENV.PROGRESS_INTERVAL: "2",
+        ENV.STORE_HOSTED: "1",
+        ENV.RUN_ID: "job7",
+        ENV.TORCHELASTIC_RUN_ID: "te7",
+        ENV.RESTART_COUNT: "3",
+        ENV.TTY: "/dev/pts/9",
+        ENV.SECRET: "s3cr3t",
+        ENV.SHM_CMA: "0",
+        ENV.SHM_SPIN_US: "40",
+        ENV.SHM_SPLIT: "off",
+        ENV.SHM_ARENA: "no",
     }
     c = RuntimeConfig.load(env)
     assert (c.timeout, c.transport, c.socket_addr) == (7.5, "tcp", "10.0.0.2")

@@ -72,7 +72,7 @@ def test_whole() -> None:
 def test_byte_by_byte() -> None:
     data = stream(FRAMES)
     dec = FrameDecoder()
-    assert collect(dec, [data[i:i + 1] for i in range(len(data))]) == FRAMES
+    assert collect(dec, [data[i : i + 1] for i in range(len(data))]) == FRAMES
     assert dec.at_boundary and dec.frames == len(FRAMES)
     dec.close()
 
@@ -191,7 +191,7 @@ def message_stream(msgs: List[Msg], max_frame: int) -> bytes:
     out = bytearray()
     for tag, payload in msgs:
         for hdr, off, k in message_frames(tag, len(payload), max_frame):
-            out += hdr + payload[off:off + k]
+            out += hdr + payload[off : off + k]
     return bytes(out)
 
 
@@ -208,7 +208,7 @@ class FakeSocket:
         assert view.nbytes > 0, "the decoder asked for a read of 0 bytes"
         self.calls += 1
         k = min(view.nbytes, next(self.sizes), self.data.nbytes - self.pos)
-        view[:k] = self.data[self.pos:self.pos + k]
+        view[:k] = self.data[self.pos : self.pos + k]
         self.pos += k
         return k
 
@@ -241,7 +241,7 @@ class Shell:
             assert ev.tag == self._tag and ev.offset == sum(len(p) for p in self._parts)
             dest = self.posted.get(ev.tag)
             if dest is not None:
-                dec.set_target(memoryview(dest)[ev.offset:ev.offset + ev.length])
+                dec.set_target(memoryview(dest)[ev.offset : ev.offset + ev.length])
                 self._parts.append(bytearray(ev.length))  # placeholder: counts the offset
             else:
                 buf = bytearray(ev.length)
@@ -251,7 +251,7 @@ class Shell:
             assert isinstance(ev, MessageEnd) and ev.tag == self._tag
             assert ev.nbytes == sum(len(p) for p in self._parts)
             dest = self.posted.get(ev.tag)
-            self.got.append((ev.tag, bytes(dest[:ev.nbytes]) if dest is not None else b"".join(self._parts)))
+            self.got.append((ev.tag, bytes(dest[: ev.nbytes]) if dest is not None else b"".join(self._parts)))
         return True
 
     def run(self) -> List[Msg]:
@@ -442,11 +442,16 @@ msgs_st = st.lists(st.tuples(st.integers(0, 2**63 - 1), st.binary(max_size=700))
 
 
 @settings(max_examples=200, deadline=None)
-@given(msgs=msgs_st, max_frame=st.sampled_from([1, 3, 24, 100, 1 << 20]),
-       sizes=st.lists(st.integers(1, 800), min_size=1, max_size=8), buffer_size=st.sampled_from([24, 25, 64, 4096]),
-       post=st.sets(st.integers(0, 3)))
-def test_fuzz_messages_split_anywhere(msgs: List[Msg], max_frame: int, sizes: List[int], buffer_size: int,
-                                      post: Set[int]) -> None:
+@given(
+    msgs=msgs_st,
+    max_frame=st.sampled_from([1, 3, 24, 100, 1 << 20]),
+    sizes=st.lists(st.integers(1, 800), min_size=1, max_size=8),
+    buffer_size=st.sampled_from([24, 25, 64, 4096]),
+    post=st.sets(st.integers(0, 3)),
+)
+def test_fuzz_messages_split_anywhere(
+    msgs: List[Msg], max_frame: int, sizes: List[int], buffer_size: int, post: Set[int]
+) -> None:
     msgs = [(t % 4 if i % 2 else t, p) for i, (t, p) in enumerate(msgs)]  # some tags repeat, some are posted
     posted = {t: bytearray(700) for t in post}
     dec = FrameDecoder(max_frame, buffer_size=buffer_size)

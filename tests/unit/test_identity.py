@@ -123,8 +123,9 @@ def test_slurm_master_port_is_documented_formula() -> None:
             assert ident.master_port == 20000 + (job * 7 + step) % 10000
             assert ident.job_id == f"{job}.{step}"
             assert any(n.startswith(f"MASTER_PORT={ident.master_port} ") for n in ident.derived)
-            assert any(n.startswith(f"MASTER_ADDR={ident.master_addr} ") and "SLURM_STEP_NODELIST" in n
-                       for n in ident.derived)
+            assert any(
+                n.startswith(f"MASTER_ADDR={ident.master_addr} ") and "SLURM_STEP_NODELIST" in n for n in ident.derived
+            )
     assert len({j for j, _ in seen}) == 1 and {s for _, s in seen} == {0, 1}  # two steps of one job
 
 
@@ -217,17 +218,45 @@ def test_mpich_multi_host_without_slurm_has_no_master() -> None:
 
 def test_torchrun_under_srun_wins_over_slurm() -> None:
     env = env_of("slurm-netns-N3n6.env", 2)
-    env.update(RANK="5", WORLD_SIZE="12", LOCAL_RANK="1", LOCAL_WORLD_SIZE="4", GROUP_RANK="1",
-               GROUP_WORLD_SIZE="3", MASTER_ADDR="h1", MASTER_PORT="29400", TORCHELASTIC_RUN_ID="tr-1")
+    env.update(
+        RANK="5",
+        WORLD_SIZE="12",
+        LOCAL_RANK="1",
+        LOCAL_WORLD_SIZE="4",
+        GROUP_RANK="1",
+        GROUP_WORLD_SIZE="3",
+        MASTER_ADDR="h1",
+        MASTER_PORT="29400",
+        TORCHELASTIC_RUN_ID="tr-1",
+    )
     ident = detect_identity(env)
-    assert ident == Identity(rank=5, world_size=12, local_rank=1, local_world_size=4, node_rank=1, num_nodes=3,
-                             master_addr="h1", master_port=29400, source="torchrun", job_id="tr-1", derived=())
+    assert ident == Identity(
+        rank=5,
+        world_size=12,
+        local_rank=1,
+        local_world_size=4,
+        node_rank=1,
+        num_nodes=3,
+        master_addr="h1",
+        master_port=29400,
+        source="torchrun",
+        job_id="tr-1",
+        derived=(),
+    )
 
 
 def test_procgroup_run_source_and_job_id() -> None:
-    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "0",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "PROCGROUP_RUN_ID": "pg-7",
-           "TORCHELASTIC_RUN_ID": "pg-7"}
+    env = {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "NODE_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "PROCGROUP_RUN_ID": "pg-7",
+        "TORCHELASTIC_RUN_ID": "pg-7",
+    }
     ident = detect_identity(env)
     assert (ident.source, ident.job_id, ident.node_rank, ident.num_nodes) == ("procgroup", "pg-7", 0, 1)
 
@@ -235,7 +264,12 @@ def test_procgroup_run_source_and_job_id() -> None:
 def test_rank_and_world_size_set_by_hand() -> None:
     ident = detect_identity({"RANK": "1", "WORLD_SIZE": "3"})
     assert (ident.source, ident.rank, ident.world_size, ident.local_rank, ident.local_world_size) == (
-        "torchrun", 1, 3, 0, 1)
+        "torchrun",
+        1,
+        3,
+        0,
+        1,
+    )
     assert ident.master_addr is None and ident.master_port is None
     assert any("LOCAL_RANK=0" in n for n in ident.derived)
 
@@ -254,8 +288,12 @@ def test_srun_direct_launch_with_slurm_pmi_stays_slurm() -> None:
     assert detect_identity(env).source == "slurm"
     # srun --mpi=pmix + MPI already initialized in-process: OMPI_COMM_WORLD_* but no mpirun (no hnp_uri)
     env = env_of("slurm-netns-N3n6.env", 3)
-    env.update(OMPI_COMM_WORLD_RANK="3", OMPI_COMM_WORLD_SIZE="6", OMPI_COMM_WORLD_LOCAL_RANK="1",
-               OMPI_COMM_WORLD_LOCAL_SIZE="2")
+    env.update(
+        OMPI_COMM_WORLD_RANK="3",
+        OMPI_COMM_WORLD_SIZE="6",
+        OMPI_COMM_WORLD_LOCAL_RANK="1",
+        OMPI_COMM_WORLD_LOCAL_SIZE="2",
+    )
     assert detect_identity(env).source == "slurm"
 
 
@@ -286,8 +324,16 @@ def test_nothing_set_names_the_variables_and_the_fix() -> None:
     with pytest.raises(ConfigError) as ei:
         detect_identity({"HOME": "/root", "PATH": "/usr/bin"})
     msg = str(ei.value)
-    for needle in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "procgroup run",
-                   "srun", "mpirun"):
+    for needle in (
+        "RANK",
+        "WORLD_SIZE",
+        "SLURM_PROCID",
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_RANK",
+        "procgroup run",
+        "srun",
+        "mpirun",
+    ):
         assert needle in msg, needle
 
 
@@ -311,11 +357,21 @@ def test_default_environ_is_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_kubeflow_one_process_per_pod_without_pet_vars() -> None:
     """Older operators set only MASTER_*, RANK, WORLD_SIZE; the pod's KUBERNETES_SERVICE_HOST marks it."""
-    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456",
-           "RANK": "2", "WORLD_SIZE": "4"}
+    env = {
+        "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+        "MASTER_ADDR": "job-master-0",
+        "MASTER_PORT": "23456",
+        "RANK": "2",
+        "WORLD_SIZE": "4",
+    }
     ident = detect_identity(env)
     assert (ident.source, ident.local_rank, ident.local_world_size, ident.node_rank, ident.num_nodes) == (
-        "kubeflow", 0, 1, 2, 4)
+        "kubeflow",
+        0,
+        1,
+        2,
+        4,
+    )
 
 
 def test_kubeflow_nproc_per_node_needs_a_launcher_in_the_pod() -> None:
@@ -327,7 +383,13 @@ def test_kubeflow_nproc_per_node_needs_a_launcher_in_the_pod() -> None:
     env.update(RANK="5", LOCAL_RANK="1", LOCAL_WORLD_SIZE="4", GROUP_RANK="1", TORCHELASTIC_RUN_ID="x")
     ident = detect_identity(env)
     assert (ident.source, ident.rank, ident.world_size, ident.local_rank, ident.node_rank, ident.num_nodes) == (
-        "torchrun", 5, 12, 1, 1, 3)
+        "torchrun",
+        5,
+        12,
+        1,
+        1,
+        3,
+    )
 
 
 def test_kubeflow_pet_master_is_a_fallback() -> None:
@@ -347,12 +409,18 @@ def test_kubeflow_pet_master_is_a_fallback() -> None:
         ({"RANK": "5", "WORLD_SIZE": "4"}, r"RANK=5 is out of range.*WORLD_SIZE=4"),
         ({"RANK": "-1", "WORLD_SIZE": "4"}, r"RANK=-1 is out of range"),
         ({"RANK": "0", "WORLD_SIZE": "0"}, r"WORLD_SIZE=0 must be >= 1"),
-        ({"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"},
-         r"LOCAL_RANK=2 is out of range.*LOCAL_WORLD_SIZE=2"),
-        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "3"},
-         r"LOCAL_WORLD_SIZE=3 is larger than WORLD_SIZE=2"),
-        ({"RANK": "0", "WORLD_SIZE": "4", "GROUP_RANK": "2", "GROUP_WORLD_SIZE": "2"},
-         r"GROUP_RANK=2 is out of range.*GROUP_WORLD_SIZE=2"),
+        (
+            {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"},
+            r"LOCAL_RANK=2 is out of range.*LOCAL_WORLD_SIZE=2",
+        ),
+        (
+            {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "3"},
+            r"LOCAL_WORLD_SIZE=3 is larger than WORLD_SIZE=2",
+        ),
+        (
+            {"RANK": "0", "WORLD_SIZE": "4", "GROUP_RANK": "2", "GROUP_WORLD_SIZE": "2"},
+            r"GROUP_RANK=2 is out of range.*GROUP_WORLD_SIZE=2",
+        ),
         ({"RANK": "0", "WORLD_SIZE": "4", "MASTER_PORT": "http"}, r"MASTER_PORT='http' is not an integer"),
         ({"RANK": "0", "WORLD_SIZE": "4", "MASTER_PORT": "70000"}, r"MASTER_PORT=70000 is not a TCP port"),
     ],
@@ -393,8 +461,15 @@ def test_bad_openmpi_values_name_the_variable() -> None:
 
 @pytest.mark.parametrize(
     "spec,expected",
-    [("4", [4]), ("2(x3)", [2, 2, 2]), ("3,2", [3, 2]), ("2(x2),1", [2, 2, 1]), ("4,1(x2)", [4, 1, 1]),
-     ("1(x1)", [1]), (" 2(x2), 3 ", [2, 2, 3])],
+    [
+        ("4", [4]),
+        ("2(x3)", [2, 2, 2]),
+        ("3,2", [3, 2]),
+        ("2(x2),1", [2, 2, 1]),
+        ("4,1(x2)", [4, 1, 1]),
+        ("1(x1)", [1]),
+        (" 2(x2), 3 ", [2, 2, 3]),
+    ],
 )
 def test_parse_tasks_per_node(spec: str, expected: list) -> None:
     assert parse_tasks_per_node(spec) == expected
@@ -408,8 +483,13 @@ def test_parse_tasks_per_node_rejects(spec: str) -> None:
 
 @pytest.mark.parametrize(
     "spec,expected",
-    [("h[1-3,5]", ["h1", "h2", "h3", "h5"]), ("node[01-03]", ["node01", "node02", "node03"]),
-     ("a,b[1-2]", ["a", "b1", "b2"]), ("localhost", ["localhost"]), ("h[2-3]", ["h2", "h3"])],
+    [
+        ("h[1-3,5]", ["h1", "h2", "h3", "h5"]),
+        ("node[01-03]", ["node01", "node02", "node03"]),
+        ("a,b[1-2]", ["a", "b1", "b2"]),
+        ("localhost", ["localhost"]),
+        ("h[2-3]", ["h2", "h3"]),
+    ],
 )
 def test_expand_hostlist(spec: str, expected: list) -> None:
     assert expand_hostlist(spec) == expected
@@ -448,11 +528,22 @@ def test_derive_port() -> None:
 
 
 def test_describe_identity() -> None:
-    ident = Identity(rank=3, world_size=6, local_rank=1, local_world_size=2, node_rank=1, num_nodes=3,
-                     master_addr="h1", master_port=23456, source="slurm", job_id="7.0",
-                     derived=("MASTER_ADDR=h1 (first host)",))
+    ident = Identity(
+        rank=3,
+        world_size=6,
+        local_rank=1,
+        local_world_size=2,
+        node_rank=1,
+        num_nodes=3,
+        master_addr="h1",
+        master_port=23456,
+        source="slurm",
+        job_id="7.0",
+        derived=("MASTER_ADDR=h1 (first host)",),
+    )
     assert describe_identity(ident) == (
-        "rank 3/6 (local 1/2, node 1/3) from slurm job 7.0; master h1:23456 [derived: MASTER_ADDR=h1 (first host)]")
+        "rank 3/6 (local 1/2, node 1/3) from slurm job 7.0; master h1:23456 [derived: MASTER_ADDR=h1 (first host)]"
+    )
     bare = Identity(rank=0, world_size=1)
     assert describe_identity(bare) == "rank 0/1 (local 0/1, node 0/?) from explicit; master not set"
     v6 = dataclasses.replace(bare, master_addr="fd00::2", master_port=1)
@@ -463,8 +554,10 @@ def test_describe_real_capture_mentions_every_derivation() -> None:
     env = env_of("slurm-netns-N3n6.env", 3)
     job, step = env["SLURM_JOB_ID"], env["SLURM_STEP_ID"]
     line = describe_identity(detect_identity(env))
-    assert line.startswith(f"rank 3/6 (local 1/2, node 1/3) from slurm job {job}.{step}; "
-                           f"master h1:{derive_port(job, int(step))} [derived: ")
+    assert line.startswith(
+        f"rank 3/6 (local 1/2, node 1/3) from slurm job {job}.{step}; "
+        f"master h1:{derive_port(job, int(step))} [derived: "
+    )
     assert "SLURM_STEP_NODELIST=h[1-3]" in line
 
 

@@ -142,8 +142,13 @@ def test_tee_needs_log_dir():
 
 
 def test_pet_defaults_apply():
-    env = {KUBEFLOW.NPROC_PER_NODE: "3", KUBEFLOW.NNODES: "2", KUBEFLOW.NODE_RANK: "1",
-           KUBEFLOW.MASTER_ADDR: "master-0", KUBEFLOW.MASTER_PORT: "23456"}
+    env = {
+        KUBEFLOW.NPROC_PER_NODE: "3",
+        KUBEFLOW.NNODES: "2",
+        KUBEFLOW.NODE_RANK: "1",
+        KUBEFLOW.MASTER_ADDR: "master-0",
+        KUBEFLOW.MASTER_PORT: "23456",
+    }
     c = parse("x", env=env)
     assert (c.nproc_per_node, c.nnodes, c.node_rank, c.master_addr, c.master_port) == (3, 2, 1, "master-0", 23456)
     assert c.run_id == "none" and c.prefix_format == "[{host}:{rank}] "

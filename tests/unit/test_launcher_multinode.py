@@ -38,8 +38,17 @@ T0 = 1_000_000.0
 
 
 def info(host: str, node=None, *, store=False, nproc=2, nnodes=3, port=None, run_id="j", pid=1):  # type: ignore[no-untyped-def]
-    return AgentInfo(host=host, pid=pid, nproc=nproc, nnodes=nnodes, run_id=run_id, max_restarts=0, node_rank=node,
-                     hosts_store=store, worker_port=port if port is not None else (4000 if store else None))
+    return AgentInfo(
+        host=host,
+        pid=pid,
+        nproc=nproc,
+        nnodes=nnodes,
+        run_id=run_id,
+        max_restarts=0,
+        node_rank=node,
+        hosts_store=store,
+        worker_port=port if port is not None else (4000 if store else None),
+    )
 
 
 # --------------------------------------------------------------------------- assign (decide)
@@ -48,8 +57,11 @@ def info(host: str, node=None, *, store=False, nproc=2, nnodes=3, port=None, run
 def test_assign_explicit_ranks_any_join_order():
     infos = [info("c", 2), info("a", 0, store=True), info("b", 1)]
     a = assign(infos, 3)
-    assert [(n.node_rank, n.host, n.slot, n.rank_offset) for n in a.nodes] == [(0, "a", 1, 0), (1, "b", 2, 2),
-                                                                               (2, "c", 0, 4)]
+    assert [(n.node_rank, n.host, n.slot, n.rank_offset) for n in a.nodes] == [
+        (0, "a", 1, 0),
+        (1, "b", 2, 2),
+        (2, "c", 0, 4),
+    ]
     assert a.world_size == 6 and a.worker_port == 4000 and a.hosts == ["a", "b", "c"]
 
 
@@ -73,16 +85,19 @@ def test_assign_uneven_slots_number_ranks_node_by_node():
     assert (pl.rank(0), pl.world_size, pl.local_world_size, pl.master_port) == (3, 6, 1, 4000)
 
 
-@pytest.mark.parametrize("infos, match", [
-    ([info("a", 0, store=True), info("b", 1), info("c", 1)], r"--node-rank 1 was given to two nodes: b .* and c"),
-    ([info("a", store=True), info("b"), info("b")], r"2 agents on host b have no --node-rank"),
-    ([info("a", 0, store=True), info("b", 1, nnodes=4), info("c", 2)], r"disagree on --nnodes"),
-    ([info("a", 0, store=True), info("b", 1, run_id="x"), info("c", 2)], r"disagree on --run-id .*b: x"),
-    ([info("a", 0, store=True), info("b", 1, store=True), info("c", 2)], r"2 agents claim to host the store"),
-    ([info("a", 0), info("b", 1, store=True), info("c", 2)], r"has --node-rank 0 but b .* hosts the store"),
-    ([info("a", 0, store=True), info("b", 5), info("c", 2)], r"--node-rank 5, out of range 0..2"),
-    ([info("a", 0, store=True, port=0), info("b", 1), info("c", 2)], r"did not publish the workers' port"),
-])
+@pytest.mark.parametrize(
+    "infos, match",
+    [
+        ([info("a", 0, store=True), info("b", 1), info("c", 1)], r"--node-rank 1 was given to two nodes: b .* and c"),
+        ([info("a", store=True), info("b"), info("b")], r"2 agents on host b have no --node-rank"),
+        ([info("a", 0, store=True), info("b", 1, nnodes=4), info("c", 2)], r"disagree on --nnodes"),
+        ([info("a", 0, store=True), info("b", 1, run_id="x"), info("c", 2)], r"disagree on --run-id .*b: x"),
+        ([info("a", 0, store=True), info("b", 1, store=True), info("c", 2)], r"2 agents claim to host the store"),
+        ([info("a", 0), info("b", 1, store=True), info("c", 2)], r"has --node-rank 0 but b .* hosts the store"),
+        ([info("a", 0, store=True), info("b", 5), info("c", 2)], r"--node-rank 5, out of range 0..2"),
+        ([info("a", 0, store=True, port=0), info("b", 1), info("c", 2)], r"did not publish the workers' port"),
+    ],
+)
 def test_assign_errors_name_the_nodes_and_the_fix(infos, match):
     with pytest.raises(RendezvousError, match=match):
         assign(infos, 3)
@@ -93,8 +108,12 @@ def test_format_mapping_lists_every_rank_once():
     s = format_mapping(a, {0: [[1, 1, 11], [0, 0, 10]], 1: [[2, 0, 20], [3, 1, 21]]}, run_id="r", restart=1)
     lines = s.splitlines()
     assert lines[0] == "procgroup run: 4 workers on 2 nodes (run id r, restart 1):"
-    assert [ln.split() for ln in lines[2:]] == [["0", "0", "h1", "0", "10"], ["1", "0", "h1", "1", "11"],
-                                                ["2", "1", "h2", "0", "20"], ["3", "1", "h2", "1", "21"]]
+    assert [ln.split() for ln in lines[2:]] == [
+        ["0", "0", "h1", "0", "10"],
+        ["1", "0", "h1", "1", "11"],
+        ["2", "1", "h2", "0", "20"],
+        ["3", "1", "h2", "1", "21"],
+    ]
 
 
 # --------------------------------------------------------------------------- worker env with a placement
@@ -102,8 +121,9 @@ def test_format_mapping_lists_every_rank_once():
 
 def test_worker_env_from_a_placement_and_store_not_hosted():
     cfg = LaunchConfig(entrypoint="x", nnodes=3, node_rank=None, master_addr="h1", master_port=29400)
-    pl = Placement(node_rank=2, nnodes=3, rank_offset=5, world_size=7, local_world_size=2, master_addr="h1",
-                   master_port=4242)
+    pl = Placement(
+        node_rank=2, nnodes=3, rank_offset=5, world_size=7, local_world_size=2, master_addr="h1", master_port=4242
+    )
     e = worker_env(cfg, 1, master_port=0, secret="s", hostname="h3", error_file="/e", base={}, placement=pl)
     assert (e[ENV.RANK], e[ENV.LOCAL_RANK], e[ENV.WORLD_SIZE], e[ENV.LOCAL_WORLD_SIZE]) == ("6", "1", "7", "2")
     assert (e[ENV.GROUP_RANK], e[ENV.NODE_RANK], e[ENV.GROUP_WORLD_SIZE]) == ("2", "2", "3")
@@ -129,14 +149,17 @@ def test_hostfile_comments_blanks_and_default_slots():
     assert hs[1].name == "h2"
 
 
-@pytest.mark.parametrize("text, match", [
-    ("h1\nh1 slots=2\n", r"line 2: host 'h1' is already listed on line 1"),
-    ("h1 slots=x\n", r"line 1: 'slots=x': slots must be a whole number"),
-    ("h1 slots=0\n", r"slots must be >= 1"),
-    ("h1 cpu=2\n", r"line 1: unknown field 'cpu=2'"),
-    ("slots=2\n", r"is not a host name"),
-    ("# nothing\n\n", r"lists no hosts"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("h1\nh1 slots=2\n", r"line 2: host 'h1' is already listed on line 1"),
+        ("h1 slots=x\n", r"line 1: 'slots=x': slots must be a whole number"),
+        ("h1 slots=0\n", r"slots must be >= 1"),
+        ("h1 cpu=2\n", r"line 1: unknown field 'cpu=2'"),
+        ("slots=2\n", r"is not a host name"),
+        ("# nothing\n\n", r"lists no hosts"),
+    ],
+)
 def test_hostfile_errors_name_the_line(text, match):
     with pytest.raises(ConfigError, match=match):
         parse_hostfile(text, 1, source="hf")
@@ -146,9 +169,18 @@ def test_hostfile_errors_name_the_line(text, match):
 
 
 ENVIRON = {
-    "PYTHONPATH": "/src", "OMP_NUM_THREADS": "4", "PROCGROUP_TIMEOUT": "60", "PROCGROUP_SECRET": "sekrit",
-    "PROCGROUP_HOSTNAME": "here", "RANK": "3", "MASTER_PORT": "1", "HOME": "/root", "HOSTNAME": "head",
-    "SSH_CONNECTION": "x", "NCCL_DEBUG": "INFO", "MY_VAR": "a b'c",
+    "PYTHONPATH": "/src",
+    "OMP_NUM_THREADS": "4",
+    "PROCGROUP_TIMEOUT": "60",
+    "PROCGROUP_SECRET": "sekrit",
+    "PROCGROUP_HOSTNAME": "here",
+    "RANK": "3",
+    "MASTER_PORT": "1",
+    "HOME": "/root",
+    "HOSTNAME": "head",
+    "SSH_CONNECTION": "x",
+    "NCCL_DEBUG": "INFO",
+    "MY_VAR": "a b'c",
 }
 
 
@@ -166,7 +198,8 @@ def test_env_names_values_prefixes_and_all():
     assert "not set here, so not forwarded: UNSET_ONE" in p.describe(p.select(ENVIRON), ENVIRON)
     allv = EnvPolicy(everything=True).select(ENVIRON)
     assert "HOME" in allv and "MY_VAR" in allv
-    assert not {"HOSTNAME", "SSH_CONNECTION", "PROCGROUP_SECRET", "RANK", "MASTER_PORT", "PROCGROUP_HOSTNAME"} & set(allv)
+    never = {"HOSTNAME", "SSH_CONNECTION", "PROCGROUP_SECRET", "RANK", "MASTER_PORT", "PROCGROUP_HOSTNAME"}
+    assert not never & set(allv)
 
 
 @pytest.mark.parametrize("name", ["RANK", "PROCGROUP_SECRET", "1BAD"])
@@ -179,12 +212,22 @@ def test_env_policy_rejects_what_cannot_travel(name):
 
 
 def test_remote_command_quotes_everything_and_carries_no_secret():
-    cfg = LaunchConfig(entrypoint="my script.py", args=("--lr", "0.1", "it's"), nnodes=3, node_rank=0,
-                       master_addr="h1", master_port=0, from_head=True, log_dir="/l d", tee=True,
-                       ranks_filter=frozenset({0, 3}), prefix_format="[{host}:{rank}] ", max_restarts=2)
+    cfg = LaunchConfig(
+        entrypoint="my script.py",
+        args=("--lr", "0.1", "it's"),
+        nnodes=3,
+        node_rank=0,
+        master_addr="h1",
+        master_port=0,
+        from_head=True,
+        log_dir="/l d",
+        tee=True,
+        ranks_filter=frozenset({0, 3}),
+        prefix_format="[{host}:{rank}] ",
+        max_restarts=2,
+    )
     argv = agent_argv(cfg, node_rank=1, nnodes=3, nproc=4, master_addr="h1", master_port=5000, run_id="r1")
-    cmd = remote_command(cwd="/work dir", env={"PYTHONPATH": "/a b", "MY": "x'y"}, python="/usr/bin/python3",
-                         argv=argv)
+    cmd = remote_command(cwd="/work dir", env={"PYTHONPATH": "/a b", "MY": "x'y"}, python="/usr/bin/python3", argv=argv)
     toks = shlex.split(cmd)
     assert toks[:6] == ["cd", "/work dir", "&&", "exec", "env", "PYTHONPATH=/a b"]
     assert toks[6:11] == ["MY=x'y", "/usr/bin/python3", "-m", "procgroup", "run"]
@@ -194,8 +237,12 @@ def test_remote_command_quotes_everything_and_carries_no_secret():
     assert isinstance(ns, LaunchConfig)
     assert (ns.from_head, ns.nnodes, ns.node_rank, ns.nproc_per_node) == (True, 3, 1, 4)
     assert (ns.master_addr, ns.master_port, ns.run_id, ns.max_restarts) == ("h1", 5000, "r1", 2)
-    assert (ns.log_dir, ns.tee, ns.ranks_filter, ns.prefix_format) == ("/l d", True, frozenset({0, 3}),
-                                                                       "[{host}:{rank}] ")
+    assert (ns.log_dir, ns.tee, ns.ranks_filter, ns.prefix_format) == (
+        "/l d",
+        True,
+        frozenset({0, 3}),
+        "[{host}:{rank}] ",
+    )
 
 
 def test_node0_of_a_head_job_may_ask_for_any_port():
@@ -207,7 +254,19 @@ def test_node0_of_a_head_job_may_ask_for_any_port():
 
 def test_ssh_argv():
     assert ssh_argv(("ssh", "-F", "cfg"), "h2", "cmd", port=2222, options=("ConnectTimeout=5",)) == [
-        "ssh", "-F", "cfg", "-T", "-o", "BatchMode=yes", "-p", "2222", "-o", "ConnectTimeout=5", "h2", "cmd"]
+        "ssh",
+        "-F",
+        "cfg",
+        "-T",
+        "-o",
+        "BatchMode=yes",
+        "-p",
+        "2222",
+        "-o",
+        "ConnectTimeout=5",
+        "h2",
+        "cmd",
+    ]
 
 
 # --------------------------------------------------------------------------- --hostfile parsing
@@ -216,8 +275,23 @@ def test_ssh_argv():
 def test_hostfile_flag_gives_a_head_config(tmp_path):
     hf = tmp_path / "hosts"
     hf.write_text("h1 slots=2\nh2\nh3 slots=3\n")
-    c = parse_args(["--hostfile", str(hf), "--ssh-command", "ssh -F my cfg", "--ssh-option", "A=b",
-                    "--env", "FOO", "--env-prefix", "X_", "t.py", "a"], environ={})
+    c = parse_args(
+        [
+            "--hostfile",
+            str(hf),
+            "--ssh-command",
+            "ssh -F my cfg",
+            "--ssh-option",
+            "A=b",
+            "--env",
+            "FOO",
+            "--env-prefix",
+            "X_",
+            "t.py",
+            "a",
+        ],
+        environ={},
+    )
     assert isinstance(c, HeadConfig)
     assert [h.slots for h in c.hosts] == [2, 1, 3] and c.world_size == 6 and c.master == "h1"
     assert c.ssh_command == ("ssh", "-F", "my", "cfg") and c.ssh_options == ("A=b",)
@@ -228,12 +302,15 @@ def test_hostfile_flag_gives_a_head_config(tmp_path):
     assert [h.slots for h in c2.hosts] == [2, 4, 3]
 
 
-@pytest.mark.parametrize("extra, match", [
-    (["--node-rank", "1"], "--node-rank does not go with --hostfile"),
-    (["--nnodes", "2"], "lists 3 host"),
-    (["--standalone"], "--standalone does not go"),
-    (["--ranks-filter", "9"], "rank\\(s\\) \\[9\\]"),
-])
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["--node-rank", "1"], "--node-rank does not go with --hostfile"),
+        (["--nnodes", "2"], "lists 3 host"),
+        (["--standalone"], "--standalone does not go"),
+        (["--ranks-filter", "9"], "rank\\(s\\) \\[9\\]"),
+    ],
+)
 def test_hostfile_conflicts(tmp_path, extra, match):
     hf = tmp_path / "hosts"
     hf.write_text("h1\nh2\nh3\n")
@@ -257,9 +334,16 @@ def test_missing_hostfile():
 def one_task_per_node(rank: int) -> dict:
     """The N3n6 capture of rank 2*rank, turned into `srun -N3 --ntasks-per-node=1`'s task ``rank``."""
     e = env_of("slurm-netns-N3n6.env", rank * 2)
-    e.update(SLURM_PROCID=str(rank), SLURM_LOCALID="0", SLURM_STEP_TASKS_PER_NODE="1(x3)",
-             SLURM_TASKS_PER_NODE="1(x3)", SLURM_STEP_NUM_TASKS="3", SLURM_NTASKS="3", SLURM_NPROCS="3",
-             SLURM_GTIDS=str(rank))
+    e.update(
+        SLURM_PROCID=str(rank),
+        SLURM_LOCALID="0",
+        SLURM_STEP_TASKS_PER_NODE="1(x3)",
+        SLURM_TASKS_PER_NODE="1(x3)",
+        SLURM_STEP_NUM_TASKS="3",
+        SLURM_NTASKS="3",
+        SLURM_NPROCS="3",
+        SLURM_GTIDS=str(rank),
+    )
     return e
 
 
@@ -314,16 +398,43 @@ def test_secret_file_roundtrip_and_wait(tmp_path):
 
 
 def wr(rank, host, rc, end=1.0, *, sig=None, sig_at=None, err_ts=None):  # type: ignore[no-untyped-def]
-    error = None if err_ts is None else {"exc_type": "ValueError", "message": "boom", "timestamp": T0 + err_ts,
-                                         "traceback": "Traceback (most recent call last):\nValueError: boom\n"}
-    return WorkerResult(rank=rank, local_rank=rank % 2, host=host, pid=100 + rank, returncode=rc, start_time=T0,
-                        end_time=T0 + end, signaled_by_agent=sig, signaled_at=sig_at, error=error,
-                        stderr_tail=("a", "b"))
+    error = (
+        None
+        if err_ts is None
+        else {
+            "exc_type": "ValueError",
+            "message": "boom",
+            "timestamp": T0 + err_ts,
+            "traceback": "Traceback (most recent call last):\nValueError: boom\n",
+        }
+    )
+    return WorkerResult(
+        rank=rank,
+        local_rank=rank % 2,
+        host=host,
+        pid=100 + rank,
+        returncode=rc,
+        start_time=T0,
+        end_time=T0 + end,
+        signaled_by_agent=sig,
+        signaled_at=sig_at,
+        error=error,
+        stderr_tail=("a", "b"),
+    )
 
 
 def test_result_json_roundtrip():
-    r = RunResult(workers=(wr(0, "h1", 0), wr(1, "h1", 1, err_ts=0.5)), run_id="j", host="h1", restart_count=2,
-                  interrupted_by=None, leftovers_killed=("pid 9",), agent_errors=("x",), start_time=T0, end_time=T0 + 2)
+    r = RunResult(
+        workers=(wr(0, "h1", 0), wr(1, "h1", 1, err_ts=0.5)),
+        run_id="j",
+        host="h1",
+        restart_count=2,
+        interrupted_by=None,
+        leftovers_killed=("pid 9",),
+        agent_errors=("x",),
+        start_time=T0,
+        end_time=T0 + 2,
+    )
     back = result_from_json(result_to_json(r))
     assert back == r
     with pytest.raises(ValueError):
@@ -331,10 +442,18 @@ def test_result_json_roundtrip():
 
 
 def test_combined_root_cause_is_the_first_failure_on_any_node():
-    n0 = RunResult(workers=(wr(0, "h1", -15, sig=15, sig_at=T0 + 0.9), wr(1, "h1", -15, sig=15, sig_at=T0 + 0.9)),
-                   host="h1", start_time=T0, end_time=T0 + 1)
-    n1 = RunResult(workers=(wr(2, "h2", 1, end=0.8, err_ts=0.7), wr(3, "h2", 1, end=0.95, err_ts=0.9)),
-                   host="h2", start_time=T0, end_time=T0 + 1)
+    n0 = RunResult(
+        workers=(wr(0, "h1", -15, sig=15, sig_at=T0 + 0.9), wr(1, "h1", -15, sig=15, sig_at=T0 + 0.9)),
+        host="h1",
+        start_time=T0,
+        end_time=T0 + 1,
+    )
+    n1 = RunResult(
+        workers=(wr(2, "h2", 1, end=0.8, err_ts=0.7), wr(3, "h2", 1, end=0.95, err_ts=0.9)),
+        host="h2",
+        start_time=T0,
+        end_time=T0 + 1,
+    )
     c = combine_results([n0, n1], hosts=["h1", "h2"], run_id="j", restart_count=0)
     assert c.root_cause is not None and c.root_cause.rank == 2 and c.exit_code == 1 and c.nnodes == 2
     rc = format_root_cause(c)
@@ -351,8 +470,13 @@ def test_combined_interrupt_and_lost_nodes_are_failures():
     n1 = RunResult(workers=(wr(1, "h2", -15, sig=15, sig_at=T0),), host="h2")
     c = combine_results([n0, n1], hosts=["h1", "h2"], run_id="j", restart_count=0)
     assert c.exit_code == 130 and c.agent_errors == ("the agent on h1 received SIGINT",)
-    lost = combine_results([n0.__class__(workers=(wr(0, "h1", 0),), host="h1")], hosts=["h1", "h2"], run_id="j",
-                           restart_count=0, extra_errors=["node 1 (h2) stopped answering"])
+    lost = combine_results(
+        [n0.__class__(workers=(wr(0, "h1", 0),), host="h1")],
+        hosts=["h1", "h2"],
+        run_id="j",
+        restart_count=0,
+        extra_errors=["node 1 (h2) stopped answering"],
+    )
     assert lost.is_failed() and lost.exit_code == 1
     assert format_root_cause(lost) == "### Root cause: node 1 (h2) stopped answering"
 
@@ -368,8 +492,17 @@ class Agents:
         self.woken = [threading.Event() for _ in range(n)]
         self.gangs = []
         for k in range(n):
-            g = Gang(host=f"h{k + 1}", master_addr="127.0.0.1", port=0, nnodes=n, node0=k == 0, join_timeout=10,
-                     interrupted=lambda: False, wakeup=self.woken[k].set, progress=lambda m: None)
+            g = Gang(
+                host=f"h{k + 1}",
+                master_addr="127.0.0.1",
+                port=0,
+                nnodes=n,
+                node0=k == 0,
+                join_timeout=10,
+                interrupted=lambda: False,
+                wakeup=self.woken[k].set,
+                progress=lambda m: None,
+            )
             self.gangs.append(g)
         self.gangs[0].serve("s3cret", bind_host="127.0.0.1")
         for g in self.gangs[1:]:
@@ -382,9 +515,17 @@ class Agents:
         errs: list = [None] * self.n
 
         def go(k: int) -> None:
-            me = AgentInfo(host=f"h{k + 1}", pid=k, nproc=2, nnodes=self.n, run_id="j", max_restarts=0,
-                           node_rank=None if ranks is None else ranks[k], hosts_store=k == 0,
-                           worker_port=5555 if k == 0 else None)
+            me = AgentInfo(
+                host=f"h{k + 1}",
+                pid=k,
+                nproc=2,
+                nnodes=self.n,
+                run_id="j",
+                max_restarts=0,
+                node_rank=None if ranks is None else ranks[k],
+                hosts_store=k == 0,
+                worker_port=5555 if k == 0 else None,
+            )
             try:
                 out[k] = self.gangs[k].join(gen, me)
             except BaseException as e:  # noqa: BLE001
@@ -433,8 +574,9 @@ def test_gang_join_failure_record_and_results(agents):
         assert ag.woken[k].wait(5), f"agent {k} was not woken by the failure record"
         assert watchers[k].abort_record == rec
     for k, g in enumerate(ag.gangs):
-        g.post_result(0, k, RunResult(workers=(wr(2 * k, f"h{k + 1}", 0), wr(2 * k + 1, f"h{k + 1}", 0)),
-                                      host=f"h{k + 1}"))
+        g.post_result(
+            0, k, RunResult(workers=(wr(2 * k, f"h{k + 1}", 0), wr(2 * k + 1, f"h{k + 1}", 0)), host=f"h{k + 1}")
+        )
     got, errors = ag.gangs[2].collect(0, assignment, settle=5)
     assert sorted(got) == [0, 1, 2] and errors == []
     assert [w.rank for n in sorted(got) for w in got[n].workers] == list(range(6))

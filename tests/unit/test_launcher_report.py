@@ -18,14 +18,28 @@ T0 = 1_000_000.0
 
 
 def w(rank: int, rc: int, end: float = 1.0, *, sig_by_agent=None, sig_at=None, error=None, tail=()):  # type: ignore[no-untyped-def]
-    return WorkerResult(rank=rank, local_rank=rank, host="h", pid=100 + rank, returncode=rc, start_time=T0,
-                        end_time=T0 + end, signaled_by_agent=sig_by_agent, signaled_at=sig_at, error=error,
-                        stderr_tail=tuple(tail))
+    return WorkerResult(
+        rank=rank,
+        local_rank=rank,
+        host="h",
+        pid=100 + rank,
+        returncode=rc,
+        start_time=T0,
+        end_time=T0 + end,
+        signaled_by_agent=sig_by_agent,
+        signaled_at=sig_at,
+        error=error,
+        stderr_tail=tuple(tail),
+    )
 
 
 def err(ts: float, msg: str = "boom") -> dict:
-    return {"exc_type": "ValueError", "message": msg, "timestamp": T0 + ts,
-            "traceback": f"Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: {msg}\n"}
+    return {
+        "exc_type": "ValueError",
+        "message": msg,
+        "timestamp": T0 + ts,
+        "traceback": f'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: {msg}\n',
+    }
 
 
 def test_success_is_compact_and_exit_0():
@@ -95,8 +109,16 @@ def test_error_file_formats(tmp_path):
     p.write_text(json.dumps(err(1.0)))
     assert load_error_file(str(p))["exc_type"] == "ValueError"
     assert load_error_file(str(p), not_before=T0 + 100) is None  # stale: from an earlier run
-    p.write_text(json.dumps({"message": {"message": "RuntimeError: x", "extraInfo": {
-        "py_callstack": "Traceback...\nRuntimeError: x", "timestamp": str(int(T0))}}}))
+    p.write_text(
+        json.dumps(
+            {
+                "message": {
+                    "message": "RuntimeError: x",
+                    "extraInfo": {"py_callstack": "Traceback...\nRuntimeError: x", "timestamp": str(int(T0))},
+                }
+            }
+        )
+    )
     d = load_error_file(str(p))
     assert d["traceback"].endswith("RuntimeError: x") and d["timestamp"] == T0  # torch elastic @record
     p.write_text("{half")

@@ -30,8 +30,12 @@ def test_scan_leftovers_from_a_given_table():
 def test_one_table_answers_reap_and_scan():
     """A live grandchild is found and an exited child is not, from a single read of /proc."""
     child = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, sys, time; "
-         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"],
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)",
+        ],
     )
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     try:

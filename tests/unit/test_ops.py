@@ -354,9 +354,8 @@ def test_bf16_round_to_nearest_even():
         ],
         dtype=np.float32,
     )
-    x = np.concatenate([edge, rng.standard_normal(3000).astype(np.float32) * 10.0 ** rng.integers(-30, 30, 3000)]).astype(
-        np.float32
-    )
+    spread = rng.standard_normal(3000).astype(np.float32) * 10.0 ** rng.integers(-30, 30, 3000)
+    x = np.concatenate([edge, spread]).astype(np.float32)
     got = float32_to_bfloat16(x)
     want = np.array([_bf16_round_ref(float(v)) for v in x], dtype=np.uint16)
     bad = np.nonzero(got != want)[0]

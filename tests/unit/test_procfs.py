@@ -25,7 +25,9 @@ def test_dead_and_zombie_children_are_not_alive():
     while procfs.stat(p.pid) and procfs.stat(p.pid).state != "Z" and deadline:
         deadline -= 1
         os.sched_yield() if hasattr(os, "sched_yield") else None
-        import time; time.sleep(0.01)
+        import time
+
+        time.sleep(0.01)
     assert not procfs.pid_alive(p.pid)  # a zombie is not alive
     p.wait()
     assert not procfs.pid_alive(p.pid) and procfs.stat(p.pid) is None

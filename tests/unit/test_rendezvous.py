@@ -13,7 +13,15 @@ from ..conftest import run_ranks
 
 
 def info(rank: int, ws: int, host: str = "h", pid: int = 0) -> MemberInfo:
-    return MemberInfo(rank=rank, world_size=ws, hostname=host, host_key=host, addr="127.0.0.1", pid=pid or 1000 + rank, nonce=f"n{rank}-{pid}")
+    return MemberInfo(
+        rank=rank,
+        world_size=ws,
+        hostname=host,
+        host_key=host,
+        addr="127.0.0.1",
+        pid=pid or 1000 + rank,
+        nonce=f"n{rank}-{pid}",
+    )
 
 
 @pytest.mark.parametrize(
@@ -52,7 +60,7 @@ def test_decide():
     assert decide(3, [0, 1, 2], None).action == "done"
     d = decide(4, [0, 3], None)
     assert d.action == "wait" and d.missing == (1, 2)
-    assert decide(2, [0, 1], "boom") .action == "fail"
+    assert decide(2, [0, 1], "boom").action == "fail"
 
 
 def test_all_join():

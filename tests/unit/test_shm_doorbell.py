@@ -26,8 +26,9 @@ def pair() -> Any:
     out: List[Optional[ShmTransport]] = [None, None]
 
     def make(r: int) -> None:
-        out[r] = ShmTransport(store, r, 2, local_ranks=[0, 1], job_id=job, deadline=Deadline.after(30),
-                              slice_s=5.0, options=ShmOptions())
+        out[r] = ShmTransport(
+            store, r, 2, local_ranks=[0, 1], job_id=job, deadline=Deadline.after(30), slice_s=5.0, options=ShmOptions()
+        )
 
     threads = [threading.Thread(target=make, args=(r,), daemon=True) for r in range(2)]
     for t in threads:

@@ -397,10 +397,7 @@ def test_tcp_pipelined_requests_answered_in_order(server, connect, raw):
     other = connect()
     s = raw()
     s.sendall(
-        sc.encode(sc.Set("a", b"1"))
-        + sc.encode(sc.Wait(("b",), 5000))
-        + sc.encode(sc.Get("b"))
-        + sc.encode(sc.Ping())
+        sc.encode(sc.Set("a", b"1")) + sc.encode(sc.Wait(("b",), 5000)) + sc.encode(sc.Get("b")) + sc.encode(sc.Ping())
     )
     time.sleep(0.2)
     other.set("b", b"2")
@@ -476,7 +473,7 @@ def _record_connect_sleeps(monkeypatch) -> list[float]:
 
 
 def test_tcp_connect_refused_retries_stay_fast(monkeypatch):
-    """"Connection refused" (the host is up, rank 0 not listening yet) is retried every <= ~25 ms,
+    """ "Connection refused" (the host is up, rank 0 not listening yet) is retried every <= ~25 ms,
     not on a doubling backoff, so the clients find the store right after it opens."""
     import procgroup.store.tcp as store_mod
 

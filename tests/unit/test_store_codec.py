@@ -118,7 +118,7 @@ def test_roundtrip_byte_by_byte(sender, receiver, ev):
     data = StoreCodec(sender).send(ev)
     rx = StoreCodec(receiver)
     for i in range(len(data) - 1):
-        rx.receive_data(data[i:i + 1])
+        rx.receive_data(data[i : i + 1])
         assert rx.next_event() is NEED_DATA
         assert rx.mid_frame
     rx.receive_data(data[-1:])
@@ -294,7 +294,7 @@ def test_large_value_roundtrip_in_chunks():
     rx = StoreCodec("server")
     for i in range(0, len(data), 65536):
         assert rx.next_event() is NEED_DATA
-        rx.receive_data(data[i:i + 65536])
+        rx.receive_data(data[i : i + 65536])
     assert rx.next_event() == ev
 
 
@@ -317,7 +317,7 @@ def _feed_all(role: str, data: bytes, chunks: list[int]) -> None:
     pos = 0
     try:
         for n in chunks + [len(data)]:
-            rx.receive_data(data[pos:pos + n])
+            rx.receive_data(data[pos : pos + n])
             pos += n
             for ev in drain(rx):
                 assert type(ev) in (sc.REQUEST_TYPES if role == "server" else sc.RESPONSE_TYPES)
@@ -331,8 +331,11 @@ def _feed_all(role: str, data: bytes, chunks: list[int]) -> None:
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(role=st.sampled_from(["client", "server"]), data=st.binary(max_size=512),
-       chunks=st.lists(st.integers(1, 64), max_size=20))
+@given(
+    role=st.sampled_from(["client", "server"]),
+    data=st.binary(max_size=512),
+    chunks=st.lists(st.integers(1, 64), max_size=20),
+)
 def test_fuzz_random_bytes(role, data, chunks):
     _feed_all(role, data, chunks)
 
@@ -352,8 +355,9 @@ def framed_garbage(draw):
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(role=st.sampled_from(["client", "server"]), data=framed_garbage(),
-       chunks=st.lists(st.integers(1, 16), max_size=10))
+@given(
+    role=st.sampled_from(["client", "server"]), data=framed_garbage(), chunks=st.lists(st.integers(1, 16), max_size=10)
+)
 def test_fuzz_framed_garbage(role, data, chunks):
     _feed_all(role, data, chunks)
 

@@ -67,10 +67,17 @@ def test_add_error_message_truncates_a_long_value():
     assert isinstance(msg, sc.Error) and repr(b"x" * 40) in msg.message and repr(b"x" * 41) not in msg.message
 
 
-@pytest.mark.parametrize("start,amount,ok", [
-    (I64_MAX - 1, 1, True), (I64_MAX, 1, False), (I64_MIN + 1, -1, True), (I64_MIN, -1, False),
-    (None, I64_MAX, True), (None, I64_MIN, True),
-])
+@pytest.mark.parametrize(
+    "start,amount,ok",
+    [
+        (I64_MAX - 1, 1, True),
+        (I64_MAX, 1, False),
+        (I64_MIN + 1, -1, True),
+        (I64_MIN, -1, False),
+        (None, I64_MAX, True),
+        (None, I64_MIN, True),
+    ],
+)
 def test_add_overflow_bounds(start, amount, ok):
     s = StoreState() if start is None else state_with(c=str(start).encode())
     out = s.apply(sc.Add("c", amount))
@@ -178,7 +185,7 @@ class Shell:
     def call(self, who: int, ev: sc.Request) -> object:
         out = self.state.apply(ev, self.now)
         for k in out.wake:
-            for w, (park, missing) in list(self.parked.items()):
+            for w, (_park, missing) in list(self.parked.items()):
                 missing.discard(k)
                 if not missing:
                     del self.parked[w]
@@ -259,7 +266,8 @@ def test_every_outcome_is_consistent(reqs):
             assert all(s.get(k) is None for k in out.reply.missing)
         else:
             sc.StoreCodec("server").send(out.reply)
-        if isinstance(out.reply, sc.Error) or isinstance(ev, (sc.Get, sc.Wait, sc.Check, sc.MultiGet,
-                                                               sc.NumKeys, sc.Ping)):
+        if isinstance(out.reply, sc.Error) or isinstance(
+            ev, (sc.Get, sc.Wait, sc.Check, sc.MultiGet, sc.NumKeys, sc.Ping)
+        ):
             assert s.data == before  # reads and refused writes change nothing
         assert s.apply(sc.NumKeys()).reply == sc.Int(len(s.data))

@@ -17,8 +17,14 @@ import numpy as np
 import pytest
 
 from procgroup.deadline import Deadline
-from procgroup.errors import (ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError,
-                             StoreTimeoutError)
+from procgroup.errors import (
+    ClosedError,
+    ConfigError,
+    DistTimeoutError,
+    PeerFailureError,
+    ProcGroupError,
+    StoreTimeoutError,
+)
 from procgroup.protocol.frames import FLAG_MORE, encode_header
 from procgroup.transport import ANY_SOURCE, LoopbackTransport, MemoryHub, RouterTransport, Transport, connect_transport
 from procgroup.transport.shm import SHM_DIR, segment_prefix
@@ -112,8 +118,18 @@ def _form(kind: str, n: int, job: str, **kw: Any) -> List[Transport]:
     out: List[Optional[Transport]] = [None] * n
 
     def make(r: int) -> None:
-        out[r] = connect_transport(store, r, n, secret=b"conformance-secret", host_keys=host_keys,
-                                   advertise_addr="127.0.0.1", job_id=job, deadline=Deadline.after(30), mode=mode, **kw)
+        out[r] = connect_transport(
+            store,
+            r,
+            n,
+            secret=b"conformance-secret",
+            host_keys=host_keys,
+            advertise_addr="127.0.0.1",
+            job_id=job,
+            deadline=Deadline.after(30),
+            mode=mode,
+            **kw,
+        )
 
     errs: List[BaseException] = []
 
@@ -136,8 +152,12 @@ def _form(kind: str, n: int, job: str, **kw: Any) -> List[Transport]:
     ts: List[Transport] = out  # type: ignore[assignment]
     if kind == "router" and not isinstance(ts[0], RouterTransport):
         # one host or one rank per host: wrap, so that the dispatch layer is always exercised
-        ts = [RouterTransport({p: t for p in range(n) if p != t.rank}, LoopbackTransport(t.rank, n), t.rank, n)
-              if n > 1 else t for t in ts]
+        ts = [
+            RouterTransport({p: t for p in range(n) if p != t.rank}, LoopbackTransport(t.rank, n), t.rank, n)
+            if n > 1
+            else t
+            for t in ts
+        ]
     return ts
 
 
@@ -376,7 +396,7 @@ def test_self_send(world: Any) -> None:
     t = ts[0]
     t.send(0, TAG, b"before", dl())  # unexpected path
     out = bytearray(6)
-    assert t.recv(0, TAG, out, dl()) .source == 0 and bytes(out) == b"before"
+    assert t.recv(0, TAG, out, dl()).source == 0 and bytes(out) == b"before"
     req = t.irecv(0, TAG, out)  # posted path
     t.isend(0, TAG, b"after!").wait(dl())
     assert req.wait(dl()).nbytes == 6 and bytes(out) == b"after!"
@@ -449,8 +469,11 @@ def test_all_pairs(world: Any, n: int) -> None:
         ok = []
         for p in range(n):
             st = rreqs[p].wait(dl())
-            ok.append(st.source == p and st.nbytes == 1000 + p * 10 + r
-                      and np.array_equal(outs[p][: st.nbytes], pattern(1000 + p * 10 + r, p * n + r)))
+            ok.append(
+                st.source == p
+                and st.nbytes == 1000 + p * 10 + r
+                and np.array_equal(outs[p][: st.nbytes], pattern(1000 + p * 10 + r, p * n + r))
+            )
         return all(ok)
 
     assert run_ranks(ts, body) == [True] * n
@@ -599,8 +622,16 @@ def test_tcp_listener_survives_strangers(caplog: Any) -> None:
     out: List[Any] = [None, None]
 
     def make(r: int) -> None:
-        out[r] = TcpTransport(store, r, 2, peers=[1 - r], secret=b"job-secret", advertise_addr="127.0.0.1",
-                              deadline=Deadline.after(20), prefix="t")
+        out[r] = TcpTransport(
+            store,
+            r,
+            2,
+            peers=[1 - r],
+            secret=b"job-secret",
+            advertise_addr="127.0.0.1",
+            deadline=Deadline.after(20),
+            prefix="t",
+        )
 
     with caplog.at_level("WARNING", logger="procgroup.transport"):
         threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
@@ -631,8 +662,16 @@ def test_tcp_wrong_secret_fails_formation() -> None:
 
     def make(r: int) -> None:
         try:
-            TcpTransport(store, r, 2, peers=[1 - r], secret=b"secret-%d" % r, advertise_addr="127.0.0.1",
-                         deadline=Deadline.after(2), prefix="t").close()
+            TcpTransport(
+                store,
+                r,
+                2,
+                peers=[1 - r],
+                secret=b"secret-%d" % r,
+                advertise_addr="127.0.0.1",
+                deadline=Deadline.after(2),
+                prefix="t",
+            ).close()
         except BaseException as e:  # noqa: BLE001
             errs[r] = e
 
@@ -710,16 +749,36 @@ def test_cleanup_job_segments() -> None:
 
 def test_connect_transport_mode_checks() -> None:
     with pytest.raises(ConfigError, match="another host"):
-        connect_transport(DictStore(), 0, 2, secret=b"s", host_keys=["a", "b"], advertise_addr="127.0.0.1",
-                          job_id="x", deadline=dl(1), mode="shm")
+        connect_transport(
+            DictStore(),
+            0,
+            2,
+            secret=b"s",
+            host_keys=["a", "b"],
+            advertise_addr="127.0.0.1",
+            job_id="x",
+            deadline=dl(1),
+            mode="shm",
+        )
     with pytest.raises(ConfigError, match="auto, shm, tcp"):
-        connect_transport(DictStore(), 0, 2, secret=b"s", host_keys=["a", "a"], advertise_addr="127.0.0.1",
-                          job_id="x", deadline=dl(1), mode="udp")
+        connect_transport(
+            DictStore(),
+            0,
+            2,
+            secret=b"s",
+            host_keys=["a", "a"],
+            advertise_addr="127.0.0.1",
+            job_id="x",
+            deadline=dl(1),
+            mode="udp",
+        )
     with pytest.raises(ConfigError, match="host_keys"):
-        connect_transport(DictStore(), 0, 2, secret=b"s", host_keys=["a"], advertise_addr="127.0.0.1",
-                          job_id="x", deadline=dl(1))
-    t = connect_transport(DictStore(), 0, 1, secret=b"s", host_keys=["a"], advertise_addr="127.0.0.1",
-                          job_id="x", deadline=dl(1))
+        connect_transport(
+            DictStore(), 0, 2, secret=b"s", host_keys=["a"], advertise_addr="127.0.0.1", job_id="x", deadline=dl(1)
+        )
+    t = connect_transport(
+        DictStore(), 0, 1, secret=b"s", host_keys=["a"], advertise_addr="127.0.0.1", job_id="x", deadline=dl(1)
+    )
     assert t.kind == "loopback"
     t.close()
 
@@ -781,8 +840,10 @@ def _tcp_pair_with_raw_wire() -> Any:
         (lambda: encode_header(TAG, 100) + b"0123456789", r"closed inside a frame payload \(10/100 bytes\)"),
         (lambda: encode_header(TAG, 100)[:11], r"closed inside a frame header \(11/24 bytes\)"),
         (lambda: encode_header(TAG, 2, FLAG_MORE) + b"ab", "closed inside a multi-frame message"),
-        (lambda: encode_header(TAG, 2, FLAG_MORE) + b"ab" + encode_header(TAG + 1, 2) + b"cd",
-         f"continuation frame with tag {TAG + 1} inside a message with tag {TAG}"),
+        (
+            lambda: encode_header(TAG, 2, FLAG_MORE) + b"ab" + encode_header(TAG + 1, 2) + b"cd",
+            f"continuation frame with tag {TAG + 1} inside a message with tag {TAG}",
+        ),
     ],
     ids=["payload", "header", "multi-frame", "continuation-tag"],
 )
@@ -806,6 +867,7 @@ def test_tcp_multi_frame_message_too_big_for_buffer_keeps_the_stream_in_sync() -
     """The first frame fits the posted buffer, the whole message does not: a size error, then the next message."""
     ts = _form("tcp-small-frames", 2, "sync")
     try:
+
         def body(t: Transport) -> Any:
             if t.rank == 0:
                 t.recv(1, TAG + 1, bytearray(2), dl())  # rank 1 posted its receive: the frames go into its buffer
@@ -834,6 +896,7 @@ def test_tcp_unexpected_multi_frame_messages_interleaved_with_posted_ones() -> N
     ts = _form("tcp-small-frames", 2, "mixed")
     sizes = [0, 1, 4095, 4096, 4097, 20000, 100000, 12289]
     try:
+
         def body(t: Transport) -> Any:
             if t.rank == 0:
                 t.recv(1, TAG, bytearray(2), dl())  # rank 1 posted its receives

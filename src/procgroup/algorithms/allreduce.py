@@ -7,6 +7,7 @@ ranks from the same two operands with a commutative kernel.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
@@ -23,9 +24,39 @@ __all__ = [
     "allreduce_reduce_bcast",
     "allreduce_hierarchical",
     "host_layout",
+    "StageChoices",
+    "install_stage_choices",
 ]
 
 Kernel = Callable[[np.ndarray, np.ndarray], None]
+
+
+@dataclass(frozen=True)
+class StageChoices:
+    """How the hierarchical all_reduces pick the algorithm of each stage when the caller names none.
+
+    ``all_reduce_flat(p, nbytes, nelems)``, ``reduce(p, nbytes, nelems)`` and ``broadcast(p, nbytes)`` return
+    an algorithm.  The selection policy (:mod:`procgroup.algorithms.select`) installs its own on import,
+    so this module never imports it.
+    """
+
+    all_reduce_flat: Callable[[int, int, int], Callable[..., None]]
+    reduce: Callable[[int, int, int], Callable[..., None]]
+    broadcast: Callable[[int, int], Callable[..., None]]
+
+
+_stages = StageChoices(
+    all_reduce_flat=lambda p, nbytes, nelems: allreduce_recursive_doubling,
+    reduce=lambda p, nbytes, nelems: reduce_binomial,
+    broadcast=lambda p, nbytes: bcast_binomial,
+)
+
+
+def install_stage_choices(choices: StageChoices) -> None:
+    """Make ``choices`` pick the stage algorithms of :func:`allreduce_hierarchical` and the multi-leader one."""
+    global _stages
+    _stages = choices
+
 
 _RD0 = step(P_RD, 0)
 
@@ -119,7 +150,9 @@ def uniform_layout(hosts: List[List[int]]) -> bool:
     return len(hosts) > 1 and len(hosts[0]) > 1 and all(len(h) == len(hosts[0]) for h in hosts)
 
 
-def allreduce_multileader(comm: Any, buf: np.ndarray, reduce: Kernel, inter_allreduce: Optional[Callable[..., None]] = None) -> None:
+def allreduce_multileader(
+    comm: Any, buf: np.ndarray, reduce: Kernel, inter_allreduce: Optional[Callable[..., None]] = None
+) -> None:
     """Hierarchical all_reduce where every rank leads one slice: for L ranks on each of H hosts.
 
     1. within each host, ring reduce-scatter: local rank i holds slice i reduced over its host;
@@ -135,8 +168,6 @@ def allreduce_multileader(comm: Any, buf: np.ndarray, reduce: Kernel, inter_allr
     p, n = comm.size, buf.shape[0]
     if p == 1 or n == 0:
         return
-    from . import select  # late: select imports this module
-
     hosts = host_layout(list(comm.hosts), p)
     per = len(hosts[0])
     if not uniform_layout(hosts) or n < per:
@@ -146,9 +177,9 @@ def allreduce_multileader(comm: Any, buf: np.ndarray, reduce: Kernel, inter_allr
     li = mine.index(comm.rank)
     offs = partition(n, per)
     ring_reduce_scatter_inplace(SubComm(comm, mine, 1 * SPAN), buf, offs, reduce)
-    part = buf[offs[li]:offs[li + 1]]
+    part = buf[offs[li] : offs[li + 1]]
     if part.shape[0]:
-        f = inter_allreduce or select.choose_all_reduce_flat(len(hosts), part.nbytes, part.shape[0])
+        f = inter_allreduce or _stages.all_reduce_flat(len(hosts), part.nbytes, part.shape[0])
         f(SubComm(comm, [h[li] for h in hosts], 2 * SPAN), part, reduce)
     ring_allgather_inplace(SubComm(comm, mine, 3 * SPAN), buf, offs)
 
@@ -170,24 +201,22 @@ def allreduce_hierarchical(
     p = comm.size
     if p == 1 or buf.shape[0] == 0:
         return
-    from . import select  # late: select imports this module
-
     hosts = host_layout(list(comm.hosts), p)
     mine = next(h for h in hosts if comm.rank in h)
     leaders = [h[0] for h in hosts]
     nbytes = buf.nbytes
     if len(mine) > 1:
         local = SubComm(comm, mine, 1 * SPAN)
-        f = intra_reduce or select.choose_reduce(len(mine), nbytes, buf.shape[0])
+        f = intra_reduce or _stages.reduce(len(mine), nbytes, buf.shape[0])
         if f is reduce_binomial:
             reduce_binomial(local, buf, reduce, 0, preserve=False)
         else:
             f(local, buf, reduce, 0)
     if comm.rank == mine[0] and len(leaders) > 1:
         inter = SubComm(comm, leaders, 2 * SPAN)
-        g = inter_allreduce or select.choose_all_reduce_flat(len(leaders), nbytes, buf.shape[0])
+        g = inter_allreduce or _stages.all_reduce_flat(len(leaders), nbytes, buf.shape[0])
         g(inter, buf, reduce)
     if len(mine) > 1:
         local = SubComm(comm, mine, 3 * SPAN)
-        h = intra_bcast or select.choose_broadcast(len(mine), nbytes)
+        h = intra_bcast or _stages.broadcast(len(mine), nbytes)
         h(local, buf, 0)

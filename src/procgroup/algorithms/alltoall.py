@@ -25,7 +25,8 @@ def check_alltoall(
     p, r = comm.size, comm.rank
     if len(send_counts) != p or len(recv_counts) != p:
         raise ConfigError(
-            f"all_to_all needs one send and one receive count per rank ({p}), got {len(send_counts)} and {len(recv_counts)}"
+            f"all_to_all needs one send and one receive count per rank ({p}), "
+            f"got {len(send_counts)} and {len(recv_counts)}"
         )
     if any(int(c) < 0 for c in send_counts) or any(int(c) < 0 for c in recv_counts):
         raise ConfigError("all_to_all counts must be >= 0")

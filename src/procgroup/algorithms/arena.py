@@ -87,7 +87,7 @@ def allgather_arena(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None
     n = sendbuf.shape[0]
     dt = recvbuf.dtype
     for i, v in enumerate(views):
-        recvbuf[i * n:(i + 1) * n] = np.frombuffer(v, dt, n)
+        recvbuf[i * n : (i + 1) * n] = np.frombuffer(v, dt, n)
 
 
 def barrier_arena(comm: Any) -> None:

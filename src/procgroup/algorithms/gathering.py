@@ -222,7 +222,14 @@ def allgather_bruck(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None
     rnd = 0
     while dist < p:
         cnt = min(dist, p - dist)
-        exchange(comm, (r - dist) % p, stage[: cnt * blk], (r + dist) % p, stage[dist * blk : (dist + cnt) * blk], step(P_BRUCK, rnd))
+        exchange(
+            comm,
+            (r - dist) % p,
+            stage[: cnt * blk],
+            (r + dist) % p,
+            stage[dist * blk : (dist + cnt) * blk],
+            step(P_BRUCK, rnd),
+        )
         dist <<= 1
         rnd += 1
     k = (p - r) * blk

@@ -53,18 +53,20 @@ import numpy as np
 from ..errors import ConfigError
 from ._util import flat
 from .allreduce import (
+    StageChoices,
     allreduce_hierarchical,
     allreduce_multileader,
     allreduce_recursive_doubling,
     allreduce_reduce_bcast,
     allreduce_ring,
     host_layout,
+    install_stage_choices,
     uniform_layout,
 )
 from .alltoall import alltoall_linear, alltoall_pairwise
 from .arena import allgather_arena, allreduce_arena, barrier_arena, bcast_arena, fits, reduce_arena
-from .dissemination import barrier_dissemination
 from .bcast import bcast_binomial, bcast_scatter_allgather
+from .dissemination import barrier_dissemination
 from .gathering import (
     allgather_bruck,
     allgather_ring,
@@ -75,8 +77,8 @@ from .gathering import (
     scatter_binomial,
     scatter_linear,
 )
-from .reduction import reduce_binomial, reduce_scatter_gather
 from .redscat import reduce_scatter_allreduce, reduce_scatter_ring
+from .reduction import reduce_binomial, reduce_scatter_gather
 
 __all__ = [
     "ALLREDUCE_SMALL",
@@ -162,6 +164,7 @@ def _forced(collective: str) -> Optional[Callable[..., None]]:
 
 # ----------------------------------------------------------------------------- choices
 def choose_all_reduce_flat(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
+    """All-reduce among ``p`` ranks without host structure: recursive doubling or ring."""
     if nbytes <= ALLREDUCE_SMALL or nelems < p:
         return allreduce_recursive_doubling
     return allreduce_ring
@@ -188,6 +191,7 @@ def _hierarchical_applies(hosts: Sequence[str], p: int) -> bool:
 
 
 def choose_all_reduce(comm: Any, nbytes: int, nelems: int) -> Callable[..., None]:
+    """The all-reduce for ``comm`` and this size: forced, arena, hierarchical or flat."""
     f = _forced("all_reduce")
     if f is not None:
         return f
@@ -201,6 +205,7 @@ def choose_all_reduce(comm: Any, nbytes: int, nelems: int) -> Callable[..., None
 
 
 def choose_broadcast(p: int, nbytes: int) -> Callable[..., None]:
+    """Broadcast among ``p`` ranks: binomial tree, or scatter + all-gather when large."""
     f = _forced("broadcast")
     if f is not None:
         return f
@@ -210,12 +215,19 @@ def choose_broadcast(p: int, nbytes: int) -> Callable[..., None]:
 
 
 def choose_reduce(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
+    """Reduce among ``p`` ranks: binomial tree, or reduce-scatter + gather when large."""
     f = _forced("reduce")
     if f is not None:
         return f
     if nbytes <= REDUCE_SMALL or nelems < p:
         return reduce_binomial
     return reduce_scatter_gather
+
+
+# the hierarchical all_reduces pick their stages with this policy (they do not import this module)
+install_stage_choices(
+    StageChoices(all_reduce_flat=choose_all_reduce_flat, reduce=choose_reduce, broadcast=choose_broadcast)
+)
 
 
 # ----------------------------------------------------------------------------- entry points

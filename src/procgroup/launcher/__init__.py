@@ -27,7 +27,9 @@ srun
 On several nodes, a failure anywhere stops every worker everywhere (the failing node's agent writes a
 failure record to the store; the others watch it), every agent prints the root cause and exits with the
 same code, node 0 (or the head) prints the table of all ranks, and ``--max-restarts`` restarts the whole
-gang on every node.  Modules: :mod:`.cli` (flags -> config), :mod:`.agent` (one node),
-:mod:`.gang` (the agents' protocol), :mod:`.hosts` + :mod:`.head` (ssh), :mod:`.slurm`,
-:mod:`.workers` (processes), :mod:`.report` (results), :mod:`.bootstrap` (worker entry point).
+gang on every node.  Modules: :mod:`.cli` (flags) -> :mod:`.config` (the frozen configuration),
+:mod:`.agent` (one node) with :mod:`.attempt` (one generation's pieces) and :mod:`.jobsecret`,
+:mod:`.gang` (the agents' protocol), :mod:`.hosts` + :mod:`.head` (ssh), :mod:`.control` (the head <-> agent
+link; its messages are :mod:`procgroup.protocol.control`), :mod:`.slurm`, :mod:`.workers` (processes),
+:mod:`.report` (results), :mod:`.bootstrap` (worker entry point).
 """

@@ -41,10 +41,8 @@ watcher wake the agent through ``signal.set_wakeup_fd``'s pipe.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import select
 import shutil
 import signal
 import socket
@@ -55,33 +53,44 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING, Mapping, Optional
 
-from ..config import ENV, env_str
+from ..config import ENV, SHM_DIR, SHM_SEGMENT_PREFIX, env_str
 from ..deadline import Deadline
 from ..errors import ConfigError, PortInUseError, RendezvousError
-from .cli import OMP_NUM_THREADS, LaunchConfig, Placement, worker_env
+from ..protocol.control import ControlMessage, PortAnnounce, Report
+from .attempt import (
+    LEFTOVER_TIMEOUT,
+    Attempt,
+    check_workers_port,
+    failure_record,
+    kill_leftovers,
+    pick_workers_port,
+    terminal,
+    worker_result,
+    worker_specs,
+)
+from .config import OMP_NUM_THREADS, LaunchConfig, Placement
+from .control import (
+    CTL_MARK,
+    HELLO_TIMEOUT,
+    agent_line,
+    die_with_session,
+    read_hello,
+    watch_stdin,
+)
+from .jobsecret import remove_secret_file, resolve_secret
 from .report import (
     RunResult,
-    WorkerResult,
     combine_results,
     format_root_cause,
     format_summary,
-    load_error_file,
     result_to_json,
     slim,
-    worker_to_dict,
 )
 from .signals import SignalWaiter
 from .workers import (
-    BOOTSTRAP_PATH,
     KILL_TIMEOUT,
     LineSink,
-    Worker,
     WorkerGroup,
-    WorkerSpec,
-    kill_pids,
-    proc_table,
-    reap_adopted_zombies,
-    scan_leftovers,
     set_child_subreaper,
     signal_name,
 )
@@ -99,15 +108,6 @@ OMP_WARNING = (
 )
 #: How long to wait for the last output of dead workers (pipes held by nobody).
 DRAIN_TIMEOUT = 2.0
-#: How long killed leftovers get to disappear before they are reported as survivors.
-LEFTOVER_TIMEOUT = 2.0
-#: Control lines an agent started by a head node writes on its stdout: ``CTL_MARK + nonce + " " + JSON``.
-CTL_MARK = "#procgroup-ctl:"
-#: Lines of a failed worker's traceback carried in its failure record.
-TRACEBACK_TAIL = 30
-_PR_SET_PDEATHSIG = 1
-_HELLO_MAX = 1 << 16
-_HELLO_TIMEOUT = 30.0
 
 
 class RunState(str, Enum):
@@ -120,12 +120,6 @@ class RunState(str, Enum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     INTERRUPTED = "INTERRUPTED"
-
-
-#: Where the shm transport keeps its segments and how every segment's name starts
-#: (``procgroup.transport.shm.SHM_DIR`` / ``segment_prefix``; a unit test keeps them in step).
-SHM_DIR = "/dev/shm"
-SHM_SEGMENT_PREFIX = "procgroup-"
 
 
 def _any_shm_segment() -> bool:
@@ -182,11 +176,48 @@ class LocalAgent(SignalWaiter):
         self._tmpdir: Optional[str] = None
         self._subreaper = False
         self._reported_nodes: list[int] = []
+        self._last_gen: Optional[int] = None  # the last generation started (its shm segments are checked)
 
     # ------------------------------------------------------------------ public
 
     def run(self) -> RunResult:
         """Run the job to the end; never raises for a worker failure (see the result)."""
+        secret = self._prepare()
+        self._last_gen = None
+        # Only the agents' protocol raises GangAborted; on one node ``except ()`` catches nothing and the
+        # gang module is not even imported.
+        aborted: tuple[type[BaseException], ...] = ()
+        try:
+            self._install_signals()
+            if self.cfg.from_head:
+                threading.Thread(target=self._watch_stdin, name="procgroup-head-stdin", daemon=True).start()
+            if self._multi:
+                from .gang import GangAborted  # noqa: PLC0415
+
+                aborted = (GangAborted,)
+                try:
+                    secret = self._open_gang(secret)
+                except aborted as e:
+                    result = self._aborted_result(str(e), 0)
+                    self._report(result)
+                    return result
+            assert secret is not None
+            result = self._generations(secret, aborted)
+            self._report(result)
+            return result
+        finally:
+            self._cleanup_shm(self._last_gen)
+            if self.gang is not None:
+                self.gang.close(self.node_rank, self._last_gen, self._reported_nodes)
+            self._remove_secret_file()
+            self._restore_signals()
+            if self._tmpdir is not None:
+                shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+    def _prepare(self) -> Optional[str]:
+        """Checks and setup before any signal handler is installed: the program exists, the head's hello
+        (--from-head), whether this is node 0, the secret, the log directory, the child subreaper.
+        Returns the secret (None: an srun node other than 0, see :meth:`_secret`); raises ConfigError."""
         cfg = self.cfg
         if not cfg.module and not cfg.no_python and not os.path.exists(cfg.entrypoint):
             raise ConfigError(
@@ -202,72 +233,64 @@ class LocalAgent(SignalWaiter):
             try:
                 os.makedirs(cfg.log_dir, exist_ok=True)
             except OSError as e:
-                raise ConfigError(f"--log-dir {cfg.log_dir!r}: cannot create it ({e.strerror or e}); "
-                                  "choose a writable directory") from e
+                raise ConfigError(
+                    f"--log-dir {cfg.log_dir!r}: cannot create it ({e.strerror or e}); choose a writable directory"
+                ) from e
         self._subreaper = set_child_subreaper()
-        restart = 0
-        last_gen: Optional[int] = None
-        # Only the agents' protocol raises GangAborted; on one node ``except ()`` catches nothing and the
-        # gang module is not even imported.
-        aborted: tuple[type[BaseException], ...] = ()
-        try:
-            self._install_signals()
-            if cfg.from_head:
-                threading.Thread(target=self._watch_stdin, name="procgroup-head-stdin", daemon=True).start()
-            if self._multi:
-                from .gang import GangAborted  # noqa: PLC0415
+        return secret
 
-                aborted = (GangAborted,)
-                try:
-                    secret = self._open_gang(secret)
-                except aborted as e:
-                    result = self._aborted_result(str(e), 0)
-                    self._report(result)
-                    return result
-            assert secret is not None
-            while True:
-                try:
-                    placement, assignment = self._plan(restart)
-                except aborted as e:
-                    result = self._aborted_result(str(e), restart)
-                    self.state = RunState.INTERRUPTED if result.interrupted_by is not None else RunState.FAILED
-                    break
-                last_gen = restart
-                if restart == 0 and placement.local_world_size > 1 and OMP_NUM_THREADS not in self.environ \
-                        and not (cfg.from_head and placement.node_rank != 0):
-                    self.sink.text(OMP_WARNING)
-                local = self._run_attempt(secret, restart, placement, assignment)
-                result = self._conclude(local, restart, assignment)
-                if not result.is_failed():
-                    self.state = RunState.SUCCEEDED
-                    break
-                if result.interrupted_by is not None:
-                    self.state = RunState.INTERRUPTED
-                    break
-                if restart >= cfg.max_restarts or result.spawn_error is not None or result.agent_errors:
-                    self.state = RunState.FAILED
-                    break
-                self.state = RunState.RESTARTING
-                if not (cfg.from_head and self.node_rank != 0):  # the head relays node 0's lines only once
-                    report = format_root_cause(result)
-                    if self._speaks_for_job():
-                        report = (report + "\n" if report else "") + format_summary(result, max_restarts=cfg.max_restarts)
-                    if report:
-                        self.sink.text(report)
-                    n = len(result.workers)
-                    where = f" on {result.nnodes} nodes" if result.nnodes > 1 else ""
-                    self._say(f"restarting all {n} workers{where} (restart {restart + 1} of max {cfg.max_restarts})")
-                restart += 1
-            self._report(result)
-            return result
-        finally:
-            self._cleanup_shm(last_gen)
-            if self.gang is not None:
-                self.gang.close(self.node_rank, last_gen, self._reported_nodes)
-            self._remove_secret_file()
-            self._restore_signals()
-            if self._tmpdir is not None:
-                shutil.rmtree(self._tmpdir, ignore_errors=True)
+    def _generations(self, secret: str, aborted: tuple[type[BaseException], ...]) -> RunResult:
+        """Run generation after generation (the gang restarts) until one ends for good; sets ``state``."""
+        cfg = self.cfg
+        restart = 0
+        while True:
+            try:
+                placement, assignment = self._plan(restart)
+            except aborted as e:
+                result = self._aborted_result(str(e), restart)
+                self.state = RunState.INTERRUPTED if result.interrupted_by is not None else RunState.FAILED
+                return result
+            self._last_gen = restart
+            if (
+                restart == 0
+                and placement.local_world_size > 1
+                and OMP_NUM_THREADS not in self.environ
+                and not (cfg.from_head and placement.node_rank != 0)
+            ):
+                self.sink.text(OMP_WARNING)
+            local = self._run_attempt(secret, restart, placement, assignment)
+            result = self._conclude(local, restart, assignment)
+            final = self._final_state(result, restart)
+            if final is not None:
+                self.state = final
+                return result
+            self.state = RunState.RESTARTING
+            self._announce_restart(result, restart)
+            restart += 1
+
+    def _final_state(self, result: RunResult, restart: int) -> Optional[RunState]:
+        """How the job ends after generation ``restart`` gave ``result``; None: restart the gang."""
+        if not result.is_failed():
+            return RunState.SUCCEEDED
+        if result.interrupted_by is not None:
+            return RunState.INTERRUPTED
+        if restart >= self.cfg.max_restarts or result.spawn_error is not None or result.agent_errors:
+            return RunState.FAILED
+        return None
+
+    def _announce_restart(self, result: RunResult, restart: int) -> None:
+        """Print the failed generation's root cause (and, for the job, its table), then the restart line."""
+        cfg = self.cfg
+        if cfg.from_head and self.node_rank != 0:  # the head relays node 0's lines only once
+            return
+        report = format_root_cause(result)
+        if self._speaks_for_job():
+            report = (report + "\n" if report else "") + format_summary(result, max_restarts=cfg.max_restarts)
+        if report:
+            self.sink.text(report)
+        n = len(result.workers)
+        where = f" on {result.nnodes} nodes" if result.nnodes > 1 else ""
+        self._say(f"restarting all {n} workers{where} (restart {restart + 1} of max {cfg.max_restarts})")
 
     def _cleanup_shm(self, last_gen: Optional[int]) -> None:
         """Unlink shared-memory segments of this job that workers could not (all SIGKILLed while forming)."""
@@ -282,96 +305,32 @@ class LocalAgent(SignalWaiter):
     # ------------------------------------------------------------------ setup
 
     def _secret(self, node0: bool = True) -> Optional[str]:
-        """The job secret: the head's (stdin) > PROCGROUP_SECRET > --secret-file > srun's shared file > a fresh
-        one (one node).  None: an srun node other than 0, which reads node 0's file while connecting."""
-        cfg = self.cfg
-        if self._head_secret is not None:  # whatever a host's own environment says, the job's is the head's
-            return self._head_secret
-        s = env_str(ENV.SECRET, self.environ)
-        if s is not None:
-            return s
-        if cfg.secret_file is not None:
-            from .slurm import read_secret_file  # noqa: PLC0415
-
-            v = read_secret_file(cfg.secret_file)
-            if v is None:
-                raise ConfigError(f"--secret-file {cfg.secret_file!r}: no such file")
-            return v
-        if cfg.slurm_step is not None and cfg.nnodes > 1:
-            from .slurm import secret_path, write_secret_file  # noqa: PLC0415
-
-            if node0:
-                self._secret_file = secret_path(cfg.slurm_step)
-                return write_secret_file(self._secret_file)
-            return None
-        if cfg.nnodes > 1:
-            raise ConfigError(
-                f"--nnodes {self.cfg.nnodes}: every node must use the same job secret, and separate "
-                f"`procgroup run` invocations cannot agree on a random one; export the same {ENV.SECRET} on every "
-                f"node, e.g. {ENV.SECRET}=$(python -c 'import secrets; print(secrets.token_hex(32))'), or pass "
-                "--secret-file FILE (on a shared filesystem, or copied to every node). The head-node mode "
-                "(--hostfile) and srun share a secret themselves"
-            )
-        # What protocol.auth.new_secret() returns (secrets.token_hex(32)), without importing hmac and
-        # OpenSSL's hashlib into the launcher before it spawns the workers (~5-15 ms).
-        return os.urandom(32).hex()
+        """The job secret (:func:`~.jobsecret.resolve_secret`); remembers the srun file node 0 wrote."""
+        secret, written = resolve_secret(self.cfg, self.environ, head_secret=self._head_secret, node0=node0)
+        if written is not None:
+            self._secret_file = written
+        return secret
 
     def _remove_secret_file(self) -> None:
-        if self._secret_file is not None:
-            try:
-                os.unlink(self._secret_file)
-            except OSError:
-                pass
-            self._secret_file = None
+        remove_secret_file(self._secret_file)
+        self._secret_file = None
 
     def _read_head_hello(self) -> None:
         """--from-head: one JSON line on stdin with the job secret and the control-line nonce."""
-        fd = self._stdin_fd
-        buf = b""
-        deadline = Deadline.after(_HELLO_TIMEOUT)
-        while b"\n" not in buf:
-            r, _, _ = select.select([fd], [], [], max(0.0, deadline.remaining()))
-            if not r:
-                raise ConfigError(f"--from-head: no hello line from the head node on stdin within {_HELLO_TIMEOUT:g}s "
-                                  "(--from-head is for agents the head node starts over ssh)")
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                raise ConfigError("--from-head: stdin closed before the head node's hello line")
-            buf += chunk
-            if len(buf) > _HELLO_MAX:
-                raise ConfigError("--from-head: the hello line on stdin is too long")
-        try:
-            hello = json.loads(buf.split(b"\n", 1)[0])
-            self._head_secret = str(hello["secret"])
-            self._nonce = str(hello["nonce"])
-        except (ValueError, KeyError, TypeError):
-            raise ConfigError("--from-head: stdin did not start with the head node's hello line") from None
-        # Die with the ssh session even if it never closes our stdin.
-        if sys.platform.startswith("linux"):
-            try:
-                ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-            except (OSError, AttributeError):
-                pass
-            if os.getppid() == 1:
-                raise ConfigError("--from-head: the ssh session is already gone")
+        hello = read_hello(self._stdin_fd, HELLO_TIMEOUT)
+        self._head_secret = hello.secret
+        self._nonce = hello.nonce
+        die_with_session()
 
     def _watch_stdin(self) -> None:
         """--from-head: EOF on stdin (the head exited or closed the session) stops the job, like SIGTERM;
         a ``usr1`` line is the head passing on a SIGUSR1."""
-        buf = b""
-        try:
-            while True:
-                chunk = os.read(self._stdin_fd, 4096)
-                if not chunk:
-                    break
-                buf = (buf + chunk)[-4096:]
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if line.strip() == b"usr1":
-                        self._usr1 += 1
-                        self._poke()
-        except OSError:
-            pass
+
+        def usr1() -> None:
+            self._usr1 += 1
+            self._poke()
+
+        watch_stdin(self._stdin_fd, usr1)
         self._stdin_closed = True
         self._signals.append(signal.SIGTERM)
         self._poke()
@@ -380,20 +339,29 @@ class LocalAgent(SignalWaiter):
         from .gang import Gang, GangAborted  # noqa: PLC0415
 
         cfg = self.cfg
-        self.gang = Gang(host=self.hostname, master_addr=cfg.master_addr, port=cfg.master_port, nnodes=cfg.nnodes,
-                         node0=self._node0, join_timeout=cfg.join_timeout,
-                         interrupted=lambda: bool(self._signals), wakeup=self._poke, progress=self._say)
+        self.gang = Gang(
+            host=self.hostname,
+            master_addr=cfg.master_addr,
+            port=cfg.master_port,
+            nnodes=cfg.nnodes,
+            node0=self._node0,
+            join_timeout=cfg.join_timeout,
+            interrupted=lambda: bool(self._signals),
+            wakeup=self._poke,
+            progress=self._say,
+        )
         if self._node0:
             assert secret is not None
             try:
                 port = self.gang.serve(secret)
             except PortInUseError as e:
                 if cfg.node_rank is None:
-                    raise PortInUseError(f"{e}; if another agent of this job runs on this host, give each agent "
-                                         "its --node-rank") from None
+                    raise PortInUseError(
+                        f"{e}; if another agent of this job runs on this host, give each agent its --node-rank"
+                    ) from None
                 raise
             if cfg.from_head:
-                self._ctl({"event": "port", "port": port})
+                self._ctl(PortAnnounce(port=port))
         if secret is not None:
             fixed = secret
             self.gang.connect(lambda: fixed)
@@ -421,16 +389,24 @@ class LocalAgent(SignalWaiter):
         cfg = self.cfg
         if self.gang is None:
             if self.port is None:
-                self.port = self._pick_port()
+                self.port = pick_workers_port(cfg)
             else:
-                self._check_port(self.port)
+                check_workers_port(cfg.master_addr, self.port)
             return Placement.uniform(cfg, self.port), None
         from ..netutil import free_port  # noqa: PLC0415
         from .gang import AgentInfo  # noqa: PLC0415
 
-        me = AgentInfo(host=self.hostname, pid=self.pid, nproc=cfg.nproc_per_node, nnodes=cfg.nnodes,
-                       run_id=cfg.run_id, max_restarts=cfg.max_restarts, node_rank=self.node_rank,
-                       hosts_store=self._node0, worker_port=free_port("0.0.0.0") if self._node0 else None)
+        me = AgentInfo(
+            host=self.hostname,
+            pid=self.pid,
+            nproc=cfg.nproc_per_node,
+            nnodes=cfg.nnodes,
+            run_id=cfg.run_id,
+            max_restarts=cfg.max_restarts,
+            node_rank=self.node_rank,
+            hosts_store=self._node0,
+            worker_port=free_port("0.0.0.0") if self._node0 else None,
+        )
         try:
             assignment, node = self.gang.join(restart, me)
         except RendezvousError as e:  # the nodes' flags disagree, too many agents, a timeout: same on every node
@@ -441,30 +417,12 @@ class LocalAgent(SignalWaiter):
             if cfg.ranks_filter is not None:
                 bad = sorted(r for r in cfg.ranks_filter if not 0 <= r < assignment.world_size)
                 if bad:
-                    raise ConfigError(f"--ranks-filter names rank(s) {bad} but the job has ranks "
-                                      f"0..{assignment.world_size - 1}")
+                    raise ConfigError(
+                        f"--ranks-filter names rank(s) {bad} but the job has ranks 0..{assignment.world_size - 1}"
+                    )
             if node == 0 and cfg.notes:
                 self._say("derived: " + "; ".join(cfg.notes))
         return assignment.placement(node, cfg.master_addr), assignment
-
-    def _pick_port(self) -> int:
-        cfg = self.cfg
-        if cfg.master_port == 0:
-            from ..netutil import free_port  # noqa: PLC0415
-
-            return free_port(cfg.master_addr)
-        self._check_port(cfg.master_port)
-        return cfg.master_port
-
-    def _check_port(self, port: int) -> None:
-        """The workers' rank 0 will listen on MASTER_PORT: make sure it can, naming the holder if not."""
-        from ..netutil import bind_listener, is_literal_loopback  # noqa: PLC0415
-
-        host = "127.0.0.1" if is_literal_loopback(self.cfg.master_addr) else "0.0.0.0"
-        try:
-            bind_listener(host, port).close()
-        except PortInUseError as e:
-            raise PortInUseError(str(e).replace(f"0.0.0.0:{port}", f"{self.cfg.master_addr}:{port}")) from None
 
     def _error_dir(self) -> str:
         if self.cfg.log_dir is not None:
@@ -472,54 +430,6 @@ class LocalAgent(SignalWaiter):
         if self._tmpdir is None:
             self._tmpdir = tempfile.mkdtemp(prefix=f"procgroup-{self.cfg.run_id}-")
         return self._tmpdir
-
-    def _specs(self, secret: str, restart: int, placement: Placement) -> list[WorkerSpec]:
-        cfg = self.cfg
-        suffix = "" if restart == 0 else f".restart{restart}"
-        specs = []
-        for local in range(placement.local_world_size):
-            rank = placement.rank(local)
-            error_file = os.path.join(self._error_dir(), f"rank{rank}{suffix}.error.json")
-            try:
-                os.unlink(error_file)  # never mistake an earlier run's error for this one's
-            except FileNotFoundError:
-                pass
-            env = worker_env(cfg, local, master_port=placement.master_port, secret=secret, hostname=self.hostname,
-                             error_file=error_file, restart_count=restart, base=self.environ, placement=placement,
-                             tty=self._tty())
-            argv = [sys.executable, BOOTSTRAP_PATH, "--parent-pid", str(self.pid)]
-            if cfg.no_python:
-                argv += ["--exec"]
-            else:
-                argv += ["--error-file", error_file, "--rank", str(rank), "--local-rank", str(local),
-                         "--host", self.hostname]
-                if cfg.module:
-                    argv += ["-m"]
-            argv += ["--", cfg.entrypoint, *cfg.args]
-            specs.append(WorkerSpec(
-                rank=rank,
-                local_rank=local,
-                argv=tuple(argv),
-                env=env,
-                prefix=cfg.format_prefix(local, self.hostname, placement),
-                error_file=error_file,
-                log_file=os.path.join(cfg.log_dir, f"rank{rank}.log") if cfg.log_dir else None,
-                log_append=restart > 0,
-                to_console=cfg.shows_rank(rank),
-            ))
-        return specs
-
-    def _tty(self) -> Optional[str]:
-        """The terminal this agent runs on (for dist.breakpoint() in a worker), if any."""
-        if self.cfg.from_head:
-            return None
-        for fd in (0, 1, 2):
-            try:
-                if os.isatty(fd):
-                    return os.ttyname(fd)
-            except OSError:
-                continue
-        return None
 
     # ------------------------------------------------------------------ messages
 
@@ -532,11 +442,11 @@ class LocalAgent(SignalWaiter):
     def _say(self, msg: str) -> None:
         self.sink.text(f"{self._label()}: {msg}")
 
-    def _ctl(self, obj: dict) -> None:
+    def _ctl(self, msg: ControlMessage) -> None:
         """A control line for the head node (--from-head), on stdout with the head's nonce."""
         if self._nonce is None:
             return
-        self.sink.line(f"{CTL_MARK}{self._nonce} {json.dumps(obj, separators=(',', ':'))}\n".encode(), err=False)
+        self.sink.line(agent_line(self._nonce, msg), err=False)
 
     def _speaks_for_job(self) -> bool:
         """Whether this agent prints the job-wide report: one node, or node 0 (the head relays node 0's)."""
@@ -546,143 +456,172 @@ class LocalAgent(SignalWaiter):
 
     # ------------------------------------------------------------------ one generation
 
-    def _worker_result(self, w: Worker) -> WorkerResult:
-        return WorkerResult(
-            rank=w.rank,
-            local_rank=w.spec.local_rank,
-            host=self.hostname,
-            pid=w.pid,
-            returncode=w.returncode,
-            start_time=w.start_time,
-            end_time=w.end_time,
-            signaled_by_agent=w.signaled_by_agent,
-            signaled_at=w.signaled_at,
-            error=load_error_file(w.spec.error_file, not_before=w.start_time),
-            stderr_tail=tuple(w.stderr_tail),
-        )
+    def _run_attempt(
+        self, secret: str, restart: int, placement: Placement, assignment: Optional[Assignment]
+    ) -> RunResult:
+        """One generation on this node: start the workers, supervise them until they end, fail, are
+        interrupted or another node stops the job, then tear down and return this node's result."""
+        att = self._start_attempt(secret, restart, placement, assignment)
+        try:
+            self._supervise(att, restart, assignment)
+        except BaseException:  # a bug in the agent itself: never leave the workers behind
+            att.group.stop(signal.SIGKILL, 0.0)
+            att.group.close()
+            raise
+        return self._stop_attempt(att, restart)
 
-    def _failure_record(self, w: Worker) -> dict:
-        """What the other agents learn the moment a worker of this node fails."""
-        wr = self._worker_result(w)
-        tb = str((wr.error or {}).get("traceback") or "").rstrip("\n").splitlines() or list(wr.stderr_tail)
-        return {
-            "reason": f"rank {wr.rank} on {self.hostname} failed ({wr.status()})",
-            "host": self.hostname, "node": self.node_rank, "rank": wr.rank, "local_rank": wr.local_rank,
-            "pid": wr.pid, "status": wr.status(), "returncode": wr.returncode, "timestamp": wr.failure_time,
-            "traceback_tail": tb[-TRACEBACK_TAIL:], "worker": worker_to_dict(wr),
-        }
-
-    def _run_attempt(self, secret: str, restart: int, placement: Placement,
-                     assignment: Optional[Assignment]) -> RunResult:
+    def _start_attempt(
+        self, secret: str, restart: int, placement: Placement, assignment: Optional[Assignment]
+    ) -> Attempt:
+        """Spawn generation ``restart``'s workers; on several nodes, publish their pids, pass on a spawn
+        failure to the other agents and start watching for theirs."""
         cfg = self.cfg
         gang = self.gang
         node = placement.node_rank
-        t0 = time.time()
-        group = WorkerGroup(self._specs(secret, restart, placement), self.sink)
-        spawn_error: Optional[str] = None
-        interrupted: Optional[int] = None
-        errors: list[str] = []
+        specs = worker_specs(
+            cfg,
+            secret=secret,
+            restart=restart,
+            placement=placement,
+            hostname=self.hostname,
+            environ=self.environ,
+            error_dir=self._error_dir(),
+            agent_pid=self.pid,
+            tty=terminal(cfg.from_head),
+        )
+        att = Attempt(group=WorkerGroup(specs, self.sink), start_time=time.time(), node=node)
         if restart and cfg.log_dir:
-            for s in group.specs:
+            for s in att.group.specs:
                 if s.log_file:
                     with open(s.log_file, "ab") as f:
                         f.write(f"===== procgroup: restart {restart} =====\n".encode())
         try:
-            group.start()
+            att.group.start()
         except OSError as e:
-            spawn_error = f"{e.strerror or e} while starting {sys.executable} for {cfg.entrypoint!r}"
-        self.state = RunState.HEALTHY if spawn_error is None else RunState.STOPPING
-        watcher = None
+            att.spawn_error = f"{e.strerror or e} while starting {sys.executable} for {cfg.entrypoint!r}"
+        self.state = RunState.HEALTHY if att.spawn_error is None else RunState.STOPPING
         if gang is not None and assignment is not None:
-            gang.publish_pids(restart, node, [[w.rank, w.spec.local_rank, w.pid] for w in group.workers])
-            if spawn_error is not None:
-                gang.abort(restart, {"reason": f"could not start the workers on {self.hostname}: {spawn_error}",
-                                     "host": self.hostname, "node": node, "timestamp": time.time()})
-            watcher = gang.watch(restart, node, assignment)
-        mapping_due = gang is not None and assignment is not None and node == 0 and spawn_error is None
+            gang.publish_pids(restart, node, [[w.rank, w.spec.local_rank, w.pid] for w in att.group.workers])
+            if att.spawn_error is not None:
+                gang.abort(
+                    restart,
+                    {
+                        "reason": f"could not start the workers on {self.hostname}: {att.spawn_error}",
+                        "host": self.hostname,
+                        "node": node,
+                        "timestamp": time.time(),
+                    },
+                )
+            att.watcher = gang.watch(restart, node, assignment)
+            att.mapping_due = node == 0 and att.spawn_error is None
+        return att
 
-        first_signal = signal.SIGTERM
+    def _supervise(self, att: Attempt, restart: int, assignment: Optional[Assignment]) -> None:
+        """Wait (event-driven) until a worker fails, all succeed, the agent is signalled or another node
+        stops the job; records in ``att`` why the generation ends.  Passes SIGUSR1 on to the workers."""
+        gang = self.gang
+        group = att.group
         usr1 = self._usr1
-        try:
-            while spawn_error is None:
-                if self._usr1 != usr1:
-                    usr1 = self._usr1
-                    group.forward(signal.SIGUSR1)
-                finished = group.poll()
-                failed = [w for w in finished if w.failed]
-                if failed:
-                    if gang is not None:
-                        gang.report_failure(restart, node, self._failure_record(failed[0]))
-                    break
-                if not group.alive():
-                    break
-                if self._signals:
-                    interrupted = self._signals[0]
-                    first_signal = interrupted
-                    if gang is not None:
-                        gang.abort(restart, {"reason": self._interrupt_reason(interrupted), "host": self.hostname,
-                                             "node": node, "timestamp": time.time()})
-                    break
-                if watcher is not None and watcher.triggered:
-                    if watcher.lost is not None:
-                        errors.append(watcher.lost)
-                    errors.extend(watcher.lost_nodes.values())
-                    rec = watcher.abort_record
-                    if rec is not None and "worker" not in rec and rec.get("node") != node:
-                        why = str(rec.get("reason") or "another agent stopped the job")
-                        if why not in errors:
-                            errors.append(why)
-                    break
-                if mapping_due:
-                    assert gang is not None and assignment is not None
-                    pids = gang.pids_if_ready(restart)
-                    if pids is not None:
-                        from .gang import format_mapping  # noqa: PLC0415
+        while att.spawn_error is None:
+            if self._usr1 != usr1:
+                usr1 = self._usr1
+                group.forward(signal.SIGUSR1)
+            finished = group.poll()
+            failed = [w for w in finished if w.failed]
+            if failed:
+                if gang is not None:
+                    gang.report_failure(restart, att.node, failure_record(failed[0], self.hostname, self.node_rank))
+                return
+            if not group.alive():
+                return
+            if self._signals:
+                att.interrupted = att.first_signal = self._signals[0]
+                if gang is not None:
+                    gang.abort(
+                        restart,
+                        {
+                            "reason": self._interrupt_reason(att.interrupted),
+                            "host": self.hostname,
+                            "node": att.node,
+                            "timestamp": time.time(),
+                        },
+                    )
+                return
+            if att.watcher is not None and att.watcher.triggered:
+                self._note_abort(att)
+                return
+            if att.mapping_due:
+                self._print_mapping(att, restart, assignment)
+            self._wake(0.25 if att.mapping_due else 1.0)
 
-                        self.sink.text(format_mapping(assignment, pids, run_id=cfg.run_id, restart=restart))
-                        mapping_due = False
-                self._wake(0.25 if mapping_due else 1.0)
-        except BaseException:  # a bug in the agent itself: never leave the workers behind
-            group.stop(signal.SIGKILL, 0.0)
-            group.close()
-            raise
+    def _note_abort(self, att: Attempt) -> None:
+        """Another node stopped the job (or the store was lost): keep the agents' reasons in ``att.errors``
+        (a worker failure elsewhere is reported from its own record, not as an agent error)."""
+        watcher = att.watcher
+        if watcher.lost is not None:
+            att.errors.append(watcher.lost)
+        att.errors.extend(watcher.lost_nodes.values())
+        rec = watcher.abort_record
+        if rec is not None and "worker" not in rec and rec.get("node") != att.node:
+            why = str(rec.get("reason") or "another agent stopped the job")
+            if why not in att.errors:
+                att.errors.append(why)
 
+    def _print_mapping(self, att: Attempt, restart: int, assignment: Optional[Assignment]) -> None:
+        """Node 0: once every node has published its pids, print the rank <-> host/pid table (once)."""
+        assert self.gang is not None and assignment is not None
+        pids = self.gang.pids_if_ready(restart)
+        if pids is not None:
+            from .gang import format_mapping  # noqa: PLC0415
+
+            self.sink.text(format_mapping(assignment, pids, run_id=self.cfg.run_id, restart=restart))
+            att.mapping_due = False
+
+    def _stop_attempt(self, att: Attempt, restart: int) -> RunResult:
+        """The teardown (signal, grace, SIGKILL, reap, leftovers, drain the output) and this node's result."""
+        cfg = self.cfg
+        group = att.group
         self.state = RunState.STOPPING
         seen = len(self._signals)
         # SIGTERM (or the signal the agent got) to every group, grace, SIGKILL, reap.  A further
         # signal to the agent during the grace period means "now": skip straight to SIGKILL.
-        stuck = group.stop(first_signal, cfg.term_timeout, self._wake, abort=lambda: len(self._signals) > seen)
+        stuck = group.stop(att.first_signal, cfg.term_timeout, self._wake, abort=lambda: len(self._signals) > seen)
         if stuck:
-            self._say("warning: " + ", ".join(f"rank {w.rank} (pid {w.pid})" for w in stuck)
-                      + " did not exit within 5 s of SIGKILL (uninterruptible sleep in the kernel?)")
-
-        killed, survivors = self._kill_leftovers(group)
+            self._say(
+                "warning: "
+                + ", ".join(f"rank {w.rank} (pid {w.pid})" for w in stuck)
+                + " did not exit within 5 s of SIGKILL (uninterruptible sleep in the kernel?)"
+            )
+        killed, survivors = kill_leftovers(self.pid, group, cfg.term_timeout, self._wake)
         if not group.pump.drain(Deadline.after(DRAIN_TIMEOUT)):
             self._say("warning: worker output pipes still open after teardown; some output may be missing")
         group.close()
+        interrupted = att.interrupted
         if interrupted is None and self._signals:
             interrupted = self._signals[0]  # arrived during teardown of a failure: still report it
+        errors = list(att.errors)
         if interrupted is not None and self._multi:
             errors.insert(0, self._interrupt_reason(interrupted))
-
         return RunResult(
-            workers=tuple(self._worker_result(w) for w in group.workers),
+            workers=tuple(worker_result(w, self.hostname) for w in group.workers),
             run_id=cfg.run_id,
             host=self.hostname,
             restart_count=restart,
             interrupted_by=interrupted,
             leftovers_killed=tuple(p.describe() for p in killed),
             still_alive=tuple(p.describe() for p in survivors),
-            spawn_error=spawn_error,
-            start_time=t0,
+            spawn_error=att.spawn_error,
+            start_time=att.start_time,
             end_time=time.time(),
             agent_errors=tuple(errors),
         )
 
     def _interrupt_reason(self, sig: int) -> str:
         if self._stdin_closed or (self.cfg.from_head and sig == signal.SIGTERM and os.getppid() == 1):
-            return f"the ssh session of the agent on {self.hostname} ended (the head node exited, was stopped, " \
-                   "or lost the connection)"
+            return (
+                f"the ssh session of the agent on {self.hostname} ended (the head node exited, was stopped, "
+                "or lost the connection)"
+            )
         return f"the agent on {self.hostname} received {signal_name(sig)}"
 
     def _conclude(self, local: RunResult, gen: int, assignment: Optional[Assignment]) -> RunResult:
@@ -696,19 +635,33 @@ class LocalAgent(SignalWaiter):
         if gang.watcher is not None:
             gang.watcher.stop()
         if self._signals and local.interrupted_by is None:
-            errors.append(f"the agent on {self.hostname} received {signal_name(self._signals[0])} "
-                          "while waiting for the other nodes")
-            gang.abort(gen, {"reason": errors[-1], "host": self.hostname, "node": self.node_rank,
-                             "timestamp": time.time()})
+            errors.append(
+                f"the agent on {self.hostname} received {signal_name(self._signals[0])} "
+                "while waiting for the other nodes"
+            )
+            gang.abort(
+                gen, {"reason": errors[-1], "host": self.hostname, "node": self.node_rank, "timestamp": time.time()}
+            )
         self._reported_nodes = sorted(got)
-        return combine_results([got[n] for n in sorted(got)], hosts=assignment.hosts, run_id=self.cfg.run_id,
-                               restart_count=gen, extra_errors=errors)
+        return combine_results(
+            [got[n] for n in sorted(got)],
+            hosts=assignment.hosts,
+            run_id=self.cfg.run_id,
+            restart_count=gen,
+            extra_errors=errors,
+        )
 
     def _aborted_result(self, why: str, gen: int) -> RunResult:
         interrupted = self._signals[0] if self._signals else None
         errors = () if interrupted is not None else (why,)
-        return RunResult(workers=(), run_id=self.cfg.run_id, host=self.hostname, restart_count=gen,
-                         interrupted_by=interrupted, agent_errors=errors)
+        return RunResult(
+            workers=(),
+            run_id=self.cfg.run_id,
+            host=self.hostname,
+            restart_count=gen,
+            interrupted_by=interrupted,
+            agent_errors=errors,
+        )
 
     def _report(self, result: RunResult) -> None:
         cfg = self.cfg
@@ -719,8 +672,14 @@ class LocalAgent(SignalWaiter):
                 self._say(f"error: {e}")
             return
         if cfg.from_head:
-            self._ctl({"event": "report", "node": self.node_rank, "host": self.hostname,
-                       "exit_code": result.exit_code, "result": json.loads(result_to_json(slim(result)))})
+            self._ctl(
+                Report(
+                    node=self.node_rank,
+                    host=self.hostname,
+                    exit_code=result.exit_code,
+                    result=json.loads(result_to_json(slim(result))),
+                )
+            )
             return
         report = format_root_cause(result)
         if report:
@@ -731,33 +690,7 @@ class LocalAgent(SignalWaiter):
             state = "FAILED" if result.is_failed() else "succeeded"
             self._say(f"the job {state} (exit code {result.exit_code}); node 0's agent prints the table of all ranks")
 
-    def _kill_leftovers(self, group: WorkerGroup):  # type: ignore[no-untyped-def]
-        """Kill every process still descending from the agent; returns (killed, survivors)."""
-        known = [w.pid for w in group.workers]
-        table = proc_table()  # one read of /proc answers both questions (zombies are not "left")
-        reap_adopted_zombies(self.pid, known, table)
-        left = scan_leftovers(self.pid, table=table)
-        if not left:
-            return [], []
-        kill_pids(left, signal.SIGTERM)
-        deadline = Deadline.after(min(self.cfg.term_timeout, LEFTOVER_TIMEOUT))
-        while not deadline.expired():
-            self._wake(0.05)
-            reap_adopted_zombies(self.pid, known)
-            if not scan_leftovers(self.pid):
-                break
-        kill_pids(scan_leftovers(self.pid), signal.SIGKILL)
-        deadline = Deadline.after(LEFTOVER_TIMEOUT)
-        survivors = scan_leftovers(self.pid)
-        while survivors and not deadline.expired():
-            self._wake(0.05)
-            reap_adopted_zombies(self.pid, known)
-            survivors = scan_leftovers(self.pid)
-        reap_adopted_zombies(self.pid, known)
-        return left, survivors
-
 
 def run(cfg: LaunchConfig, sink: Optional[LineSink] = None) -> int:
     """Run the job; the process exit code (0, the first failure's code, 128+signal)."""
     return LocalAgent(cfg, sink).run().exit_code
-

@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import NoReturn, Optional
+from typing import Mapping, NoReturn, Optional
 
 __all__ = ["main", "set_parent_death_signal", "write_error_file", "error_record"]
 
@@ -61,14 +61,15 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
         return False
 
 
-def _env_name(attr: str) -> str:
-    """A name from the contract table, imported only when the agent did not pass the value."""
+def _env(attr: str, environ: Mapping[str, str]) -> Optional[str]:
+    """The value of the contract variable ``ENV.<attr>`` in ``environ`` (None when unset or empty), read through
+    :func:`procgroup.config.env_str`; procgroup is imported only when the agent did not pass the value."""
     try:
-        from procgroup.config import ENV  # noqa: PLC0415 - deliberately lazy, see module docstring
+        from procgroup.config import ENV, env_str  # noqa: PLC0415 - deliberately lazy, see module docstring
     except ImportError:  # run by path without procgroup on sys.path: use the tree this file is in
         sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-        from procgroup.config import ENV  # noqa: PLC0415
-    return str(getattr(ENV, attr))
+        from procgroup.config import ENV, env_str  # noqa: PLC0415
+    return env_str(str(getattr(ENV, attr)), environ)
 
 
 def _is_own(filename: str) -> bool:
@@ -141,15 +142,22 @@ class _Args:
 
 
 def _usage(msg: str) -> NoReturn:
-    sys.stderr.write(f"procgroup bootstrap: {msg}\nusage: bootstrap [--error-file F] [--rank R] [--local-rank L] "
-                     "[--host H] [--parent-pid P] [--exec | -m] target [args...]\n")
+    sys.stderr.write(
+        f"procgroup bootstrap: {msg}\nusage: bootstrap [--error-file F] [--rank R] [--local-rank L] "
+        "[--host H] [--parent-pid P] [--exec | -m] target [args...]\n"
+    )
     sys.exit(2)
 
 
 def _parse(argv: list[str]) -> _Args:
     a = _Args()
-    valued = {"--error-file": "error_file", "--rank": "rank", "--local-rank": "local_rank",
-              "--host": "host", "--parent-pid": "parent_pid"}
+    valued = {
+        "--error-file": "error_file",
+        "--rank": "rank",
+        "--local-rank": "local_rank",
+        "--host": "host",
+        "--parent-pid": "parent_pid",
+    }
     i = 0
     while i < len(argv):
         tok = argv[i]
@@ -180,33 +188,33 @@ def _parse(argv: list[str]) -> _Args:
     if i >= len(argv):
         _usage("no target given")
     a.target = argv[i]
-    a.argv = argv[i + 1:]
+    a.argv = argv[i + 1 :]
     return a
 
 
-def _identity(a: _Args) -> tuple[Optional[int], Optional[int], str]:
-    def env_int(attr: str) -> Optional[int]:
+def _identity(a: _Args, environ: Mapping[str, str]) -> tuple[Optional[int], Optional[int], str]:
+    def int_var(attr: str) -> Optional[int]:
         try:
-            return int(os.environ.get(_env_name(attr), ""))
+            return int(_env(attr, environ) or "")
         except (ValueError, ImportError):
             return None
 
-    rank = a.rank if a.rank is not None else env_int("RANK")
-    local = a.local_rank if a.local_rank is not None else env_int("LOCAL_RANK")
+    rank = a.rank if a.rank is not None else int_var("RANK")
+    local = a.local_rank if a.local_rank is not None else int_var("LOCAL_RANK")
     host = a.host
     if host is None:
         try:
-            host = os.environ.get(_env_name("HOSTNAME")) or socket.gethostname()
+            host = _env("HOSTNAME", environ) or socket.gethostname()
         except ImportError:
             host = socket.gethostname()
     return rank, local, host
 
 
-def _error_file(a: _Args) -> Optional[str]:
+def _error_file(a: _Args, environ: Mapping[str, str]) -> Optional[str]:
     if a.error_file:
         return a.error_file
     try:
-        return os.environ.get(_env_name("ERROR_FILE")) or None
+        return _env("ERROR_FILE", environ)
     except ImportError:
         return None
 
@@ -224,14 +232,16 @@ def main(argv: Optional[list[str]] = None) -> None:
         try:
             os.execvp(a.target, [a.target, *a.argv])
         except OSError as e:
-            sys.stderr.write(f"procgroup: cannot execute {a.target!r}: {e.strerror or e} "
-                             "(--no-python runs an executable from PATH or a path; drop --no-python for a .py file)\n")
+            sys.stderr.write(
+                f"procgroup: cannot execute {a.target!r}: {e.strerror or e} "
+                "(--no-python runs an executable from PATH or a path; drop --no-python for a .py file)\n"
+            )
             os._exit(127)
 
-    if not os.environ.get("PYTHONFAULTHANDLER"):
-        import faulthandler  # a segfault then shows a Python stack in the root-cause report
+    import faulthandler  # a builtin module: imports nothing
 
-        faulthandler.enable()
+    if not faulthandler.is_enabled():  # PYTHONFAULTHANDLER / -X faulthandler already enabled it
+        faulthandler.enable()  # a segfault then shows a Python stack in the root-cause report
 
     if a.module:
         sys.argv = [a.target, *a.argv]  # runpy replaces argv[0] with the module's path
@@ -239,8 +249,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         run = lambda: runpy.run_module(a.target, run_name="__main__", alter_sys=True)  # noqa: E731
     else:
         if not os.path.exists(a.target):
-            sys.stderr.write(f"procgroup: can't open file {os.path.abspath(a.target)!r}: no such file "
-                             "(use -m for a module, --no-python for an executable)\n")
+            sys.stderr.write(
+                f"procgroup: can't open file {os.path.abspath(a.target)!r}: no such file "
+                "(use -m for a module, --no-python for an executable)\n"
+            )
             sys.exit(2)
         sys.argv = [a.target, *a.argv]
         sys.path[0] = os.path.dirname(os.path.realpath(a.target))
@@ -252,12 +264,13 @@ def main(argv: Optional[list[str]] = None) -> None:
         raise
     except KeyboardInterrupt as exc:
         # Python prints it and exits by SIGINT, as without the launcher; only our frames are hidden
-        raise exc.with_traceback(_trimmed_tb(exc))
+        raise exc.with_traceback(_trimmed_tb(exc))  # noqa: B904 - the same exception, re-raised
     except BaseException as exc:  # noqa: BLE001 - record anything, then exit 1 like Python does
         try:
-            path = _error_file(a)
+            environ = os.environ  # the worker's environment, read here only, for the error record
+            path = _error_file(a, environ)
             if path:
-                rank, local, host = _identity(a)
+                rank, local, host = _identity(a, environ)
                 write_error_file(path, error_record(exc, rank=rank, local_rank=local, host=host))
         except Exception as werr:  # noqa: BLE001 - the user's traceback matters more; say why the file is missing
             sys.stderr.write(f"procgroup bootstrap: could not write the error file: {werr}\n")

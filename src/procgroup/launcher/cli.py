@@ -1,4 +1,4 @@
-"""``procgroup run`` command line -> a frozen :class:`LaunchConfig`.
+"""``procgroup run`` command line -> a frozen :class:`~procgroup.launcher.config.LaunchConfig`.
 
 Flags follow torchrun's.  One spelling is shown in ``--help``; torchrun's
 underscore spellings (``--nproc_per_node``...) are accepted silently so that
@@ -6,10 +6,8 @@ existing command lines keep working.  Precedence: explicit flag > ``PET_*``
 environment variable (Kubeflow's torchrun defaults, see
 :class:`procgroup.config.KUBEFLOW`) > built-in default.
 
-:func:`worker_env` is the launcher's half of the environment contract
-(:class:`procgroup.config.ENV`): the exact variables one worker receives.
-It is a pure function so that every rank/node combination is unit-tested
-without starting a process.
+:mod:`.config` holds the dataclasses and :func:`~.config.worker_env` (the
+launcher's half of the environment contract); they are re-exported here.
 
 Modes (chosen here, from the flags and the environment):
 
@@ -30,14 +28,25 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Union
+from typing import Mapping, Optional, Sequence, Union
 
 from ..config import ENV, KUBEFLOW, default_timeout, env_str
 from ..errors import ConfigError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .hosts import HeadConfig
+from .config import (
+    DEFAULT_MASTER_ADDR,
+    DEFAULT_MASTER_PORT,
+    DEFAULT_TERM_TIMEOUT,
+    MULTI_NODE_PREFIX,
+    OMP_NUM_THREADS,
+    PREFIX_FIELDS,
+    PYTHONUNBUFFERED,
+    SINGLE_NODE_PREFIX,
+    LaunchConfig,
+    Placement,
+    new_run_id,
+    worker_env,
+)
+from .hosts import DEFAULT_ENV_PREFIXES, EnvPolicy, HeadConfig, parse_hostfile
 
 __all__ = [
     "LaunchConfig",
@@ -49,227 +58,10 @@ __all__ = [
     "DEFAULT_MASTER_PORT",
     "DEFAULT_TERM_TIMEOUT",
     "PREFIX_FIELDS",
+    "OMP_NUM_THREADS",
+    "PYTHONUNBUFFERED",
+    "new_run_id",
 ]
-
-DEFAULT_MASTER_ADDR = "127.0.0.1"
-DEFAULT_MASTER_PORT = 29500
-DEFAULT_TERM_TIMEOUT = 3.0
-ROLE_NAME = "default"
-
-#: Fields available to ``--prefix-format``.
-PREFIX_FIELDS = ("rank", "local_rank", "node_rank", "host", "world_size")
-SINGLE_NODE_PREFIX = "[{rank}] "
-MULTI_NODE_PREFIX = "[{host}:{rank}] "
-
-#: Not part of the contract table: OpenMP's and CPython's own variables.
-OMP_NUM_THREADS = "OMP_NUM_THREADS"
-PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """Everything one node's agent needs; validated on construction.
-
-    ``master_port == 0`` means "pick a free port" (``--standalone``, or node 0
-    of a head-node job, which then tells the head).  ``node_rank is None``
-    (several nodes, ``--node-rank`` omitted): the agents' rendezvous assigns it.
-    """
-
-    entrypoint: str
-    args: tuple[str, ...] = ()
-    nproc_per_node: int = 1
-    nnodes: int = 1
-    node_rank: Optional[int] = 0
-    master_addr: str = DEFAULT_MASTER_ADDR
-    master_port: int = DEFAULT_MASTER_PORT
-    standalone: bool = False
-    run_id: str = "none"
-    max_restarts: int = 0
-    term_timeout: float = DEFAULT_TERM_TIMEOUT
-    log_dir: Optional[str] = None
-    tee: bool = False
-    ranks_filter: Optional[frozenset[int]] = None
-    prefix_format: str = SINGLE_NODE_PREFIX  # "" = no prefix
-    module: bool = False
-    no_python: bool = False
-    #: file holding the job secret (--secret-file); PROCGROUP_SECRET wins over it
-    secret_file: Optional[str] = None
-    #: how long the agents of a multi-node job wait for each other (seconds)
-    join_timeout: float = 300.0
-    #: started by a head node over ssh (hidden --from-head): secret on stdin, stdin EOF = stop, JSON report
-    from_head: bool = False
-    #: "JOBID.STEPID" when the node rank, node count and master were derived from srun's variables
-    slurm_step: Optional[str] = None
-    #: how values were derived ("node rank 1 from SLURM_NODEID=1"), printed once by node 0
-    notes: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.entrypoint:
-            raise ConfigError("no program to run: give a script (procgroup run train.py) or -m module")
-        if self.nproc_per_node < 1:
-            raise ConfigError(f"--nproc-per-node {self.nproc_per_node} must be >= 1")
-        if self.nnodes < 1:
-            raise ConfigError(f"--nnodes {self.nnodes} must be >= 1")
-        if self.node_rank is None:
-            if self.nnodes == 1:
-                raise ConfigError("node_rank=None (assigned at the rendezvous) needs --nnodes > 1")
-        elif not 0 <= self.node_rank < self.nnodes:
-            raise ConfigError(
-                f"--node-rank {self.node_rank} is out of range for --nnodes {self.nnodes}: "
-                f"use 0..{self.nnodes - 1} (node 0 runs on --master-addr and hosts the store)"
-            )
-        if not 0 <= self.master_port <= 65535:
-            raise ConfigError(f"--master-port {self.master_port} is not a TCP port (0..65535)")
-        if self.master_port == 0 and not self.standalone and not (self.from_head and self.node_rank == 0):
-            raise ConfigError("--master-port 0 is only meaningful with --standalone; give a fixed port every node can reach")
-        if self.standalone and self.nnodes != 1:
-            raise ConfigError(
-                f"--standalone runs a single-node job, but --nnodes is {self.nnodes}: drop --standalone and give "
-                "--master-addr/--master-port (the address and port of node 0)"
-            )
-        if self.max_restarts < 0:
-            raise ConfigError(f"--max-restarts {self.max_restarts} must be >= 0")
-        if not self.term_timeout >= 0:
-            raise ConfigError(f"--term-timeout {self.term_timeout} must be >= 0 seconds")
-        if self.module and self.no_python:
-            raise ConfigError("-m/--module and --no-python exclude each other: -m runs a Python module, --no-python an executable")
-        if not self.run_id or any(c in self.run_id for c in "/\0"):
-            raise ConfigError(f"--run-id {self.run_id!r} must be non-empty and contain no '/'")
-        if not self.join_timeout > 0:
-            raise ConfigError(f"--join-timeout {self.join_timeout} must be > 0 seconds")
-        if self.ranks_filter is not None and self.nnodes == 1:  # several nodes: checked after the rendezvous
-            bad = sorted(r for r in self.ranks_filter if not 0 <= r < self.world_size)
-            if bad:
-                raise ConfigError(
-                    f"--ranks-filter names rank(s) {bad} but the job has ranks 0..{self.world_size - 1} "
-                    f"(--nnodes {self.nnodes} x --nproc-per-node {self.nproc_per_node})"
-                )
-        _check_prefix_format(self.prefix_format)
-
-    @property
-    def world_size(self) -> int:
-        """nnodes x nproc_per_node: the world size when every node runs as many workers as this one."""
-        return self.nnodes * self.nproc_per_node
-
-    def global_rank(self, local_rank: int) -> int:
-        """The global rank when every node runs ``nproc_per_node`` workers (see :class:`Placement`)."""
-        return (self.node_rank or 0) * self.nproc_per_node + local_rank
-
-    def format_prefix(self, local_rank: int, host: str, placement: Optional["Placement"] = None) -> str:
-        if not self.prefix_format:
-            return ""
-        pl = placement or Placement.uniform(self, self.master_port)
-        return self.prefix_format.format(
-            rank=pl.rank(local_rank), local_rank=local_rank, node_rank=pl.node_rank,
-            host=host, world_size=pl.world_size,
-        )
-
-    def shows_rank(self, rank: int) -> bool:
-        """Whether ``rank``'s output goes to the console."""
-        if self.log_dir is not None and not self.tee:
-            return False
-        return self.ranks_filter is None or rank in self.ranks_filter
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where this node's workers sit in the job: decided by the agents' rendezvous (several nodes)
-    or by the configuration alone (one node).  Nodes may run different numbers of workers
-    (a hostfile's ``slots``): global ranks are numbered node by node, in node-rank order."""
-
-    node_rank: int
-    nnodes: int
-    rank_offset: int
-    world_size: int
-    local_world_size: int
-    master_addr: str
-    master_port: int
-
-    @classmethod
-    def uniform(cls, cfg: LaunchConfig, master_port: int) -> "Placement":
-        node = cfg.node_rank or 0
-        return cls(node_rank=node, nnodes=cfg.nnodes, rank_offset=node * cfg.nproc_per_node,
-                   world_size=cfg.world_size, local_world_size=cfg.nproc_per_node,
-                   master_addr=cfg.master_addr, master_port=master_port)
-
-    def rank(self, local_rank: int) -> int:
-        return self.rank_offset + local_rank
-
-
-def new_run_id() -> str:
-    """A random job id for one node: 12 hex digits (``os.urandom``, not ``uuid``, whose import costs the launcher ~5 ms)."""
-    return os.urandom(6).hex()
-
-
-def _check_prefix_format(fmt: str) -> None:
-    try:
-        fmt.format(**{k: 0 for k in PREFIX_FIELDS})
-    except (KeyError, IndexError, ValueError) as e:
-        raise ConfigError(
-            f"--prefix-format {fmt!r} is not a valid format string ({type(e).__name__}: {e}); "
-            f"use the fields {', '.join('{' + f + '}' for f in PREFIX_FIELDS)}, e.g. '[{{host}}:{{rank}}] '"
-        ) from None
-
-
-def worker_env(
-    cfg: LaunchConfig,
-    local_rank: int,
-    *,
-    master_port: int,
-    secret: str,
-    hostname: str,
-    error_file: str,
-    restart_count: int = 0,
-    base: Optional[Mapping[str, str]] = None,
-    placement: Optional[Placement] = None,
-    tty: Optional[str] = None,
-) -> dict[str, str]:
-    """The complete environment of worker ``local_rank`` (``base`` plus the contract variables).
-
-    ``MASTER_ADDR:MASTER_PORT`` is where rank 0 of the *workers* hosts its
-    store (``procgroup`` rank 0, or torch's: an unmodified torch.distributed
-    script binds it), never the launcher's own store: the agents of a
-    multi-node job rendezvous on ``--master-port`` and give the workers a
-    port node 0 picked.  Hence ``PROCGROUP_STORE_HOSTED=0``.
-    """
-    pl = placement or Placement.uniform(cfg, master_port)
-    if not 0 <= local_rank < pl.local_world_size:
-        raise ConfigError(f"local rank {local_rank} out of range 0..{pl.local_world_size - 1}")
-    env = dict(os.environ if base is None else base)
-    rank = pl.rank(local_rank)
-    env.update({
-        ENV.RANK: str(rank),
-        ENV.LOCAL_RANK: str(local_rank),
-        ENV.WORLD_SIZE: str(pl.world_size),
-        ENV.LOCAL_WORLD_SIZE: str(pl.local_world_size),
-        ENV.GROUP_RANK: str(pl.node_rank),
-        ENV.NODE_RANK: str(pl.node_rank),
-        ENV.GROUP_WORLD_SIZE: str(pl.nnodes),
-        ENV.ROLE_RANK: str(rank),
-        ENV.ROLE_WORLD_SIZE: str(pl.world_size),
-        ENV.ROLE_NAME: ROLE_NAME,
-        ENV.MASTER_ADDR: pl.master_addr,
-        ENV.MASTER_PORT: str(pl.master_port),
-        ENV.TORCHELASTIC_RUN_ID: cfg.run_id,
-        ENV.TORCHELASTIC_RESTART_COUNT: str(restart_count),
-        ENV.TORCHELASTIC_MAX_RESTARTS: str(cfg.max_restarts),
-        ENV.TORCHELASTIC_ERROR_FILE: error_file,
-        ENV.SECRET: secret,
-        ENV.STORE_HOSTED: "0",
-        ENV.ERROR_FILE: error_file,
-        ENV.RUN_ID: cfg.run_id,
-        ENV.RESTART_COUNT: str(restart_count),
-        ENV.HOSTNAME: hostname,
-        PYTHONUNBUFFERED: "1",
-    })
-    if tty:  # the launcher's terminal: dist.breakpoint() runs pdb there (workers have none of their own)
-        env[ENV.TTY] = tty
-    else:
-        env.pop(ENV.TTY, None)
-    if OMP_NUM_THREADS not in env:
-        env[OMP_NUM_THREADS] = "1"
-    return env
-
 
 # --------------------------------------------------------------------------- argparse
 
@@ -281,13 +73,16 @@ def _pet(dest: str, environ: Mapping[str, str]) -> Optional[str]:
 
 
 def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
+    """The argparse parser of ``procgroup run`` (torchrun's flags; underscore spellings hidden)."""
     p = argparse.ArgumentParser(
         prog=prog,
         allow_abbrev=False,
         description=(
             "Start NPROC copies of a Python program on this node as one process group "
-            f"(the torchrun equivalent; with --nnodes, --hostfile or under srun, on several nodes). Each worker gets {ENV.RANK}, {ENV.WORLD_SIZE}, {ENV.LOCAL_RANK}, "
-            f"{ENV.MASTER_ADDR}, {ENV.MASTER_PORT}, {ENV.SECRET} ... (see `procgroup env`). If any worker fails, the others are "
+            "(the torchrun equivalent; with --nnodes, --hostfile or under srun, on several nodes). "
+            f"Each worker gets {ENV.RANK}, {ENV.WORLD_SIZE}, {ENV.LOCAL_RANK}, "
+            f"{ENV.MASTER_ADDR}, {ENV.MASTER_PORT}, {ENV.SECRET} ... (see `procgroup env`). "
+            "If any worker fails, the others are "
             "stopped and the first failure is reported with its traceback."
         ),
         epilog=(
@@ -300,83 +95,191 @@ def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
 
     def alias(*names: str, dest: str, **kw: object) -> None:
         # torchrun's underscore spellings: accepted, not advertised.
-        p.add_argument(*names, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kw)  # type: ignore[arg-type]
+        p.add_argument(  # type: ignore[arg-type]  # **kw mixes value types argparse types separately
+            *names, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kw
+        )
 
     g = p.add_argument_group("job shape")
-    g.add_argument("--nproc-per-node", dest="nproc_per_node", metavar="N|auto", default=None,
-                   help=f"workers on this node; 'auto' = number of CPUs (default 1, or ${KUBEFLOW.NPROC_PER_NODE})")
+    g.add_argument(
+        "--nproc-per-node",
+        dest="nproc_per_node",
+        metavar="N|auto",
+        default=None,
+        help=f"workers on this node; 'auto' = number of CPUs (default 1, or ${KUBEFLOW.NPROC_PER_NODE})",
+    )
     alias("--nproc_per_node", dest="nproc_per_node")
-    g.add_argument("--nnodes", dest="nnodes", metavar="M", default=None,
-                   help=f"number of nodes, each running one `procgroup run` (default 1, or ${KUBEFLOW.NNODES})")
-    g.add_argument("--node-rank", dest="node_rank", metavar="K", default=None,
-                   help="rank of this node, 0..M-1; node 0 hosts the agents' store (default: 0 on one node; with "
-                        f"several, ${KUBEFLOW.NODE_RANK}, else assigned at the rendezvous: the master host first, "
-                        "then by host name)")
+    g.add_argument(
+        "--nnodes",
+        dest="nnodes",
+        metavar="M",
+        default=None,
+        help=f"number of nodes, each running one `procgroup run` (default 1, or ${KUBEFLOW.NNODES})",
+    )
+    g.add_argument(
+        "--node-rank",
+        dest="node_rank",
+        metavar="K",
+        default=None,
+        help="rank of this node, 0..M-1; node 0 hosts the agents' store (default: 0 on one node; with "
+        f"several, ${KUBEFLOW.NODE_RANK}, else assigned at the rendezvous: the master host first, "
+        "then by host name)",
+    )
     alias("--node_rank", dest="node_rank")
-    g.add_argument("--hostfile", dest="hostfile", metavar="FILE", default=None,
-                   help="head-node mode: start one agent per host of FILE over ssh; lines 'HOST [slots=N]' "
-                        "(slots default: --nproc-per-node, else 1)")
+    g.add_argument(
+        "--hostfile",
+        dest="hostfile",
+        metavar="FILE",
+        default=None,
+        help="head-node mode: start one agent per host of FILE over ssh; lines 'HOST [slots=N]' "
+        "(slots default: --nproc-per-node, else 1)",
+    )
 
     g = p.add_argument_group("rendezvous")
-    g.add_argument("--standalone", action="store_true",
-                   help="single-node job on 127.0.0.1 with a free MASTER_PORT")
-    g.add_argument("--master-addr", dest="master_addr", metavar="ADDR", default=None,
-                   help=f"address of node 0 (default {DEFAULT_MASTER_ADDR}, or ${KUBEFLOW.MASTER_ADDR})")
+    g.add_argument("--standalone", action="store_true", help="single-node job on 127.0.0.1 with a free MASTER_PORT")
+    g.add_argument(
+        "--master-addr",
+        dest="master_addr",
+        metavar="ADDR",
+        default=None,
+        help=f"address of node 0 (default {DEFAULT_MASTER_ADDR}, or ${KUBEFLOW.MASTER_ADDR})",
+    )
     alias("--master_addr", dest="master_addr")
-    g.add_argument("--master-port", dest="master_port", metavar="PORT", default=None,
-                   help="one node: the workers' MASTER_PORT; several: where node 0's agent hosts the agents' store "
-                        f"(the workers then get a free port node 0 picks) (default {DEFAULT_MASTER_PORT}, "
-                        f"or ${KUBEFLOW.MASTER_PORT})")
+    g.add_argument(
+        "--master-port",
+        dest="master_port",
+        metavar="PORT",
+        default=None,
+        help="one node: the workers' MASTER_PORT; several: where node 0's agent hosts the agents' store "
+        f"(the workers then get a free port node 0 picks) (default {DEFAULT_MASTER_PORT}, "
+        f"or ${KUBEFLOW.MASTER_PORT})",
+    )
     alias("--master_port", dest="master_port")
-    g.add_argument("--run-id", dest="run_id", metavar="ID", default=None,
-                   help="job id, the same on every node (default: random on one node, 'none' on several)")
+    g.add_argument(
+        "--run-id",
+        dest="run_id",
+        metavar="ID",
+        default=None,
+        help="job id, the same on every node (default: random on one node, 'none' on several)",
+    )
     alias("--run_id", dest="run_id")
-    g.add_argument("--secret-file", dest="secret_file", metavar="FILE", default=None,
-                   help=f"read the job secret from FILE (several nodes need a shared one; ${ENV.SECRET} wins)")
-    g.add_argument("--join-timeout", dest="join_timeout", metavar="SECONDS", type=float, default=None,
-                   help=f"how long the nodes' agents wait for each other (default ${ENV.TIMEOUT} or 300)")
+    g.add_argument(
+        "--secret-file",
+        dest="secret_file",
+        metavar="FILE",
+        default=None,
+        help=f"read the job secret from FILE (several nodes need a shared one; ${ENV.SECRET} wins)",
+    )
+    g.add_argument(
+        "--join-timeout",
+        dest="join_timeout",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help=f"how long the nodes' agents wait for each other (default ${ENV.TIMEOUT} or 300)",
+    )
     p.add_argument("--from-head", dest="from_head", action="store_true", help=argparse.SUPPRESS)
 
     g = p.add_argument_group("head node (--hostfile)")
-    g.add_argument("--ssh-command", dest="ssh_command", metavar="CMD", default="ssh",
-                   help="ssh client command line (split like a shell would), e.g. 'ssh -F ./ssh_config' (default ssh)")
+    g.add_argument(
+        "--ssh-command",
+        dest="ssh_command",
+        metavar="CMD",
+        default="ssh",
+        help="ssh client command line (split like a shell would), e.g. 'ssh -F ./ssh_config' (default ssh)",
+    )
     g.add_argument("--ssh-port", dest="ssh_port", metavar="PORT", type=int, default=None, help="ssh port of the hosts")
-    g.add_argument("--ssh-option", dest="ssh_options", metavar="OPT", action="append", default=[],
-                   help="extra ssh -o option, repeatable (BatchMode=yes is always set)")
-    g.add_argument("--env", dest="env_names", metavar="KEY[=VALUE]", action="append", default=[],
-                   help="forward this variable to every host (repeatable)")
-    g.add_argument("--env-prefix", dest="env_prefixes", metavar="PREFIX", action="append", default=None,
-                   help="forward variables whose names start with PREFIX (repeatable; replaces the default "
-                        "PROCGROUP_, PYTHON, OMP_, MKL_, OPENBLAS_, NCCL_, GLOO_, TORCH_)")
-    g.add_argument("--env-all", dest="env_all", action="store_true",
-                   help="forward every variable except host-local ones (HOSTNAME, PWD, SSH_*, ...)")
+    g.add_argument(
+        "--ssh-option",
+        dest="ssh_options",
+        metavar="OPT",
+        action="append",
+        default=[],
+        help="extra ssh -o option, repeatable (BatchMode=yes is always set)",
+    )
+    g.add_argument(
+        "--env",
+        dest="env_names",
+        metavar="KEY[=VALUE]",
+        action="append",
+        default=[],
+        help="forward this variable to every host (repeatable)",
+    )
+    g.add_argument(
+        "--env-prefix",
+        dest="env_prefixes",
+        metavar="PREFIX",
+        action="append",
+        default=None,
+        help="forward variables whose names start with PREFIX (repeatable; replaces the default "
+        "PROCGROUP_, PYTHON, OMP_, MKL_, OPENBLAS_, NCCL_, GLOO_, TORCH_)",
+    )
+    g.add_argument(
+        "--env-all",
+        dest="env_all",
+        action="store_true",
+        help="forward every variable except host-local ones (HOSTNAME, PWD, SSH_*, ...)",
+    )
 
     g = p.add_argument_group("failures")
-    g.add_argument("--max-restarts", dest="max_restarts", metavar="R", default=None,
-                   help="restart the whole gang up to R times after a failure (default 0)")
+    g.add_argument(
+        "--max-restarts",
+        dest="max_restarts",
+        metavar="R",
+        default=None,
+        help="restart the whole gang up to R times after a failure (default 0)",
+    )
     alias("--max_restarts", dest="max_restarts")
-    g.add_argument("--term-timeout", dest="term_timeout", metavar="SECONDS", type=float,
-                   default=DEFAULT_TERM_TIMEOUT,
-                   help=f"grace period between SIGTERM and SIGKILL when stopping workers (default {DEFAULT_TERM_TIMEOUT:g})")
+    g.add_argument(
+        "--term-timeout",
+        dest="term_timeout",
+        metavar="SECONDS",
+        type=float,
+        default=DEFAULT_TERM_TIMEOUT,
+        help=f"grace period between SIGTERM and SIGKILL when stopping workers (default {DEFAULT_TERM_TIMEOUT:g})",
+    )
 
     g = p.add_argument_group("output")
-    g.add_argument("--log-dir", dest="log_dir", metavar="DIR", default=None,
-                   help="write each rank's output to DIR/rank<N>.log (and keep error files there); "
-                        "the console then shows only the report unless --tee")
+    g.add_argument(
+        "--log-dir",
+        dest="log_dir",
+        metavar="DIR",
+        default=None,
+        help="write each rank's output to DIR/rank<N>.log (and keep error files there); "
+        "the console then shows only the report unless --tee",
+    )
     alias("--log_dir", dest="log_dir")
     g.add_argument("--tee", action="store_true", help="with --log-dir: also show worker output on the console")
-    g.add_argument("--ranks-filter", dest="ranks_filter", metavar="R,R,...", default=None,
-                   help="show only these global ranks' output on the console, e.g. 0,3 or 0-3 (log files get all)")
+    g.add_argument(
+        "--ranks-filter",
+        dest="ranks_filter",
+        metavar="R,R,...",
+        default=None,
+        help="show only these global ranks' output on the console, e.g. 0,3 or 0-3 (log files get all)",
+    )
     g.add_argument("--no-prefix", dest="no_prefix", action="store_true", help="do not prefix worker lines")
-    g.add_argument("--prefix-format", dest="prefix_format", metavar="FMT", default=None,
-                   help="line prefix, with fields {rank} {local_rank} {node_rank} {host} {world_size} "
-                        f"(default {SINGLE_NODE_PREFIX!r}, {MULTI_NODE_PREFIX!r} with --nnodes > 1)")
+    g.add_argument(
+        "--prefix-format",
+        dest="prefix_format",
+        metavar="FMT",
+        default=None,
+        help="line prefix, with fields {rank} {local_rank} {node_rank} {host} {world_size} "
+        f"(default {SINGLE_NODE_PREFIX!r}, {MULTI_NODE_PREFIX!r} with --nnodes > 1)",
+    )
 
     g = p.add_argument_group("program")
-    g.add_argument("-m", "--module", dest="module", action="store_true",
-                   help="run the program as a module (python -m), not a script")
-    g.add_argument("--no-python", dest="no_python", action="store_true",
-                   help="run the program as an executable, without the Python interpreter")
+    g.add_argument(
+        "-m",
+        "--module",
+        dest="module",
+        action="store_true",
+        help="run the program as a module (python -m), not a script",
+    )
+    g.add_argument(
+        "--no-python",
+        dest="no_python",
+        action="store_true",
+        help="run the program as an executable, without the Python interpreter",
+    )
     alias("--no_python", dest="no_python", action="store_true")
     p.add_argument("entrypoint", metavar="program", help="script path, module name (-m) or executable (--no-python)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the program unchanged")
@@ -402,6 +305,7 @@ def _resolve(ns: argparse.Namespace, dest: str, environ: Mapping[str, str], defa
 
 
 def parse_nproc(value: object, source: str = "--nproc-per-node") -> int:
+    """``--nproc-per-node``: a positive number or ``auto``/``cpu``; raises ConfigError naming ``source``."""
     s = str(value).strip().lower()
     if s in ("auto", "cpu"):
         return os.cpu_count() or 1
@@ -414,6 +318,7 @@ def parse_nproc(value: object, source: str = "--nproc-per-node") -> int:
 
 
 def parse_nnodes(value: object, source: str = "--nnodes") -> int:
+    """``--nnodes``: a whole number, or ``N:N``; an elastic range ``MIN:MAX`` raises ConfigError."""
     s = str(value).strip()
     if ":" in s:
         lo, _, hi = s.partition(":")
@@ -421,7 +326,8 @@ def parse_nnodes(value: object, source: str = "--nnodes") -> int:
             s = lo
         else:
             raise ConfigError(
-                f"--nnodes {s} (from {source}): elastic node ranges MIN:MAX are not supported; give a fixed number of nodes"
+                f"--nnodes {s} (from {source}): elastic node ranges MIN:MAX are not supported; "
+                "give a fixed number of nodes"
             )
     return _int("--nnodes", s, source)
 
@@ -445,8 +351,9 @@ def parse_ranks(value: str) -> frozenset[int]:
 
 
 def parse_args(
-    argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None,
-) -> Union[LaunchConfig, "HeadConfig"]:
+    argv: Optional[Sequence[str]] = None,
+    environ: Optional[Mapping[str, str]] = None,
+) -> Union[LaunchConfig, HeadConfig]:
     """Parse ``procgroup run`` arguments: a :class:`LaunchConfig` (this node's agent) or, with
     ``--hostfile``, a :class:`~procgroup.launcher.hosts.HeadConfig`.
 
@@ -467,7 +374,9 @@ def _output_fields(ns: argparse.Namespace, default_prefix: str) -> dict:
     if ns.no_prefix and ns.prefix_format is not None:
         raise ConfigError("--no-prefix and --prefix-format exclude each other; keep one")
     if ns.tee and ns.log_dir is None:
-        raise ConfigError("--tee copies the --log-dir files to the console; without --log-dir output already goes there")
+        raise ConfigError(
+            "--tee copies the --log-dir files to the console; without --log-dir output already goes there"
+        )
     return dict(
         log_dir=os.path.abspath(ns.log_dir) if ns.log_dir is not None else None,
         tee=bool(ns.tee),
@@ -479,7 +388,9 @@ def _output_fields(ns: argparse.Namespace, default_prefix: str) -> dict:
     )
 
 
-def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> Union[LaunchConfig, "HeadConfig"]:
+def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) -> Union[LaunchConfig, HeadConfig]:
+    """The parsed flags (plus ``PET_*`` and srun's variables from ``environ``) as this node's
+    :class:`LaunchConfig`, or a :class:`HeadConfig` with ``--hostfile``; raises ConfigError."""
     nproc_v, src = _resolve(ns, "nproc_per_node", environ, "1")
     nproc = parse_nproc(nproc_v, src)
     nnodes_v, src = _resolve(ns, "nnodes", environ, "1")
@@ -495,17 +406,29 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
         join_timeout = default_timeout(environ)
 
     if ns.hostfile is not None:
-        return _head_config(ns, environ, nproc_given=_explicit(ns, environ, "nproc_per_node"), nproc=nproc,
-                            join_timeout=join_timeout)
-    if ns.ssh_options or ns.env_names or ns.env_prefixes is not None or ns.env_all or ns.ssh_port is not None \
-            or ns.ssh_command != "ssh":
-        raise ConfigError("--ssh-command/--ssh-port/--ssh-option/--env/--env-prefix/--env-all configure the head "
-                          "node: use them with --hostfile")
+        return _head_config(
+            ns, environ, nproc_given=_explicit(ns, environ, "nproc_per_node"), nproc=nproc, join_timeout=join_timeout
+        )
+    if (
+        ns.ssh_options
+        or ns.env_names
+        or ns.env_prefixes is not None
+        or ns.env_all
+        or ns.ssh_port is not None
+        or ns.ssh_command != "ssh"
+    ):
+        raise ConfigError(
+            "--ssh-command/--ssh-port/--ssh-option/--env/--env-prefix/--env-all configure the head "
+            "node: use them with --hostfile"
+        )
 
     slurm_step = None
     notes: tuple[str, ...] = ()
-    if not ns.standalone and not ns.from_head and not any(
-            _explicit(ns, environ, d) for d in ("nnodes", "node_rank", "master_addr", "master_port")):
+    if (
+        not ns.standalone
+        and not ns.from_head
+        and not any(_explicit(ns, environ, d) for d in ("nnodes", "node_rank", "master_addr", "master_port"))
+    ):
         from .slurm import detect_srun_step  # noqa: PLC0415
 
         step = detect_srun_step(environ)
@@ -539,7 +462,9 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
         port_v, src = _resolve(ns, "master_port", environ, DEFAULT_MASTER_PORT)
         master_port = _int("--master-port", port_v, src)
         if master_port < 1 and not (ns.from_head and master_port == 0):  # node 0 of a head-node job: any free port
-            raise ConfigError(f"--master-port {master_port} (from {src}) must be 1..65535; use --standalone to pick a free port")
+            raise ConfigError(
+                f"--master-port {master_port} (from {src}) must be 1..65535; use --standalone to pick a free port"
+            )
 
     restarts_v, src = _resolve(ns, "max_restarts", environ, 0)
     max_restarts = _int("--max-restarts", restarts_v, src)
@@ -569,11 +494,10 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
     )
 
 
-def _head_config(ns: argparse.Namespace, environ: Mapping[str, str], *, nproc_given: bool, nproc: int,
-                 join_timeout: float) -> "HeadConfig":
+def _head_config(
+    ns: argparse.Namespace, environ: Mapping[str, str], *, nproc_given: bool, nproc: int, join_timeout: float
+) -> HeadConfig:
     import shlex  # noqa: PLC0415
-
-    from .hosts import DEFAULT_ENV_PREFIXES, EnvPolicy, HeadConfig, parse_hostfile  # noqa: PLC0415
 
     for dest, flag in (("node_rank", "--node-rank"), ("standalone", "--standalone"), ("from_head", "--from-head")):
         if getattr(ns, dest, None):
@@ -612,9 +536,19 @@ def _head_config(ns: argparse.Namespace, environ: Mapping[str, str], *, nproc_gi
         join_timeout=join_timeout,
         from_head=True,
     )
-    env = EnvPolicy(names=tuple(ns.env_names),
-                    prefixes=tuple(ns.env_prefixes) if ns.env_prefixes is not None else DEFAULT_ENV_PREFIXES,
-                    everything=bool(ns.env_all))
-    return HeadConfig(agent=agent, hostfile=os.path.abspath(ns.hostfile), hosts=hosts,
-                      ssh_command=ssh_command, ssh_port=ns.ssh_port, ssh_options=tuple(ns.ssh_options), env=env,
-                      master_addr=str(ns.master_addr or hosts[0].name), master_port=port)
+    env = EnvPolicy(
+        names=tuple(ns.env_names),
+        prefixes=tuple(ns.env_prefixes) if ns.env_prefixes is not None else DEFAULT_ENV_PREFIXES,
+        everything=bool(ns.env_all),
+    )
+    return HeadConfig(
+        agent=agent,
+        hostfile=os.path.abspath(ns.hostfile),
+        hosts=hosts,
+        ssh_command=ssh_command,
+        ssh_port=ns.ssh_port,
+        ssh_options=tuple(ns.ssh_options),
+        env=env,
+        master_addr=str(ns.master_addr or hosts[0].name),
+        master_port=port,
+    )

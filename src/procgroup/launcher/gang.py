@@ -30,7 +30,6 @@ ordered deterministically and are an error that says to pass --node-rank.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -48,7 +47,8 @@ from ..errors import (
     StoreTimeoutError,
 )
 from ..netutil import format_hostport
-from .cli import Placement
+from ..protocol.control import decode_pids, decode_record, encode_pids, encode_record
+from .config import Placement
 from .report import RunResult, result_from_json, result_to_json, worker_from_dict
 
 __all__ = [
@@ -95,12 +95,14 @@ class AgentInfo:
     hosts_store: bool
     worker_port: Optional[int] = None  # node 0: the workers' MASTER_PORT for this generation
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+    def to_json(self) -> bytes:
+        """This agent's join info as a store value (:func:`~procgroup.protocol.control.encode_record`)."""
+        return encode_record(asdict(self))
 
     @classmethod
     def from_json(cls, data: "bytes | str") -> "AgentInfo":
-        d = json.loads(data)
+        """The join info in a store value; raises ControlMessageError (a ValueError) for a malformed one."""
+        d = decode_record(data)
         return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})  # type: ignore[arg-type]
 
     def who(self) -> str:
@@ -137,9 +139,15 @@ class Assignment:
 
     def placement(self, node_rank: int, master_addr: str) -> Placement:
         n = self.nodes[node_rank]
-        return Placement(node_rank=node_rank, nnodes=len(self.nodes), rank_offset=n.rank_offset,
-                         world_size=self.world_size, local_world_size=n.nproc, master_addr=master_addr,
-                         master_port=self.worker_port)
+        return Placement(
+            node_rank=node_rank,
+            nnodes=len(self.nodes),
+            rank_offset=n.rank_offset,
+            world_size=self.world_size,
+            local_world_size=n.nproc,
+            master_addr=master_addr,
+            master_port=self.worker_port,
+        )
 
 
 def assign(infos: Sequence[AgentInfo], nnodes: int) -> Assignment:
@@ -170,8 +178,10 @@ def assign(infos: Sequence[AgentInfo], nnodes: int) -> Assignment:
             )
         explicit[i.node_rank] = s
     if 0 in explicit and explicit[0] != stores[0]:
-        raise RendezvousError(f"{infos[explicit[0]].who()} has --node-rank 0 but {infos[stores[0]].who()} hosts the "
-                              "store; node 0 is the one that hosts it")
+        raise RendezvousError(
+            f"{infos[explicit[0]].who()} has --node-rank 0 but {infos[stores[0]].who()} hosts the "
+            "store; node 0 is the one that hosts it"
+        )
     ranks = dict((s, r) for r, s in explicit.items())
     free = [r for r in range(nnodes) if r not in explicit]
     auto = [s for s, i in enumerate(infos) if i.node_rank is None]
@@ -209,8 +219,10 @@ def assign(infos: Sequence[AgentInfo], nnodes: int) -> Assignment:
 def format_mapping(assignment: Assignment, pids: dict[int, list[list[int]]], *, run_id: str, restart: int) -> str:
     """The rank -> host, local rank, pid table node 0 prints once per generation."""
     hw = max(4, max(len(n.host) for n in assignment.nodes))
-    head = (f"procgroup run: {assignment.world_size} workers on {len(assignment.nodes)} nodes "
-            f"(run id {run_id}, restart {restart}):")
+    head = (
+        f"procgroup run: {assignment.world_size} workers on {len(assignment.nodes)} nodes "
+        f"(run id {run_id}, restart {restart}):"
+    )
     lines = [head, f"  {'rank':>4}  {'node':>4}  {'host':<{hw}}  {'local':>5}  {'pid':>7}"]
     for n in assignment.nodes:
         for rank, local, pid in sorted(pids.get(n.node_rank, [])):
@@ -267,7 +279,7 @@ class Watcher:
                     pass
                 else:
                     try:
-                        rec = json.loads(st.get(key))
+                        rec = decode_record(st.get(key))
                     except ValueError:
                         rec = {"reason": "another agent stopped the job"}
                     if isinstance(rec.get("lost_node"), int):  # another agent found a node silent: so is it here
@@ -290,11 +302,16 @@ class Watcher:
                     elif now - seen[n.node_rank][1] > LOST_AFTER and n.node_rank not in self.lost_nodes:
                         if st.check([_k(self.gen, "result", n.node_rank)]):
                             continue  # it finished and reported: silence is fine
-                        why = (f"node {n.node_rank} ({n.host}, agent pid {n.pid}) stopped answering: no heartbeat "
-                               f"for {LOST_AFTER:.0f}s (its agent was killed, or the network to it failed)")
+                        why = (
+                            f"node {n.node_rank} ({n.host}, agent pid {n.pid}) stopped answering: no heartbeat "
+                            f"for {LOST_AFTER:.0f}s (its agent was killed, or the network to it failed)"
+                        )
                         self.lost_nodes[n.node_rank] = why
-                        self.gang.abort(self.gen, {"reason": why, "host": n.host, "lost_node": n.node_rank,
-                                                   "timestamp": time.time()}, store=st)
+                        self.gang.abort(
+                            self.gen,
+                            {"reason": why, "host": n.host, "lost_node": n.node_rank, "timestamp": time.time()},
+                            store=st,
+                        )
         except StoreTimeoutError:
             self.lost = f"the agents' store at {self.gang.where} stopped answering"
             self.gang.wakeup()
@@ -366,8 +383,13 @@ class Gang:
                 raise GangAborted("interrupted while connecting to node 0's agent")
             try:
                 secret = secret_for_try()
-                self.store = TCPStore(addr, self.port, secret=secret, timeout=60.0,
-                                      connect_timeout=min(1.0, max(0.05, deadline.remaining())))
+                self.store = TCPStore(
+                    addr,
+                    self.port,
+                    secret=secret,
+                    timeout=60.0,
+                    connect_timeout=min(1.0, max(0.05, deadline.remaining())),
+                )
                 self.watch_store = TCPStore(addr, self.port, secret=secret, timeout=60.0, connect_timeout=5.0)
                 return
             except AuthenticationError as e:
@@ -391,8 +413,10 @@ class Gang:
                     f"{self.host}? Raise --join-timeout to wait longer"
                 ) from None
             if time.monotonic() >= next_note:
-                self.progress(f"still waiting for node 0's agent at {self.where} "
-                              f"({deadline.elapsed():.0f}s of {self.join_timeout:.0f}s)")
+                self.progress(
+                    f"still waiting for node 0's agent at {self.where} "
+                    f"({deadline.elapsed():.0f}s of {self.join_timeout:.0f}s)"
+                )
                 next_note = time.monotonic() + PROGRESS_EVERY
             time.sleep(0.2)
 
@@ -430,7 +454,7 @@ class Gang:
         key = _k(gen, "abort")
         if self.store.check([key]):
             try:
-                return json.loads(self.store.get(key))
+                return decode_record(self.store.get(key))
             except ValueError:
                 return {"reason": "another agent stopped the job"}
         return None
@@ -463,10 +487,15 @@ class Gang:
                     raise GangAborted("interrupted during the rendezvous")
                 if deadline.expired() or time.monotonic() >= next_note:
                     n = st.add(_k(gen, "joined"), 0)
-                    joined = [AgentInfo.from_json(v).host for v in
-                              (st.get(k) for k in keys[:min(n, self.nnodes)] if st.check([k]))]
-                    msg = (f"{len(joined)} of {self.nnodes} agents joined"
-                           + (f" ({', '.join(joined)})" if joined else "") + f" after {deadline.elapsed():.0f}s")
+                    joined = [
+                        AgentInfo.from_json(v).host
+                        for v in (st.get(k) for k in keys[: min(n, self.nnodes)] if st.check([k]))
+                    ]
+                    msg = (
+                        f"{len(joined)} of {self.nnodes} agents joined"
+                        + (f" ({', '.join(joined)})" if joined else "")
+                        + f" after {deadline.elapsed():.0f}s"
+                    )
                     if deadline.expired():
                         raise RendezvousError(
                             f"rendezvous of the nodes' agents timed out: {msg}; start `procgroup run` on every node "
@@ -476,8 +505,9 @@ class Gang:
                     next_note = time.monotonic() + PROGRESS_EVERY
             infos = [AgentInfo.from_json(v) for v in st.multi_get(keys)]
         except _LOST_ERRORS as e:
-            raise GangAborted(f"lost the connection to the agents' store at {self.where} during the rendezvous "
-                              f"({e})") from None
+            raise GangAborted(
+                f"lost the connection to the agents' store at {self.where} during the rendezvous ({e})"
+            ) from None
         a = assign(infos, self.nnodes)
         node = a.node_of_slot(slot).node_rank
         try:
@@ -498,7 +528,7 @@ class Gang:
     def publish_pids(self, gen: int, node_rank: int, rows: list[list[int]]) -> None:
         assert self.store is not None
         try:
-            self.store.set(_k(gen, "pids", node_rank), json.dumps(rows))
+            self.store.set(_k(gen, "pids", node_rank), encode_pids(rows))
         except _LOST_ERRORS:
             pass  # the watcher reports the lost store
 
@@ -508,7 +538,7 @@ class Gang:
         try:
             if not self.store.check(keys):
                 return None
-            return {n: json.loads(v) for n, v in enumerate(self.store.multi_get(keys))}
+            return {n: decode_pids(v) for n, v in enumerate(self.store.multi_get(keys))}
         except _LOST_ERRORS:
             return None
 
@@ -516,7 +546,7 @@ class Gang:
         """Tell every agent to stop this generation (the first record wins)."""
         st = store or self.store
         try:
-            st.compare_set(_k(gen, "abort"), b"", json.dumps(record).encode())  # type: ignore[union-attr]
+            st.compare_set(_k(gen, "abort"), b"", encode_record(record))  # type: ignore[union-attr]
         except _LOST_ERRORS:
             pass
 
@@ -524,7 +554,7 @@ class Gang:
         """A worker of this node failed: record it, then stop everyone."""
         assert self.store is not None
         try:
-            self.store.set(_k(gen, "fail", node_rank), json.dumps(record))
+            self.store.set(_k(gen, "fail", node_rank), encode_record(record))
         except _LOST_ERRORS:
             pass
         self.abort(gen, record)
@@ -565,8 +595,10 @@ class Gang:
                     settle_dl = Deadline.after(settle)
                 if settle_dl is not None and settle_dl.expired():
                     for n in missing:
-                        errors.append(f"node {n} ({assignment.nodes[n].host}) did not report its workers' results "
-                                      f"within {settle:.0f}s of the stop")
+                        errors.append(
+                            f"node {n} ({assignment.nodes[n].host}) did not report its workers' results "
+                            f"within {settle:.0f}s of the stop"
+                        )
                     break
                 if w is not None and w.lost is not None:
                     break
@@ -588,11 +620,16 @@ class Gang:
                 continue
             try:
                 if st.check([_k(gen, "fail", n)]):
-                    rec = json.loads(st.get(_k(gen, "fail", n)))
+                    rec = decode_record(st.get(_k(gen, "fail", n)))
                     if isinstance(rec.get("worker"), dict):
                         wr = worker_from_dict(rec["worker"])
-                        got[n] = RunResult(workers=(wr,), host=assignment.nodes[n].host, restart_count=gen,
-                                           start_time=wr.start_time, end_time=wr.end_time or wr.start_time)
+                        got[n] = RunResult(
+                            workers=(wr,),
+                            host=assignment.nodes[n].host,
+                            restart_count=gen,
+                            start_time=wr.start_time,
+                            end_time=wr.end_time or wr.start_time,
+                        )
             except (*_LOST_ERRORS, StoreTimeoutError, ValueError, TypeError):
                 pass
         return got, errors

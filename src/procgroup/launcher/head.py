@@ -39,7 +39,9 @@ from ..config import ENV, env_str
 from ..deadline import Deadline
 from ..errors import ConfigError
 from ..protocol.auth import new_secret
-from .agent import CTL_MARK, DRAIN_TIMEOUT, LEFTOVER_TIMEOUT
+from ..protocol.control import PortAnnounce, Report
+from .agent import DRAIN_TIMEOUT, LEFTOVER_TIMEOUT
+from .control import HeadLink
 from .hosts import HeadConfig, agent_argv, remote_command, ssh_argv
 from .report import RunResult, format_root_cause, format_summary, result_from_json
 from .signals import SignalWaiter
@@ -60,7 +62,7 @@ class Session:
     slots: int
     worker: Worker  # the ssh client, wrapped for the output pump
     port: Optional[int] = None
-    report: Optional[dict] = None
+    report: Optional[Report] = None
     ended: Optional[float] = None
 
     @property
@@ -73,14 +75,18 @@ class Session:
 
 
 class HeadNode(SignalWaiter):
-    def __init__(self, cfg: HeadConfig, sink: Optional[LineSink] = None,
-                 environ: Optional[Mapping[str, str]] = None) -> None:
+    """``procgroup run --hostfile``: one agent per host over ssh, their output relayed, Ctrl-C and SIGUSR1
+    passed on, the job's report printed from the agents' control messages (:mod:`.control`)."""
+
+    def __init__(
+        self, cfg: HeadConfig, sink: Optional[LineSink] = None, environ: Optional[Mapping[str, str]] = None
+    ) -> None:
         self.cfg = cfg
         self.sink = sink or LineSink()
         self.environ = dict(os.environ if environ is None else environ)
         self.sessions: list[Session] = []
         self._nonce = secrets.token_hex(8)
-        self._mark = f"{CTL_MARK}{self._nonce} ".encode()
+        self._link = HeadLink(self._nonce)
         self._init_signals()
         self._lock = threading.Lock()
         self.pump = OutputPump(self.sink, intercept=self._intercept)
@@ -104,17 +110,16 @@ class HeadNode(SignalWaiter):
         return new_secret()
 
     def _intercept(self, worker: Worker, line: bytes) -> bool:
-        if not line.startswith(self._mark):
+        if not self._link.is_control(line):
             return False
-        try:
-            msg = json.loads(line[len(self._mark):])
-        except ValueError:
+        msg = self._link.parse(line)
+        if msg is None:
             return True
         s = next((x for x in self.sessions if x.worker is worker), None)
-        if s is not None and isinstance(msg, dict):
-            if msg.get("event") == "port":
-                s.port = int(msg["port"])
-            elif msg.get("event") == "report":
+        if s is not None:
+            if isinstance(msg, PortAnnounce):
+                s.port = msg.port
+            elif isinstance(msg, Report):
                 s.report = msg
         self._poke()
         return True
@@ -124,7 +129,7 @@ class HeadNode(SignalWaiter):
         for s in self.sessions:
             if s.ended is None and s.proc.stdin is not None and not s.proc.stdin.closed:
                 try:
-                    s.proc.stdin.write(b"usr1\n")
+                    s.proc.stdin.write(self._link.usr1())
                     s.proc.stdin.flush()
                 except OSError:
                     pass
@@ -134,24 +139,38 @@ class HeadNode(SignalWaiter):
     def _start(self, node: int, port: int, secret: str, env: dict[str, str], run_id: str) -> Session:
         cfg = self.cfg
         h = cfg.hosts[node]
-        argv = agent_argv(cfg.agent, node_rank=node, nnodes=len(cfg.hosts), nproc=h.slots, master_addr=cfg.master,
-                          master_port=port, run_id=run_id)
+        argv = agent_argv(
+            cfg.agent,
+            node_rank=node,
+            nnodes=len(cfg.hosts),
+            nproc=h.slots,
+            master_addr=cfg.master,
+            master_port=port,
+            run_id=run_id,
+        )
         remote = remote_command(cwd=os.getcwd(), env=env, python=sys.executable or "python3", argv=argv)
         cmd = ssh_argv(cfg.ssh_command, h.host, remote, port=cfg.ssh_port, options=cfg.ssh_options)
         try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True, close_fds=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+            )
         except OSError as e:
-            raise ConfigError(f"cannot run the ssh client {cfg.ssh_command[0]!r}: {e.strerror or e}; "
-                              "set --ssh-command") from e
+            raise ConfigError(
+                f"cannot run the ssh client {cfg.ssh_command[0]!r}: {e.strerror or e}; set --ssh-command"
+            ) from e
         spec = WorkerSpec(rank=node, local_rank=0, argv=tuple(cmd), env={}, prefix="")
         s = Session(node=node, host=h.host, slots=h.slots, worker=Worker(spec=spec, proc=proc, start_time=time.time()))
         self.sessions.append(s)
         self.pump.add(s.worker)
-        hello = json.dumps({"secret": secret, "nonce": self._nonce}) + "\n"
+        hello = self._link.hello(secret)
         try:
             assert proc.stdin is not None
-            proc.stdin.write(hello.encode())
+            proc.stdin.write(hello)
             proc.stdin.flush()
         except (BrokenPipeError, OSError):
             pass  # the session died at once: its exit status and ssh's message tell why
@@ -204,11 +223,14 @@ class HeadNode(SignalWaiter):
     # ------------------------------------------------------------------ run
 
     def run(self) -> int:
+        """Run the job on every host; the process exit code (the job's, 128+signal, or 1 when a host failed)."""
         cfg = self.cfg
         a = cfg.agent
         if not a.module and not a.no_python and not os.path.exists(a.entrypoint):
-            raise ConfigError(f"cannot open the script {os.path.abspath(a.entrypoint)!r}: no such file "
-                              "(the hosts run it from the same path; use -m for a module)")
+            raise ConfigError(
+                f"cannot open the script {os.path.abspath(a.entrypoint)!r}: no such file "
+                "(the hosts run it from the same path; use -m for a module)"
+            )
         secret = self._secret()
         env = cfg.env.select(self.environ)
         self.sink.text(cfg.env.describe(env, self.environ))
@@ -228,16 +250,21 @@ class HeadNode(SignalWaiter):
                     self._wake(0.5)
                 port = s0.port or 0
             if port:
-                desc = ", ".join(f"{h.host} (node {i}, {h.slots} worker{'s' if h.slots != 1 else ''})"
-                                 for i, h in enumerate(cfg.hosts))
+                desc = ", ".join(
+                    f"{h.host} (node {i}, {h.slots} worker{'s' if h.slots != 1 else ''})"
+                    for i, h in enumerate(cfg.hosts)
+                )
                 self._say(f"agents on {desc} over ssh; the agents' store is at {cfg.master}:{port}")
                 for node in range(1, len(cfg.hosts)):
                     self._start(node, port, secret, env, a.run_id)
             else:
                 s0 = self.sessions[0]
                 if not self._signals:
-                    why = ("its ssh session ended" if s0.ended is not None
-                           else f"it did not report within {a.join_timeout:.0f}s")
+                    why = (
+                        "its ssh session ended"
+                        if s0.ended is not None
+                        else f"it did not report within {a.join_timeout:.0f}s"
+                    )
                     self._say(f"the agent on {s0.host} (node 0) did not start its store: {why}")
             orphan_deadline: Optional[Deadline] = None
             usr1 = self._usr1
@@ -277,11 +304,16 @@ class HeadNode(SignalWaiter):
     def _final(self, interrupted: Optional[int]) -> int:
         result = self._best_report()
         missing = [s for s in self.sessions if s.report is None]
-        lines = [f"host {s.host} (node {s.node}): its agent sent no report; ssh exited with "
-                 + (f"status {s.returncode}" if s.returncode is not None and s.returncode >= 0
-                    else f"signal {signal_name(-(s.returncode or 0))}")
-                 + (" (ssh could not connect or the session broke: see ssh's message above)"
-                    if s.returncode == 255 else "") for s in missing]
+        lines = [
+            f"host {s.host} (node {s.node}): its agent sent no report; ssh exited with "
+            + (
+                f"status {s.returncode}"
+                if s.returncode is not None and s.returncode >= 0
+                else f"signal {signal_name(-(s.returncode or 0))}"
+            )
+            + (" (ssh could not connect or the session broke: see ssh's message above)" if s.returncode == 255 else "")
+            for s in missing
+        ]
         never = len(self.cfg.hosts) - len(self.sessions)
         if never:
             lines.append(f"{never} host(s) were never started: node 0's agent did not come up")
@@ -304,7 +336,7 @@ class HeadNode(SignalWaiter):
         best: Optional[RunResult] = None
         for r in reports:
             try:
-                res = result_from_json(json.dumps(r.get("result")))
+                res = result_from_json(json.dumps(r.result))
             except (ValueError, TypeError):
                 continue
             if best is None or len(res.workers) > len(best.workers):
@@ -313,4 +345,5 @@ class HeadNode(SignalWaiter):
 
 
 def run_head(cfg: HeadConfig, sink: Optional[LineSink] = None) -> int:
+    """Run a head-node job; the process exit code."""
     return HeadNode(cfg, sink).run()

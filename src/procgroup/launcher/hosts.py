@@ -29,7 +29,7 @@ from typing import Mapping, Optional, Sequence
 
 from ..config import ENV
 from ..errors import ConfigError
-from .cli import LaunchConfig
+from .config import LaunchConfig
 
 __all__ = [
     "HostSlot",
@@ -45,15 +45,42 @@ __all__ = [
 #: Variables forwarded to every host unless --env-prefix is given.
 DEFAULT_ENV_PREFIXES = ("PROCGROUP_", "PYTHON", "OMP_", "MKL_", "OPENBLAS_", "NCCL_", "GLOO_", "TORCH_")
 #: Per-host or per-session variables that --env-all still does not forward.
-_HOST_LOCAL = frozenset({
-    "HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "DISPLAY", "XAUTHORITY", "TMUX", "TMUX_PANE", "STY",
-    "WINDOWID", "SSH_AUTH_SOCK", "SSH_AGENT_PID", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "MAIL", "LS_COLORS",
-    "PS1", "PROMPT_COMMAND", "COLUMNS", "LINES", "INVOCATION_ID", "JOURNAL_STREAM", "NOTIFY_SOCKET",
-})
+_HOST_LOCAL = frozenset(
+    {
+        "HOSTNAME",
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "_",
+        "TERM",
+        "DISPLAY",
+        "XAUTHORITY",
+        "TMUX",
+        "TMUX_PANE",
+        "STY",
+        "WINDOWID",
+        "SSH_AUTH_SOCK",
+        "SSH_AGENT_PID",
+        "SSH_CLIENT",
+        "SSH_CONNECTION",
+        "SSH_TTY",
+        "MAIL",
+        "LS_COLORS",
+        "PS1",
+        "PROMPT_COMMAND",
+        "COLUMNS",
+        "LINES",
+        "INVOCATION_ID",
+        "JOURNAL_STREAM",
+        "NOTIFY_SOCKET",
+    }
+)
 #: The contract variables procgroup run writes for each worker / agent: the hosts get their own.
-_LAUNCHER_WRITTEN = frozenset(
-    v.name for v in ENV.table() if v.written_by == "launcher"
-) | {ENV.SECRET, "LOCAL_RANK", "RANK"}
+_LAUNCHER_WRITTEN = frozenset(v.name for v in ENV.table() if v.written_by == "launcher") | {
+    ENV.SECRET,
+    "LOCAL_RANK",
+    "RANK",
+}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HOSTNAME = re.compile(r"^([A-Za-z0-9_.-]+@)?[A-Za-z0-9_.:\[\]-]+$")
 
@@ -104,8 +131,10 @@ def parse_hostfile(text: str, default_slots: int, source: str = "hostfile") -> t
             else:
                 raise ConfigError(f"{source} line {n}: unknown field {f!r}; a line is 'HOST [slots=N]'")
         if host in seen:
-            raise ConfigError(f"{source} line {n}: host {host!r} is already listed on line {seen[host]}; "
-                              "give each host one line with slots=N")
+            raise ConfigError(
+                f"{source} line {n}: host {host!r} is already listed on line {seen[host]}; "
+                "give each host one line with slots=N"
+            )
         seen[host] = n
         out.append(HostSlot(host, slots, n))
     if not out:
@@ -127,9 +156,14 @@ class EnvPolicy:
             if not _NAME.match(key):
                 raise ConfigError(f"--env {item!r}: {key!r} is not a variable name; use --env KEY or --env KEY=VALUE")
             if key in _LAUNCHER_WRITTEN:
-                raise ConfigError(f"--env {key}: procgroup run writes {key} on every host itself "
-                                  + ("(the secret travels on the ssh session's stdin)" if key == ENV.SECRET else
-                                     "for each worker; it cannot be forwarded"))
+                raise ConfigError(
+                    f"--env {key}: procgroup run writes {key} on every host itself "
+                    + (
+                        "(the secret travels on the ssh session's stdin)"
+                        if key == ENV.SECRET
+                        else "for each worker; it cannot be forwarded"
+                    )
+                )
 
     def select(self, environ: Mapping[str, str]) -> dict[str, str]:
         """The variables to set on every host, in a stable order."""
@@ -186,13 +220,16 @@ class HeadConfig:
         if self.ssh_port is not None and not 0 < self.ssh_port < 65536:
             raise ConfigError(f"--ssh-port {self.ssh_port} is not a TCP port (1..65535)")
         if self.agent.nnodes != len(self.hosts):
-            raise ConfigError(f"--nnodes {self.agent.nnodes} but {self.hostfile} lists {len(self.hosts)} host(s); "
-                              "drop --nnodes (the hostfile decides)")
+            raise ConfigError(
+                f"--nnodes {self.agent.nnodes} but {self.hostfile} lists {len(self.hosts)} host(s); "
+                "drop --nnodes (the hostfile decides)"
+            )
         if self.agent.ranks_filter is not None:
             bad = sorted(r for r in self.agent.ranks_filter if not 0 <= r < self.world_size)
             if bad:
-                raise ConfigError(f"--ranks-filter names rank(s) {bad} but the hostfile's slots give ranks "
-                                  f"0..{self.world_size - 1}")
+                raise ConfigError(
+                    f"--ranks-filter names rank(s) {bad} but the hostfile's slots give ranks 0..{self.world_size - 1}"
+                )
 
     @property
     def world_size(self) -> int:
@@ -203,13 +240,31 @@ class HeadConfig:
         return self.master_addr or self.hosts[0].name
 
 
-def agent_argv(cfg: LaunchConfig, *, node_rank: int, nnodes: int, nproc: int, master_addr: str,
-               master_port: int, run_id: str) -> list[str]:
+def agent_argv(
+    cfg: LaunchConfig, *, node_rank: int, nnodes: int, nproc: int, master_addr: str, master_port: int, run_id: str
+) -> list[str]:
     """``procgroup run`` arguments for one host's agent (after ``python -m procgroup run``)."""
-    a = ["--from-head", "--nnodes", str(nnodes), "--node-rank", str(node_rank), "--nproc-per-node", str(nproc),
-         "--master-addr", master_addr, "--master-port", str(master_port), "--run-id", run_id,
-         "--max-restarts", str(cfg.max_restarts), "--term-timeout", repr(cfg.term_timeout),
-         "--join-timeout", repr(cfg.join_timeout)]
+    a = [
+        "--from-head",
+        "--nnodes",
+        str(nnodes),
+        "--node-rank",
+        str(node_rank),
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        master_addr,
+        "--master-port",
+        str(master_port),
+        "--run-id",
+        run_id,
+        "--max-restarts",
+        str(cfg.max_restarts),
+        "--term-timeout",
+        repr(cfg.term_timeout),
+        "--join-timeout",
+        repr(cfg.join_timeout),
+    ]
     if cfg.log_dir is not None:
         a += ["--log-dir", cfg.log_dir]
     if cfg.tee:
@@ -238,8 +293,9 @@ def remote_command(*, cwd: str, env: Mapping[str, str], python: str, argv: Seque
     return " ".join(parts)
 
 
-def ssh_argv(ssh_command: Sequence[str], host: str, remote: str, *, port: Optional[int] = None,
-             options: Sequence[str] = ()) -> list[str]:
+def ssh_argv(
+    ssh_command: Sequence[str], host: str, remote: str, *, port: Optional[int] = None, options: Sequence[str] = ()
+) -> list[str]:
     """``ssh -T -o BatchMode=yes [-p PORT] [-o OPT]... HOST REMOTE``."""
     a = [*ssh_command, "-T", "-o", "BatchMode=yes"]
     if port is not None:

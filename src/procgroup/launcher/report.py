@@ -254,20 +254,25 @@ def format_root_cause(run: RunResult) -> str:
             if run.nnodes > 1 and run.agent_errors:
                 lines.append(f"### Stopped: {run.agent_errors[0]}; the agents stopped {n} worker(s)")
             else:
-                lines.append(f"### The launcher received {signal_name(run.interrupted_by)}: "
-                             f"forwarded it to the workers and stopped {n} of them")
+                lines.append(
+                    f"### The launcher received {signal_name(run.interrupted_by)}: "
+                    f"forwarded it to the workers and stopped {n} of them"
+                )
         elif run.spawn_error:
             lines.append(f"### Root cause: could not start the workers: {run.spawn_error}")
         elif run.agent_errors:
             lines.append(f"### Root cause: {run.agent_errors[0]}")
         first_shown = (run.interrupted_by is None and not run.spawn_error) or (
-            run.interrupted_by is not None and run.nnodes > 1)
+            run.interrupted_by is not None and run.nnodes > 1
+        )
         rest = run.agent_errors[1:] if first_shown else run.agent_errors
         lines.extend(f"    also: {e}" for e in rest)
         stuck = [w for w in run.workers if w.outcome is Outcome.STUCK]
         if stuck:
-            lines.append("### Workers that did not exit even after SIGKILL: "
-                         + ", ".join(f"rank {w.rank} pid {w.pid}" for w in stuck))
+            lines.append(
+                "### Workers that did not exit even after SIGKILL: "
+                + ", ".join(f"rank {w.rank} pid {w.pid}" for w in stuck)
+            )
         return "\n".join(lines)
 
     lines.append(f"### Root cause: {root.who()}, {root.status()}")
@@ -287,13 +292,16 @@ def format_root_cause(run: RunResult) -> str:
         lines.extend("    | " + ln for ln in tail)
     else:
         if root.returncode is not None and root.returncode < 0:
-            lines.append(f"    killed by {signal_name(-root.returncode)} with no output on stderr "
-                         "(SIGKILL often means the out-of-memory killer: check `dmesg` / `journalctl -k`)"
-                         if -root.returncode == 9 else
-                         f"    killed by {signal_name(-root.returncode)} with no output on stderr")
+            lines.append(
+                f"    killed by {signal_name(-root.returncode)} with no output on stderr "
+                "(SIGKILL often means the out-of-memory killer: check `dmesg` / `journalctl -k`)"
+                if -root.returncode == 9
+                else f"    killed by {signal_name(-root.returncode)} with no output on stderr"
+            )
         else:
-            lines.append("    no error file and no output on stderr (the program called sys.exit / os._exit "
-                         "with this code?)")
+            lines.append(
+                "    no error file and no output on stderr (the program called sys.exit / os._exit with this code?)"
+            )
 
     others = [w for w in run.workers if w is not root and w.outcome is not Outcome.SUCCEEDED]
     stopped = [w for w in others if w.outcome is Outcome.TERMINATED and w.end_time is not None]
@@ -302,14 +310,17 @@ def format_root_cause(run: RunResult) -> str:
         if stopped:
             lag = max(w.end_time or 0.0 for w in stopped) - root.failure_time
             where = f" on {len({w.host for w in stopped})} host(s)" if run.nnodes > 1 else ""
-            head = (f"### Other ranks: the launcher stopped {len(stopped)} worker(s){where} "
-                    f"{max(0.0, lag):.2f}s after the root cause")
+            head = (
+                f"### Other ranks: the launcher stopped {len(stopped)} worker(s){where} "
+                f"{max(0.0, lag):.2f}s after the root cause"
+            )
         lines.append(head)
         for w in sorted(others, key=lambda w: w.rank):
             if w.outcome is Outcome.TERMINATED:
                 sent = signal_name(w.signaled_by_agent or 0)
                 what = f"terminated by the launcher ({sent}" + (
-                    ")" if w.returncode == -(w.signaled_by_agent or 0) else f"; ended with {w.status()})")
+                    ")" if w.returncode == -(w.signaled_by_agent or 0) else f"; ended with {w.status()})"
+                )
             elif w.outcome is Outcome.STUCK:
                 what = "did NOT exit after SIGKILL (uninterruptible sleep?)"
             else:
@@ -338,8 +349,10 @@ def format_summary(run: RunResult, *, max_restarts: int = 0) -> str:
     if run.interrupted_by is not None and run.root_cause is None:
         state = f"interrupted by {signal_name(run.interrupted_by)}"
     elapsed = run.end_time - run.start_time
-    head = (f"procgroup run: {len(ws)} worker(s) on {run.host} {state} in {elapsed:.1f}s "
-            f"(exit code {run.exit_code}, run id {run.run_id}")
+    head = (
+        f"procgroup run: {len(ws)} worker(s) on {run.host} {state} in {elapsed:.1f}s "
+        f"(exit code {run.exit_code}, run id {run.run_id}"
+    )
     if run.restart_count or max_restarts:
         head += f", restart {run.restart_count} of max {max_restarts}"
     head += ")"
@@ -392,8 +405,12 @@ def slim(run: RunResult) -> RunResult:
     """``run`` without the stderr tails no report shows (those of workers that did not fail): what travels
     between nodes stays small however many ranks a node runs."""
     keep = (Outcome.FAILED, Outcome.STUCK)
-    return dataclasses.replace(run, workers=tuple(
-        w if w.outcome in keep or not w.stderr_tail else dataclasses.replace(w, stderr_tail=()) for w in run.workers))
+    return dataclasses.replace(
+        run,
+        workers=tuple(
+            w if w.outcome in keep or not w.stderr_tail else dataclasses.replace(w, stderr_tail=()) for w in run.workers
+        ),
+    )
 
 
 def result_to_json(run: RunResult) -> str:
@@ -418,8 +435,14 @@ def result_from_json(data: "str | bytes") -> RunResult:
     return RunResult(**kw)
 
 
-def combine_results(parts: Sequence[RunResult], *, hosts: Sequence[str], run_id: str, restart_count: int,
-                    extra_errors: Sequence[str] = ()) -> RunResult:
+def combine_results(
+    parts: Sequence[RunResult],
+    *,
+    hosts: Sequence[str],
+    run_id: str,
+    restart_count: int,
+    extra_errors: Sequence[str] = (),
+) -> RunResult:
     """The whole job's result from every node's own (``parts``; missing nodes are in ``extra_errors``).
 
     The root cause is then the first failure over all nodes, by the time in the
@@ -430,8 +453,11 @@ def combine_results(parts: Sequence[RunResult], *, hosts: Sequence[str], run_id:
     interrupted = next((p for p in parts if p.interrupted_by is not None), None)
     errors: list[str] = []
     if interrupted is not None and len(parts) > 1:
-        errors.append(interrupted.agent_errors[0] if interrupted.agent_errors else
-                      f"the agent on {interrupted.host} received {signal_name(interrupted.interrupted_by or 0)}")
+        errors.append(
+            interrupted.agent_errors[0]
+            if interrupted.agent_errors
+            else f"the agent on {interrupted.host} received {signal_name(interrupted.interrupted_by or 0)}"
+        )
     for p in parts:
         errors.extend(e for e in p.agent_errors if e not in errors)
     errors.extend(e for e in extra_errors if e not in errors)

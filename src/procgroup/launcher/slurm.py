@@ -81,13 +81,17 @@ def detect_srun_step(environ: Mapping[str, str]) -> Optional[SrunStep]:
         return None
     node = env_int(SLURM.NODEID, environ, minimum=0)
     if node is None:
-        raise ConfigError(f"under srun (step {job}.{step}) but {SLURM.NODEID} is not set; pass --nnodes, --node-rank "
-                          "and --master-addr yourself")
+        raise ConfigError(
+            f"under srun (step {job}.{step}) but {SLURM.NODEID} is not set; pass --nnodes, --node-rank "
+            "and --master-addr yourself"
+        )
     nvar = SLURM.STEP_NUM_NODES if env_str(SLURM.STEP_NUM_NODES, environ) is not None else SLURM.NNODES
     nnodes = env_int(nvar, environ, minimum=1)
     if nnodes is None:
-        raise ConfigError(f"under srun (step {job}.{step}) but neither {SLURM.STEP_NUM_NODES} nor {SLURM.NNODES} "
-                          "is set; pass --nnodes yourself")
+        raise ConfigError(
+            f"under srun (step {job}.{step}) but neither {SLURM.STEP_NUM_NODES} nor {SLURM.NNODES} "
+            "is set; pass --nnodes yourself"
+        )
     if node >= nnodes:
         raise ConfigError(f"{SLURM.NODEID}={node} is out of range for {nvar}={nnodes}")
     tvar = SLURM.STEP_TASKS_PER_NODE if env_str(SLURM.STEP_TASKS_PER_NODE, environ) is not None else None
@@ -102,8 +106,10 @@ def detect_srun_step(environ: Mapping[str, str]) -> Optional[SrunStep]:
     hvar = SLURM.STEP_NODELIST if env_str(SLURM.STEP_NODELIST, environ) is not None else SLURM.JOB_NODELIST
     spec = env_str(hvar, environ)
     if spec is None:
-        raise ConfigError(f"under srun (step {job}.{step}) but {SLURM.STEP_NODELIST} is not set; "
-                          "pass --master-addr (node 0's host) yourself")
+        raise ConfigError(
+            f"under srun (step {job}.{step}) but {SLURM.STEP_NODELIST} is not set; "
+            "pass --master-addr (node 0's host) yourself"
+        )
     hosts = tuple(expand_hostlist(spec, var=hvar))
     port = derive_port(job, step)
     notes = (
@@ -111,8 +117,16 @@ def detect_srun_step(environ: Mapping[str, str]) -> Optional[SrunStep]:
         f"master {hosts[0]}:{port}: first host of {hvar}={spec}, port derived from "
         f"{SLURM.JOB_ID}={job} and step {step} (set --master-port to choose another)",
     )
-    return SrunStep(job_id=job, step_id=step, node_rank=node, nnodes=nnodes, hosts=hosts,
-                    master_addr=hosts[0], master_port=port, notes=notes)
+    return SrunStep(
+        job_id=job,
+        step_id=step,
+        node_rank=node,
+        nnodes=nnodes,
+        hosts=hosts,
+        master_addr=hosts[0],
+        master_port=port,
+        notes=notes,
+    )
 
 
 def secret_path(run_id: str, directory: Optional[str] = None) -> str:
@@ -150,13 +164,16 @@ def read_secret_file(path: str, what: str = "--secret-file") -> Optional[str]:
         raise ConfigError(f"{what} {path!r}: cannot read it ({e.strerror or e})") from e
     value = data.strip()
     if not value:
-        raise ConfigError(f"{what} {path!r} is empty; put the job secret in it, e.g. "
-                          "python -c 'import secrets; print(secrets.token_hex(32))' > FILE")
+        raise ConfigError(
+            f"{what} {path!r} is empty; put the job secret in it, e.g. "
+            "python -c 'import secrets; print(secrets.token_hex(32))' > FILE"
+        )
     return value
 
 
-def wait_secret_file(path: str, deadline: Deadline, interrupted: Callable[[], bool],
-                     wait: Callable[[float], None]) -> str:
+def wait_secret_file(
+    path: str, deadline: Deadline, interrupted: Callable[[], bool], wait: Callable[[float], None]
+) -> str:
     """Wait for node 0's secret file (srun mode, nodes 1..M-1)."""
     while True:
         try:

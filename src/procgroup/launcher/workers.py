@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Callable, Iterable, Optional
 
+from .. import procfs
 from ..deadline import Deadline
 
 __all__ = [
@@ -201,7 +202,8 @@ class OutputPump:
         log: Optional[IO[bytes]] = None
         if worker.spec.log_file:
             os.makedirs(os.path.dirname(worker.spec.log_file), exist_ok=True)
-            log = open(worker.spec.log_file, "ab" if worker.spec.log_append else "wb")  # noqa: SIM115 - closed in _close
+            # closed in _close
+            log = open(worker.spec.log_file, "ab" if worker.spec.log_append else "wb")  # noqa: SIM115
             self._logs.append(log)
         with self._lock:
             for pipe, is_err in ((worker.proc.stdout, False), (worker.proc.stderr, True)):
@@ -255,7 +257,7 @@ class OutputPump:
                     continue
                 st.buf += chunk
                 cut = st.buf.rfind(b"\n") + 1
-                lines = [ln + b"\n" for ln in bytes(st.buf[:cut - 1]).split(b"\n")] if cut else []
+                lines = [ln + b"\n" for ln in bytes(st.buf[: cut - 1]).split(b"\n")] if cut else []
                 del st.buf[:cut]
                 if len(st.buf) > MAX_LINE:  # a huge line without newline: emit it in pieces
                     lines.append(bytes(st.buf) + b"\n")
@@ -432,11 +434,13 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
-# --------------------------------------------------------------------------- /proc scan
+# --------------------------------------------------------------------------- leftovers (/proc via procfs)
 
 
 @dataclass(frozen=True)
 class ProcInfo:
+    """A process left behind by the workers (found by :func:`scan_leftovers`)."""
+
     pid: int
     ppid: int
     pgid: int
@@ -444,52 +448,19 @@ class ProcInfo:
     cmdline: str
 
     def describe(self) -> str:
+        """One line for the report: pid, process group, state and command line."""
         return f"pid {self.pid} (pgid {self.pgid}, state {self.state}): {self.cmdline}"
 
 
-def _read_stat(pid: int) -> Optional[tuple[str, int, int]]:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    # comm is in parentheses and may itself contain spaces and ')'
-    rest = data[data.rfind(b")") + 2:].split()
-    try:
-        return rest[0].decode(), int(rest[1]), int(rest[2])
-    except (IndexError, ValueError):
-        return None
-
-
-def _cmdline(pid: int, limit: int = 160) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read(4096)
-    except OSError:
-        return "?"
-    s = " ".join(raw.replace(b"\0", b" ").decode("utf-8", "replace").split()) or "?"
-    return s if len(s) <= limit else s[: limit - 3] + "..."
-
-
-#: pid -> (state, ppid, pgid) of every process, read from /proc in one pass
-ProcTable = dict[int, tuple[str, int, int]]
+#: pid -> (state, ppid, pgid) of every process (:data:`procgroup.procfs.ProcTable`)
+ProcTable = procfs.ProcTable
 
 
 def proc_table() -> ProcTable:
-    """One pass over /proc (empty where there is none).  Pass it to :func:`reap_adopted_zombies` and
-    :func:`scan_leftovers` to answer both from the same read: the teardown of a job that left
-    nothing behind then costs a single scan of the host's processes."""
-    table: ProcTable = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return table
-    for name in names:
-        if name.isdigit():
-            st = _read_stat(int(name))
-            if st is not None:
-                table[int(name)] = st
-    return table
+    """One pass over /proc through :func:`procgroup.procfs.proc_table` (empty where there is none).
+    Pass it to :func:`reap_adopted_zombies` and :func:`scan_leftovers` to answer both from the same
+    read: the teardown of a job that left nothing behind then costs a single scan of the host's processes."""
+    return procfs.proc_table()
 
 
 def scan_leftovers(agent_pid: int, exclude: Iterable[int] = (), table: Optional[ProcTable] = None) -> list[ProcInfo]:
@@ -515,13 +486,14 @@ def scan_leftovers(agent_pid: int, exclude: Iterable[int] = (), table: Optional[
         return False
 
     return [
-        ProcInfo(pid, ppid, pgid, state, _cmdline(pid))
+        ProcInfo(pid, ppid, pgid, state, procfs.cmdline(pid))
         for pid, (state, ppid, pgid) in sorted(procs.items())
         if pid not in skip and state not in ("Z", "X") and descends(pid)
     ]
 
 
 def kill_pids(procs: Iterable[ProcInfo], sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to each process; ones already gone (or not ours) are skipped."""
     for p in procs:
         try:
             os.kill(p.pid, sig)

@@ -100,7 +100,7 @@ class ClientHandshake:
             raise AuthenticationError(
                 "the server did not greet with procgroup's handshake: is something else listening on that port?"
             )
-        return _mac(self.secret, b"C", hello[len(MAGIC):]) + self.nonce
+        return _mac(self.secret, b"C", hello[len(MAGIC) :]) + self.nonce
 
     def verify(self, final: bytes) -> None:
         if final == _FAIL or not hmac.compare_digest(final, _mac(self.secret, b"S", self.nonce)):

@@ -172,8 +172,9 @@ def pack_header_into(buf: Union[bytearray, memoryview], offset: int, tag: int, l
     HEADER.pack_into(buf, offset, MAGIC, VERSION, flags, 0, tag, length)
 
 
-def decode_header(buf: Union[bytes, bytearray, memoryview], offset: int = 0,
-                  max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> FrameHeader:
+def decode_header(
+    buf: Union[bytes, bytearray, memoryview], offset: int = 0, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+) -> FrameHeader:
     """Parse and validate the header at ``buf[offset:offset+24]``."""
     magic, version, flags, reserved, tag, length = HEADER.unpack_from(buf, offset)
     if magic != MAGIC:
@@ -182,8 +183,10 @@ def decode_header(buf: Union[bytes, bytearray, memoryview], offset: int = 0,
             "transport protocol, or the stream is out of sync"
         )
     if version != VERSION:
-        raise ProtocolError(f"frame version {version} is not supported (this side speaks version {VERSION}); "
-                            "run the same procgroup version on every rank")
+        raise ProtocolError(
+            f"frame version {version} is not supported (this side speaks version {VERSION}); "
+            "run the same procgroup version on every rank"
+        )
     if flags & ~_KNOWN_FLAGS or reserved:
         raise ProtocolError(f"frame header has unknown flags {flags:#x} / reserved bits {reserved:#x}")
     if tag >= _TAG_LIMIT:
@@ -260,9 +263,27 @@ class FrameDecoder:
     Not thread-safe: one reader drives it.
     """
 
-    __slots__ = ("max_frame_size", "buffer_size", "_hdr", "_payload_left", "_error", "_frames",
-                 "_buf", "_mv", "_start", "_end", "_state", "_eof", "_target", "_tpos",
-                 "_cur_tag", "_cur_len", "_cur_more", "_msg_tag", "_msg_total")
+    __slots__ = (
+        "max_frame_size",
+        "buffer_size",
+        "_hdr",
+        "_payload_left",
+        "_error",
+        "_frames",
+        "_buf",
+        "_mv",
+        "_start",
+        "_end",
+        "_state",
+        "_eof",
+        "_target",
+        "_tpos",
+        "_cur_tag",
+        "_cur_len",
+        "_cur_more",
+        "_msg_tag",
+        "_msg_total",
+    )
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, *, buffer_size: int = DEFAULT_READ_BUFFER) -> None:
         """A decoder at the start of a stream; ValueError for a negative limit or a buffer under one header."""
@@ -299,8 +320,13 @@ class FrameDecoder:
     @property
     def at_boundary(self) -> bool:
         """True between frames (frame view) or between messages (message view): a clean place to end."""
-        return (self._payload_left == 0 and not self._hdr and self._start == self._end
-                and self._msg_tag is None and self._state == _HEADER)
+        return (
+            self._payload_left == 0
+            and not self._hdr
+            and self._start == self._end
+            and self._msg_tag is None
+            and self._state == _HEADER
+        )
 
     @property
     def frames(self) -> int:
@@ -328,13 +354,13 @@ class FrameDecoder:
             if self._payload_left:
                 k = min(self._payload_left, n - pos)
                 self._payload_left -= k
-                yield mv[pos:pos + k]
+                yield mv[pos : pos + k]
                 pos += k
                 continue
             need = HEADER_SIZE - len(self._hdr)
             if self._hdr or n - pos < HEADER_SIZE:
                 take = min(need, n - pos)
-                self._hdr += mv[pos:pos + take]
+                self._hdr += mv[pos : pos + take]
                 pos += take
                 if len(self._hdr) < HEADER_SIZE:
                     return
@@ -359,8 +385,10 @@ class FrameDecoder:
         if self._error is not None:
             raise self._error
         if self._hdr or self._end - self._start:
-            raise ProtocolError(f"connection closed inside a frame header "
-                                f"({len(self._hdr) or self._end - self._start}/{HEADER_SIZE} bytes)")
+            raise ProtocolError(
+                f"connection closed inside a frame header "
+                f"({len(self._hdr) or self._end - self._start}/{HEADER_SIZE} bytes)"
+            )
         if self._payload_left or self._state == _TARGET:
             raise ProtocolError(f"connection closed inside a frame payload ({self._payload_left} bytes missing)")
         if self._msg_tag is not None and (self._state == _HEADER or self._cur_more):
@@ -400,8 +428,14 @@ class FrameDecoder:
                 if end - start < HEADER_SIZE:
                     return CLOSED if self._eof else None
                 magic, version, flags, reserved, tag, length = _unpack_header(self._mv, start)
-                if (magic != MAGIC or version != VERSION or flags & ~_KNOWN_FLAGS or reserved or tag >= _TAG_LIMIT
-                        or length > self.max_frame_size):
+                if (
+                    magic != MAGIC
+                    or version != VERSION
+                    or flags & ~_KNOWN_FLAGS
+                    or reserved
+                    or tag >= _TAG_LIMIT
+                    or length > self.max_frame_size
+                ):
                     self._decode(self._mv, start)  # raises the precise ProtocolError
                     raise AssertionError("decode_header() accepted a header that the fast check refused")
                 self._frames += 1
@@ -411,7 +445,7 @@ class FrameDecoder:
                 if mt is None:
                     if not more and end - start >= length:  # the common small message: one event, no target
                         self._start = start + length
-                        return _tuple_new(Message, (tag, self._mv[start:start + length]))  # Message(), minus a frame
+                        return _tuple_new(Message, (tag, self._mv[start : start + length]))  # Message(), minus a frame
                     self._msg_tag = tag
                 elif tag != mt:
                     raise self._fail(ProtocolError(f"continuation frame with tag {tag} inside a message with tag {mt}"))
@@ -452,7 +486,7 @@ class FrameDecoder:
         avail = min(self._end - start, length)
         if avail:
             if target is not None:
-                target[:avail] = self._mv[start:start + avail]
+                target[:avail] = self._mv[start : start + avail]
             self._start = start + avail
         self._target = target
         self._tpos = avail
@@ -485,9 +519,9 @@ class FrameDecoder:
             t = self._target
             if t is not None:
                 p = self._tpos
-                return t[p:p + self._payload_left]
+                return t[p : p + self._payload_left]
             self._start = self._end = 0  # discarding: read into the (empty) read buffer, then forget
-            return self._mv[:min(self.buffer_size, self._payload_left)]
+            return self._mv[: min(self.buffer_size, self._payload_left)]
         if self._error is not None:
             raise self._error
         if st != _HEADER or self._eof:

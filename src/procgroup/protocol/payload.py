@@ -49,7 +49,7 @@ def join(segs: List[memoryview], total: int) -> bytearray:
     out = bytearray(total)
     pos = 0
     for s in segs:
-        out[pos:pos + s.nbytes] = s
+        out[pos : pos + s.nbytes] = s
         pos += s.nbytes
     return out
 
@@ -69,10 +69,10 @@ def loads(data: Any) -> Any:
     if hlen + sum(lens) != n:
         raise ProtocolError(f"object payload lengths add up to {hlen + sum(lens)} bytes but {n} were received")
     pos = hlen
-    body = mv[pos:pos + lens[0]]
+    body = mv[pos : pos + lens[0]]
     pos += lens[0]
     buffers = []
     for ln in lens[1:]:
-        buffers.append(mv[pos:pos + ln])
+        buffers.append(mv[pos : pos + ln])
         pos += ln
     return pickle.loads(body, buffers=buffers)

@@ -266,11 +266,26 @@ Request = Union[Set, Get, Add, CompareSet, Wait, Check, MultiGet, MultiSet, Dele
 Response = Union[Ok, Value, Int, Bool, Values, Timeout, Error]
 
 REQUEST_TYPES: dict[type, int] = {
-    Set: 0x01, Get: 0x02, Add: 0x03, CompareSet: 0x04, Wait: 0x05, Check: 0x06,
-    MultiGet: 0x07, MultiSet: 0x08, DeleteKey: 0x09, NumKeys: 0x0A, Ping: 0x0B,
+    Set: 0x01,
+    Get: 0x02,
+    Add: 0x03,
+    CompareSet: 0x04,
+    Wait: 0x05,
+    Check: 0x06,
+    MultiGet: 0x07,
+    MultiSet: 0x08,
+    DeleteKey: 0x09,
+    NumKeys: 0x0A,
+    Ping: 0x0B,
 }
 RESPONSE_TYPES: dict[type, int] = {
-    Ok: 0x81, Value: 0x82, Int: 0x83, Bool: 0x84, Values: 0x85, Timeout: 0x86, Error: 0x87,
+    Ok: 0x81,
+    Value: 0x82,
+    Int: 0x83,
+    Bool: 0x84,
+    Values: 0x85,
+    Timeout: 0x86,
+    Error: 0x87,
 }
 _NAMES = {code: cls.__name__.upper() for cls, code in {**REQUEST_TYPES, **RESPONSE_TYPES}.items()}
 
@@ -410,7 +425,7 @@ class _Reader:
                 f"truncated {self.name} frame: {what} needs {n} bytes at offset {self.pos} "
                 f"but the frame body has only {self.end - self.pos} left"
             )
-        v = self.buf[self.pos:self.pos + n]
+        v = self.buf[self.pos : self.pos + n]
         self.pos += n
         return v
 
@@ -474,9 +489,7 @@ class _Reader:
 
     def finish(self) -> None:
         if self.pos != self.end:
-            raise ProtocolError(
-                f"{self.name} frame has {self.end - self.pos} trailing bytes after its fields"
-            )
+            raise ProtocolError(f"{self.name} frame has {self.end - self.pos} trailing bytes after its fields")
 
 
 def _decode(code: int, body: memoryview) -> object:
@@ -605,10 +618,7 @@ class StoreCodec:
         if have < HEADER_LEN:
             return f"truncated frame: connection closed after {have} of {HEADER_LEN} header bytes"
         length = _U32.unpack_from(self._buf, pos)[0]
-        return (
-            f"truncated frame: connection closed mid-frame after {have - HEADER_LEN} "
-            f"of {length} announced bytes"
-        )
+        return f"truncated frame: connection closed mid-frame after {have - HEADER_LEN} of {length} announced bytes"
 
     def next_event(self) -> object:
         """The next complete event, :data:`NEED_DATA`, or :data:`CLOSED` (clean EOF).
@@ -647,8 +657,7 @@ class StoreCodec:
                 if code not in self._accept:
                     if code in _NAMES:
                         raise ProtocolError(
-                            f"unexpected {_NAMES[code]} message (type 0x{code:02x}) sent to the store "
-                            f"{self.role}"
+                            f"unexpected {_NAMES[code]} message (type 0x{code:02x}) sent to the store {self.role}"
                         )
                     raise ProtocolError(f"unknown store message type 0x{code:02x}")
                 with memoryview(buf) as mv:
@@ -683,4 +692,3 @@ class StoreCodec:
             kind = "response" if self.role == "server" else "request"
             raise TypeError(f"a store {self.role} sends {kind}s, not {ev!r}")
         return encode(ev)
-

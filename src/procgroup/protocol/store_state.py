@@ -248,6 +248,15 @@ class StoreState:
         return _outcome(Outcome, (Int(n), (k,)))
 
     _ops = {  # noqa: RUF012 - a fixed table, never mutated
-        Set: _set, Get: _get, Add: _add, CompareSet: _compare_set, Wait: _wait, Check: _check,
-        MultiGet: _multi_get, MultiSet: _multi_set, DeleteKey: _delete, NumKeys: _num_keys, Ping: _ping,
+        Set: _set,
+        Get: _get,
+        Add: _add,
+        CompareSet: _compare_set,
+        Wait: _wait,
+        Check: _check,
+        MultiGet: _multi_get,
+        MultiSet: _multi_set,
+        DeleteKey: _delete,
+        NumKeys: _num_keys,
+        Ping: _ping,
     }

@@ -28,6 +28,7 @@ Timeoutish = Union[None, float, Deadline]  # also datetime.timedelta
 
 # ---------------------------------------------------------------- helpers
 
+
 def _key(key: str) -> str:
     if not isinstance(key, str):
         raise TypeError(f"store keys are str, got {type(key).__name__}: {key!r}")
@@ -167,8 +168,10 @@ class Store(abc.ABC):
         self, op: str, keys: Sequence[str], missing: Sequence[str], deadline: Deadline
     ) -> StoreTimeoutError:
         total = deadline.timeout
-        what = f"key {missing[0]!r} was never set" if len(missing) == 1 else (
-            f"{len(missing)} of {len(keys)} keys were never set: {_fmt_keys(list(missing))}"
+        what = (
+            f"key {missing[0]!r} was never set"
+            if len(missing) == 1
+            else (f"{len(missing)} of {len(keys)} keys were never set: {_fmt_keys(list(missing))}")
         )
         err = StoreTimeoutError(
             f"{op} on {self._where()} timed out after {deadline.elapsed():.2f}s"
@@ -185,4 +188,3 @@ class Store(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

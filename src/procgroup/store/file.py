@@ -46,7 +46,7 @@ class FileStore(Store):
         super().__init__(timeout)
         p = str(path)
         if p.startswith("file://"):
-            p = p[len("file://"):]
+            p = p[len("file://") :]
         if not p:
             raise ConfigError("FileStore needs a path (init_method='file:///path/to/file')")
         self.path = os.path.abspath(p)
@@ -143,7 +143,7 @@ class FileStore(Store):
             end = pos + _FS_HDR.size + klen
             if end > n:
                 break
-            key = data[pos + _FS_HDR.size:end].decode("utf-8", "replace")
+            key = data[pos + _FS_HDR.size : end].decode("utf-8", "replace")
             if op == _FS_DEL:
                 state.apply(sc.DeleteKey(key))
                 pos = end
@@ -153,14 +153,12 @@ class FileStore(Store):
             (vlen,) = _FS_LEN.unpack_from(data, end)
             if end + 4 + vlen > n:
                 break
-            state.apply(sc.Set(key, data[end + 4:end + 4 + vlen]))
+            state.apply(sc.Set(key, data[end + 4 : end + 4 + vlen]))
             pos = end + 4 + vlen
         self._offset += pos
         if pos < n and repair:
             # Under the exclusive lock a partial tail can only be a writer that died mid-append.
-            log.warning(
-                "%s: discarding a partial record of %d bytes (a writer died mid-write)", self._where(), n - pos
-            )
+            log.warning("%s: discarding a partial record of %d bytes (a writer died mid-write)", self._where(), n - pos)
             os.ftruncate(self._fd, self._offset)
 
     def _encode(self, records: Sequence[_Record]) -> bytes:

@@ -45,10 +45,10 @@ class PrefixStore(Store):
         msg = str(e)
         for m in missing:
             if m.startswith(p):
-                msg = msg.replace(repr(m), repr(m[len(p):]))
+                msg = msg.replace(repr(m), repr(m[len(p) :]))
         out = _with_missing(
             StoreTimeoutError(f"{msg} [keys of PrefixStore {self.prefix!r}]"),
-            [m[len(p):] if m.startswith(p) else m for m in missing],
+            [m[len(p) :] if m.startswith(p) else m for m in missing],
         )
         out.__traceback__ = e.__traceback__
         return out
@@ -110,5 +110,3 @@ class PrefixStore(Store):
     def close(self) -> None:
         """Refuse later calls (ClosedError); the underlying store stays open."""
         self._closed = True
-
-

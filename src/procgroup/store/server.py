@@ -294,7 +294,8 @@ class StoreServer:
             if kind == self._T_AUTH and isinstance(obj, _Conn):
                 log.warning(
                     "store server: refused %s: no handshake within %.1fs (not a procgroup client?)",
-                    obj.peer, self.auth_timeout,
+                    obj.peer,
+                    self.auth_timeout,
                 )
                 self._close_conn(obj)
             elif kind == self._T_LINGER and isinstance(obj, _Conn):
@@ -320,7 +321,9 @@ class StoreServer:
                         self._last_emfile_log = now
                         log.warning(
                             "store server: cannot accept more connections (%s) with %d open; "
-                            "raise the open-files limit (ulimit -n)", e.strerror, len(self._conns),
+                            "raise the open-files limit (ulimit -n)",
+                            e.strerror,
+                            len(self._conns),
                         )
                     self._sel.unregister(self._lsock)
                     self._accept_paused = True
@@ -460,7 +463,9 @@ class StoreServer:
             except AuthenticationError as e:
                 log.warning(
                     "store server: refused %s: %s (wrong %s? every rank must use the job's secret)",
-                    conn.peer, e, ENV.SECRET,
+                    conn.peer,
+                    e,
+                    ENV.SECRET,
                 )
                 self._refuse(conn, _FAIL)
                 return

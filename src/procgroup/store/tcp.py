@@ -233,9 +233,7 @@ class TCPStore(Store):
                 raise BrokenError(f"{what}: {self._lost}") from None
             if ev is CLOSED:
                 self._drop()
-                self._lost = (
-                    f"the store at {self._hp} closed the connection; did rank 0 / the launcher exit?"
-                )
+                self._lost = f"the store at {self._hp} closed the connection; did rank 0 / the launcher exit?"
                 raise BrokenError(f"{what}: {self._lost}")
         if isinstance(ev, sc.Error):
             raise StoreError(f"{what}: the store at {self._hp} answered: {ev.message}")
@@ -254,9 +252,7 @@ class TCPStore(Store):
         """Park on the server until ``missing`` exist; raise StoreTimeoutError listing the rest."""
         if deadline.expired():
             raise self._timeout_error(what, keys, missing, deadline)
-        r = self._expect(
-            self._call(sc.Wait(missing, _ms(deadline)), what, deadline, _WAIT_GRACE), sc.Ok, sc.Timeout
-        )
+        r = self._expect(self._call(sc.Wait(missing, _ms(deadline)), what, deadline, _WAIT_GRACE), sc.Ok, sc.Timeout)
         if isinstance(r, sc.Timeout):
             raise self._timeout_error(what, keys, r.missing, deadline)
 

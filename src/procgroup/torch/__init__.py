@@ -94,8 +94,10 @@ def autoload() -> None:
         if c10d is None:
             torch_mod = sys.modules.get("torch")
             if torch_mod is None or _initializing(torch_mod):
-                logger.info("procgroup.torch: torch.distributed is not loaded yet; `import procgroup.torch` "
-                            "registers the backend later")
+                logger.info(
+                    "procgroup.torch: torch.distributed is not loaded yet; `import procgroup.torch` "
+                    "registers the backend later"
+                )
                 return
             import torch.distributed as dist
 
@@ -104,8 +106,12 @@ def autoload() -> None:
             c10d = sys.modules["torch.distributed.distributed_c10d"]
         _register_with(c10d.Backend)
     except Exception as e:  # noqa: BLE001 - must never break `import torch`
-        logger.warning("procgroup.torch: could not register the 'procgroup' torch backend (%s: %s); "
-                       "`import procgroup.torch` retries and shows the full error", type(e).__name__, e)
+        logger.warning(
+            "procgroup.torch: could not register the 'procgroup' torch backend (%s: %s); "
+            "`import procgroup.torch` retries and shows the full error",
+            type(e).__name__,
+            e,
+        )
 
 
 def _initializing(module: Any) -> bool:

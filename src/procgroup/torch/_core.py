@@ -5,18 +5,16 @@ restructuring of the core (``api``, ``group``, ``backends``, ``store``) is absor
 
 What it uses from the core:
 
-* ``procgroup.backends.cpu.build_world`` and ``procgroup.group.ProcessGroup``: :func:`create_group` forms a
-  standalone procgroup world over a given store, without touching procgroup's own default group (the
-  equivalent of ``procgroup.backends.create_group``, which the core is adding).
-* ``procgroup.config`` (``ENV``, ``Identity``, ``env_str``), ``procgroup.protocol.auth.secret_from_env``:
-  the job secret and job id.
+* ``procgroup.backends.create_group`` / ``destroy_group``: a standalone procgroup world over a given store,
+  without touching procgroup's own default group; ``procgroup.process_group.ProcessGroup``, its type.
+* ``procgroup.config`` (``RuntimeConfig``, ``job_secret``): the run id and the job secret, parsed once.
 * ``procgroup.store.Store`` (the interface the adapter implements, with its ``_deadline`` and
   ``_timeout_error`` helpers).
 * ``procgroup.errors``: the exception types raised and caught.
 * ``procgroup.collectives`` (the public collectives, called with ``group=`` a group from :func:`create_group`)
   and ``procgroup.ops.ReduceOp``.
-* ``procgroup.watchdog.Watchdog``: mismatch detection and roll call for the group, as ``init_process_group``
-  starts it for procgroup's own groups.
+* mismatch detection and roll call for the group (``create_group(..., watchdog=True)``), as
+  ``init_process_group`` starts them for procgroup's own groups.
 """
 
 from __future__ import annotations
@@ -26,8 +24,9 @@ import os
 from typing import Any, Optional
 
 from .. import collectives as collectives  # noqa: PLC0414 - re-exported for the backend module
-from ..backends import cpu as _cpu
-from ..config import ENV, Identity, env_str
+from ..backends import create_group as _create_group
+from ..backends import destroy_group as _destroy_group
+from ..config import RuntimeConfig, job_secret
 from ..errors import (
     BrokenError,
     ConfigError,
@@ -35,11 +34,9 @@ from ..errors import (
     ProcGroupError,
     StoreError,
 )
-from ..group import ProcessGroup
 from ..ops import ReduceOp
-from ..protocol.auth import secret_from_env
+from ..process_group import ProcessGroup
 from ..store import Store
-from ..watchdog import Watchdog
 
 __all__ = [
     "BrokenError",
@@ -82,20 +79,22 @@ def create_group(name: str, *, store: Any, rank: int, world_size: int, timeout: 
     own default group (``procgroup.init_process_group``) is neither needed nor touched.
     """
     token = _job_token(store, timeout)
-    run_id = env_str(ENV.RUN_ID)
-    job_id = f"{run_id}-{token[:8]}" if run_id else f"torch-{token}"
-    secret = secret_from_env(fallback=None if env_str(ENV.SECRET) else "procgroup-torch:" + token)
-    ident = Identity(rank=int(rank), world_size=int(world_size), source="explicit", job_id=job_id)
-    world = _cpu.build_world(
-        store=store, identity=ident, timeout=float(timeout), where=f"torch's store ({name})", master=None,
-        secret=secret, job_id=job_id,
+    cfg = RuntimeConfig.load(timeout=timeout)
+    job_id = f"{cfg.run_id}-{token[:8]}" if cfg.run_id else f"torch-{token}"
+    # without PROCGROUP_SECRET the transports' key derives from the random token the members agreed on
+    secret = job_secret(cfg, job_id) if cfg.secret is not None else ("procgroup-torch:" + token).encode()
+    return _create_group(
+        "cpu",
+        store=store,
+        rank=int(rank),
+        world_size=int(world_size),
+        timeout=float(timeout),
+        job_id=job_id,
+        secret=secret,
+        config=cfg,
+        group_name=name,
+        watchdog=int(world_size) > 1,
     )
-    world.timeout = float(timeout)
-    pg = ProcessGroup(world, list(range(int(world_size))), 0, name, float(timeout))
-    if int(world_size) > 1:
-        wd = Watchdog(store, int(rank), lambda: [pg], world.transport.abort).start()
-        world.on_close.append(wd.stop)
-    return pg
 
 
 def rename_group(pg: ProcessGroup, name: str) -> None:
@@ -116,7 +115,4 @@ def p2p_source(work: Any) -> Optional[int]:
 
 def close_group(pg: ProcessGroup) -> None:
     """Close ``pg`` and the world under it (its transports and shared-memory segments); idempotent."""
-    try:
-        pg.close()
-    finally:
-        pg.world.close()
+    _destroy_group(pg)

@@ -148,4 +148,3 @@ class TorchStoreAdapter(Store):
 
     def _where(self) -> str:
         return f"torch's {type(self._store).__name__}"
-

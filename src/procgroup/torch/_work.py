@@ -156,8 +156,9 @@ class Work(dist.Work):
 class P2PWork(Work):
     """A torch Work over a procgroup point-to-point request (no thread until someone asks for the future)."""
 
-    def __init__(self, op: str, result: List[Any], inner: Any, default_wait: float,
-                 after: Optional[Callable[[], None]] = None) -> None:
+    def __init__(
+        self, op: str, result: List[Any], inner: Any, default_wait: float, after: Optional[Callable[[], None]] = None
+    ) -> None:
         super().__init__(op, result, default_wait)
         self._inner = inner
         self._after = after

@@ -37,10 +37,22 @@ logger = logging.getLogger("procgroup.torch")
 BACKEND_NAME = "procgroup"
 
 #: dtypes procgroup's collectives carry and reduce natively
-NATIVE_DTYPES = frozenset({
-    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128,
-    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
-})
+NATIVE_DTYPES = frozenset(
+    {
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+    }
+)
 
 #: torch Backend method to call on gloo/nccl for a ProcessGroup method name they do not bind
 _BACKEND_NAMES = {
@@ -128,8 +140,16 @@ class ProcgroupBackend(dist.ProcessGroup):
     Every op method takes torch's arguments (lists of tensors, an options object) and returns a Work.
     """
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: Any = None, *,
-                 options: Optional[Options] = None, name: str = "") -> None:
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        size: int,
+        timeout: Any = None,
+        *,
+        options: Optional[Options] = None,
+        name: str = "",
+    ) -> None:
         super().__init__(rank, size)  # type: ignore[call-arg]  # (the store form is not subclassable in torch 2.13)
         self._store = store
         self._rank = int(rank)
@@ -144,8 +164,9 @@ class ProcgroupBackend(dist.ProcessGroup):
         base = dist.PrefixStore("procgroup/", store)
         gen = base.add(f"generation/{self._rank}", 1)
         adapter = TorchStoreAdapter(dist.PrefixStore(f"{gen}/", base), self._timeout)
-        self._pg = _core.create_group(name or "torch", store=adapter, rank=self._rank, world_size=self._size,
-                                      timeout=self._timeout)
+        self._pg = _core.create_group(
+            name or "torch", store=adapter, rank=self._rank, world_size=self._size, timeout=self._timeout
+        )
         self._exec = Executor(name or "torch")
         self._others: Dict[str, Any] = {}  # backend name -> torch Backend built underneath
         #: op name -> how many calls fell through to the fallback backend (for tests and diagnostics)
@@ -222,8 +243,10 @@ class ProcgroupBackend(dist.ProcessGroup):
         dev = torch.device(device).type
         kind = self._options.device_backends.get(dev)
         if kind is None:
-            raise RuntimeError(f"No backend type associated with device type {dev}: the procgroup process group "
-                               f"serves {dev} tensors itself, without a torch Backend")
+            raise RuntimeError(
+                f"No backend type associated with device type {dev}: the procgroup process group "
+                f"serves {dev} tensors itself, without a torch Backend"
+            )
         return self._torch_backend(kind)
 
     def _route(self, tensors: Sequence[torch.Tensor]) -> Optional[str]:
@@ -254,8 +277,9 @@ class ProcgroupBackend(dist.ProcessGroup):
             self.fallthrough_counts[op] = self.fallthrough_counts.get(op, 0) + 1
             if (op, why) not in _LOGGED:
                 _LOGGED.add((op, why))
-                logger.warning("procgroup.torch: %s on %s is not served by procgroup; it falls through to %s",
-                               op, why, kind)
+                logger.warning(
+                    "procgroup.torch: %s on %s is not served by procgroup; it falls through to %s", op, why, kind
+                )
         self._exec.drain()  # program order: procgroup's queued ops first
         b = self._torch_backend(kind)
         return getattr(b, _BACKEND_NAMES.get(op, op))(*args)
@@ -280,8 +304,15 @@ class ProcgroupBackend(dist.ProcessGroup):
         t = opts.timeout.total_seconds()
         return t if t > 0 else None
 
-    def _run(self, op: str, result: List[Any], fn: Callable[[], Any], opts: Any,
-             after: Optional[Callable[[], None]] = None, tmo: Optional[float] = None) -> Work:
+    def _run(
+        self,
+        op: str,
+        result: List[Any],
+        fn: Callable[[], Any],
+        opts: Any,
+        after: Optional[Callable[[], None]] = None,
+        tmo: Optional[float] = None,
+    ) -> Work:
         """Run ``fn`` (then ``after``) now, or on the executor when ``opts.asyncOp``; returns the Work.
 
         ``tmo``: the op's own deadline when it has one longer than the group's (bounds ``Work.wait()``).
@@ -296,8 +327,11 @@ class ProcgroupBackend(dist.ProcessGroup):
             if after is not None:
                 after()
             return Work(op, result, 0.0, done=True)
-        work = Work(f"{op} (procgroup, rank {self._rank} of group {self._group_name!r})", result,
-                    max(tmo or 0.0, self._timeout) + 30.0)
+        work = Work(
+            f"{op} (procgroup, rank {self._rank} of group {self._group_name!r})",
+            result,
+            max(tmo or 0.0, self._timeout) + 30.0,
+        )
 
         def job() -> None:
             fn()
@@ -314,8 +348,13 @@ class ProcgroupBackend(dist.ProcessGroup):
         if len(tensors) == 1 and op is not None and not opts.asyncOp and not self._closed:
             # the hot path: one contiguous CPU tensor, blocking (dist.all_reduce without async_op)
             t = tensors[0]
-            if (t.is_cpu and self._cpu_native and t.layout is torch.strided and t.dtype in NATIVE_DTYPES
-                    and t.is_contiguous()):
+            if (
+                t.is_cpu
+                and self._cpu_native
+                and t.layout is torch.strided
+                and t.dtype in NATIVE_DTYPES
+                and t.is_contiguous()
+            ):
                 if self._exec.busy():
                     self._exec.drain()
                 to = opts.timeout
@@ -328,8 +367,9 @@ class ProcgroupBackend(dist.ProcessGroup):
             return self._other("allreduce", why or "a list of several tensors", tensors, opts)
         (buf,), back = _contiguous(tensors)
         tmo = self._op_timeout(opts)
-        return self._run("allreduce", tensors, lambda: _C.all_reduce(buf, op=op, group=self._pg, timeout=tmo),
-                         opts, back)
+        return self._run(
+            "allreduce", tensors, lambda: _C.all_reduce(buf, op=op, group=self._pg, timeout=tmo), opts, back
+        )
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         """All-reduce several tensors in place as one message when they share a dtype."""
@@ -347,7 +387,7 @@ class ProcgroupBackend(dist.ProcessGroup):
                 pos = 0
                 for t in tensors:
                     n = t.numel()
-                    t.copy_(flat[pos:pos + n].view_as(t))
+                    t.copy_(flat[pos : pos + n].view_as(t))
                     pos += n
                 return
             for t in tensors:
@@ -365,8 +405,9 @@ class ProcgroupBackend(dist.ProcessGroup):
             return self._other("broadcast", why or "a list of several tensors", tensors, opts)
         (buf,), back = _contiguous(tensors)
         root, tmo = int(opts.rootRank), self._op_timeout(opts)
-        return self._run("broadcast", tensors, lambda: _C.broadcast(buf, src=root, group=self._pg, timeout=tmo),
-                         opts, back)
+        return self._run(
+            "broadcast", tensors, lambda: _C.broadcast(buf, src=root, group=self._pg, timeout=tmo), opts, back
+        )
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         """Reduce every rank's tensor into the root's tensor, in place."""
@@ -377,8 +418,9 @@ class ProcgroupBackend(dist.ProcessGroup):
             return self._other("reduce", why or "a list of several tensors", tensors, opts)
         (buf,), back = _contiguous(tensors)
         root, tmo = int(opts.rootRank), self._op_timeout(opts)
-        return self._run("reduce", tensors,
-                         lambda: _C.reduce(buf, dst=root, op=op, group=self._pg, timeout=tmo), opts, back)
+        return self._run(
+            "reduce", tensors, lambda: _C.reduce(buf, dst=root, op=op, group=self._pg, timeout=tmo), opts, back
+        )
 
     def allgather(  # type: ignore[override]
         self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
@@ -390,12 +432,15 @@ class ProcgroupBackend(dist.ProcessGroup):
             return self._other("allgather", why or "lists of several tensors", output_tensors, input_tensors, opts)
         outs, back = _contiguous(output_tensors[0])
         src, tmo = input_tensors[0], self._op_timeout(opts)
-        return self._run("allgather", output_tensors,
-                         lambda: _C.all_gather(outs, src, group=self._pg, timeout=tmo), opts, back)
+        return self._run(
+            "allgather", output_tensors, lambda: _C.all_gather(outs, src, group=self._pg, timeout=tmo), opts, back
+        )
 
-    def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor],
-                            opts: Any = None) -> Any:
-        """One all-gather per input tensor, into the matching list of ``output_lists``."""
+    def allgather_coalesced(
+        self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor], opts: Any = None
+    ) -> Any:
+        """One all-gather per input tensor: ``output_lists[r][j]`` receives rank r's ``input_list[j]`` (torch's
+        layout: the outer list is indexed by rank, the inner one by input tensor)."""
         opts = _AllgatherOptions() if opts is None else opts
         why = self._route(_flat(output_lists) + list(input_list))
         if why is not None:
@@ -403,8 +448,8 @@ class ProcgroupBackend(dist.ProcessGroup):
         tmo = self._op_timeout(opts)
 
         def fn() -> None:
-            for outs, src in zip(output_lists, input_list):
-                bufs, back = _contiguous(outs)
+            for j, src in enumerate(input_list):
+                bufs, back = _contiguous([per_rank[j] for per_rank in output_lists])
                 _C.all_gather(bufs, src, group=self._pg, timeout=tmo)
                 back()
 
@@ -418,21 +463,28 @@ class ProcgroupBackend(dist.ProcessGroup):
             return self._other("all_gather_single", why, output, input, opts)
         (buf,), back = _contiguous([output])
         tmo = self._op_timeout(opts)
-        return self._run("all_gather_single", [output],
-                         lambda: _C.all_gather_into_tensor(buf, input, group=self._pg, timeout=tmo), opts, back)
+        return self._run(
+            "all_gather_single",
+            [output],
+            lambda: _C.all_gather_into_tensor(buf, input, group=self._pg, timeout=tmo),
+            opts,
+            back,
+        )
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
         """torch's older name of :meth:`all_gather_single`."""
         return self.all_gather_single(output, input, opts)
 
-    def all_gather_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
-                                    opts: Any = None) -> Any:
+    def all_gather_single_coalesced(
+        self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
+    ) -> Any:
         """:meth:`all_gather_single` for each (output, input) pair, as one Work."""
         opts = _AllgatherOptions() if opts is None else opts
         return self._pairs("all_gather_single", outputs, inputs, opts)
 
-    def allgather_into_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
-                                        opts: Any = None) -> Any:
+    def allgather_into_tensor_coalesced(
+        self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
+    ) -> Any:
         """torch's older name of :meth:`all_gather_single_coalesced`."""
         return self.all_gather_single_coalesced(outputs, inputs, opts)
 
@@ -469,9 +521,15 @@ class ProcgroupBackend(dist.ProcessGroup):
             return self._other("gather", why or "lists of several tensors", output_tensors, input_tensors, opts)
         root, tmo = int(opts.rootRank), self._op_timeout(opts)
         outs, back = _contiguous(output_tensors[0] if self._rank == root and output_tensors else [])
-        return self._run("gather", output_tensors, lambda: _C.gather(
-            input_tensors[0], outs if self._rank == root else None, dst=root, group=self._pg, timeout=tmo),
-            opts, back)
+        return self._run(
+            "gather",
+            output_tensors,
+            lambda: _C.gather(
+                input_tensors[0], outs if self._rank == root else None, dst=root, group=self._pg, timeout=tmo
+            ),
+            opts,
+            back,
+        )
 
     def scatter(  # type: ignore[override]
         self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts: Any = None
@@ -484,8 +542,9 @@ class ProcgroupBackend(dist.ProcessGroup):
         root, tmo = int(opts.rootRank), self._op_timeout(opts)
         (buf,), back = _contiguous(output_tensors)
         ins = list(input_tensors[0]) if self._rank == root and input_tensors else None
-        return self._run("scatter", output_tensors,
-                         lambda: _C.scatter(buf, ins, src=root, group=self._pg, timeout=tmo), opts, back)
+        return self._run(
+            "scatter", output_tensors, lambda: _C.scatter(buf, ins, src=root, group=self._pg, timeout=tmo), opts, back
+        )
 
     def reduce_scatter(  # type: ignore[override]
         self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts: Any = None
@@ -495,12 +554,16 @@ class ProcgroupBackend(dist.ProcessGroup):
         op = _reduce_op(opts.reduceOp)
         why = self._route(list(output_tensors) + _flat(input_tensors)) or (None if op is not None else "PREMUL_SUM")
         if why is not None or len(output_tensors) != 1:
-            return self._other("reduce_scatter", why or "lists of several tensors", output_tensors, input_tensors,
-                               opts)
+            return self._other("reduce_scatter", why or "lists of several tensors", output_tensors, input_tensors, opts)
         (buf,), back = _contiguous(output_tensors)
         ins, tmo = list(input_tensors[0]), self._op_timeout(opts)
-        return self._run("reduce_scatter", output_tensors,
-                         lambda: _C.reduce_scatter(buf, ins, op=op, group=self._pg, timeout=tmo), opts, back)
+        return self._run(
+            "reduce_scatter",
+            output_tensors,
+            lambda: _C.reduce_scatter(buf, ins, op=op, group=self._pg, timeout=tmo),
+            opts,
+            back,
+        )
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
         """Reduce ``input`` across ranks; rank r keeps chunk r in ``output`` (reduce_scatter_tensor)."""
@@ -511,29 +574,34 @@ class ProcgroupBackend(dist.ProcessGroup):
             return self._other("reduce_scatter_single", why, output, input, opts)
         (buf,), back = _contiguous([output])
         tmo = self._op_timeout(opts)
-        return self._run("reduce_scatter_single", [output],
-                         lambda: _C.reduce_scatter_tensor(buf, input, op=op, group=self._pg, timeout=tmo),
-                         opts, back)
+        return self._run(
+            "reduce_scatter_single",
+            [output],
+            lambda: _C.reduce_scatter_tensor(buf, input, op=op, group=self._pg, timeout=tmo),
+            opts,
+            back,
+        )
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
         """torch's older name of :meth:`reduce_scatter_single`."""
         return self.reduce_scatter_single(output, input, opts)
 
-    def reduce_scatter_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
-                                        opts: Any = None) -> Any:
+    def reduce_scatter_single_coalesced(
+        self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
+    ) -> Any:
         """:meth:`reduce_scatter_single` for each (output, input) pair, as one Work."""
         opts = dist.ReduceScatterOptions() if opts is None else opts
         if _reduce_op(opts.reduceOp) is None:
             return self._other("reduce_scatter_tensor_coalesced", "PREMUL_SUM", outputs, inputs, opts)
         return self._pairs("reduce_scatter_single", outputs, inputs, opts)
 
-    def reduce_scatter_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
-                                        opts: Any = None) -> Any:
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
+    ) -> Any:
         """torch's older name of :meth:`reduce_scatter_single_coalesced`."""
         return self.reduce_scatter_single_coalesced(outputs, inputs, opts)
 
-    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
-                 opts: Any = None) -> Any:
+    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor], opts: Any = None) -> Any:
         """Send ``input_tensors[r]`` to rank r; receive rank r's into ``output_tensors[r]``."""
         opts = dist.AllToAllOptions() if opts is None else opts
         why = self._route(list(output_tensors) + list(input_tensors))
@@ -541,28 +609,57 @@ class ProcgroupBackend(dist.ProcessGroup):
             return self._other("alltoall", why, output_tensors, input_tensors, opts)
         outs, back = _contiguous(output_tensors)
         tmo = self._op_timeout(opts)
-        return self._run("alltoall", output_tensors,
-                         lambda: _C.all_to_all(outs, list(input_tensors), group=self._pg, timeout=tmo), opts, back)
+        return self._run(
+            "alltoall",
+            output_tensors,
+            lambda: _C.all_to_all(outs, list(input_tensors), group=self._pg, timeout=tmo),
+            opts,
+            back,
+        )
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
-                          output_split_sizes: Optional[List[int]] = None,
-                          input_split_sizes: Optional[List[int]] = None, opts: Any = None) -> Any:
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,  # noqa: A002
+        output_split_sizes: Optional[List[int]] = None,
+        input_split_sizes: Optional[List[int]] = None,
+        opts: Any = None,
+    ) -> Any:
         """All-to-all over dim 0 of one tensor, with optional split sizes (empty or None: equal splits)."""
         opts = dist.AllToAllOptions() if opts is None else opts
         why = self._route([output, input])
         if why is not None:
-            return self._other("all_to_all_single", why, output, input, list(output_split_sizes or []),
-                               list(input_split_sizes or []), opts)
+            return self._other(
+                "all_to_all_single",
+                why,
+                output,
+                input,
+                list(output_split_sizes or []),
+                list(input_split_sizes or []),
+                opts,
+            )
         (buf,), back = _contiguous([output])
         osz = list(output_split_sizes) if output_split_sizes else None
         isz = list(input_split_sizes) if input_split_sizes else None
         tmo = self._op_timeout(opts)
-        return self._run("all_to_all_single", [output], lambda: _C.all_to_all_single(
-            buf, input, output_split_sizes=osz, input_split_sizes=isz, group=self._pg, timeout=tmo), opts, back)
+        return self._run(
+            "all_to_all_single",
+            [output],
+            lambda: _C.all_to_all_single(
+                buf, input, output_split_sizes=osz, input_split_sizes=isz, group=self._pg, timeout=tmo
+            ),
+            opts,
+            back,
+        )
 
-    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
-                      output_split_sizes: Optional[List[int]] = None,
-                      input_split_sizes: Optional[List[int]] = None, opts: Any = None) -> Any:
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,  # noqa: A002
+        output_split_sizes: Optional[List[int]] = None,
+        input_split_sizes: Optional[List[int]] = None,
+        opts: Any = None,
+    ) -> Any:
         """torch's older name of :meth:`all_to_all_single`."""
         return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts)
 
@@ -599,8 +696,9 @@ class ProcgroupBackend(dist.ProcessGroup):
         self.fallthrough_counts[why] = self.fallthrough_counts.get(why, 0) + 1
         if (why, why) not in _LOGGED:
             _LOGGED.add((why, why))
-            logger.warning("procgroup.torch: monitored_barrier is not served by procgroup; it falls through to %s",
-                           kind)
+            logger.warning(
+                "procgroup.torch: monitored_barrier is not served by procgroup; it falls through to %s", kind
+            )
         self._exec.drain()
         b = self._torch_backend(kind)
         if timeout is None:
@@ -655,8 +753,9 @@ class ProcgroupBackend(dist.ProcessGroup):
         self.shutdown()
 
 
-def create_backend(store_or_opts: Any, rank_or_options: Any = None, world_size: Optional[int] = None,
-                   timeout: Any = None) -> ProcgroupBackend:
+def create_backend(
+    store_or_opts: Any, rank_or_options: Any = None, world_size: Optional[int] = None, timeout: Any = None
+) -> ProcgroupBackend:
     """The factory torch calls for every group using this backend.
 
     Two forms: torch's extended API ``create_backend(dist_backend_options, pg_options)`` (the backend
@@ -666,6 +765,7 @@ def create_backend(store_or_opts: Any, rank_or_options: Any = None, world_size: 
     if world_size is None:
         o = store_or_opts
         opts = rank_or_options if isinstance(rank_or_options, Options) else None
-        return ProcgroupBackend(o.store, o.group_rank, o.group_size, o.timeout, options=opts,
-                                name=str(getattr(o, "group_id", "") or ""))
+        return ProcgroupBackend(
+            o.store, o.group_rank, o.group_size, o.timeout, options=opts, name=str(getattr(o, "group_id", "") or "")
+        )
     return ProcgroupBackend(store_or_opts, int(rank_or_options), int(world_size), timeout)

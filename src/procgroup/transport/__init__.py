@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..config import ShmOptions, shm_options as _shm_options_from_env
+from ..config import ShmOptions
+from ..config import shm_options as _shm_options_from_env
 from ..deadline import as_deadline
 from ..errors import ConfigError, format_ranks
 from ._engine import LoopbackTransport
@@ -105,12 +106,30 @@ def connect_transport(
     try:
         if len(local) > 1:
             opts = shm_options if shm_options is not None else _shm_options_from_env()
-            shm = ShmTransport(store, rank, world_size, local_ranks=local, job_id=job_id, deadline=dl,
-                               prefix=f"{pfx}/shm", ring_size=ring_size, options=opts)
+            shm = ShmTransport(
+                store,
+                rank,
+                world_size,
+                local_ranks=local,
+                job_id=job_id,
+                deadline=dl,
+                prefix=f"{pfx}/shm",
+                ring_size=ring_size,
+                options=opts,
+            )
         if remote:
             kw = {} if max_frame_size is None else {"max_frame_size": max_frame_size}
-            tcp = TcpTransport(store, rank, world_size, peers=remote, secret=secret, advertise_addr=advertise_addr,
-                               deadline=dl, prefix=f"{pfx}/tcp", **kw)
+            tcp = TcpTransport(
+                store,
+                rank,
+                world_size,
+                peers=remote,
+                secret=secret,
+                advertise_addr=advertise_addr,
+                deadline=dl,
+                prefix=f"{pfx}/tcp",
+                **kw,
+            )
     except BaseException:
         if shm is not None:
             shm.close()

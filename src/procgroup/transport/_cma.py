@@ -42,8 +42,14 @@ try:  # pragma: no branch - platform dependent
 
         _readv = _libc["process_vm_readv"]
         _readv.restype = ctypes.c_ssize_t
-        _readv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
-                           ctypes.c_ulong]
+        _readv.argtypes = [
+            ctypes.c_int,
+            ctypes.c_void_p,
+            ctypes.c_ulong,
+            ctypes.c_void_p,
+            ctypes.c_ulong,
+            ctypes.c_ulong,
+        ]
         AVAILABLE = True
 except Exception:  # noqa: BLE001 - no libc symbol, no ctypes: the ring it is
     AVAILABLE = False

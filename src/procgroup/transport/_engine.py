@@ -38,11 +38,29 @@ from typing import Callable, Deque, Dict, FrozenSet, Iterable, List, Optional
 
 from ..deadline import Deadline, as_deadline
 from ..errors import ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError
-from .base import (ANY_SOURCE, TAG_LIMIT, Buffer, CompletedRequest, Request, Status, Transport, as_bytes_view,
-                   as_writable_view)
+from .base import (
+    ANY_SOURCE,
+    TAG_LIMIT,
+    Buffer,
+    CompletedRequest,
+    Request,
+    Status,
+    Transport,
+    as_bytes_view,
+    as_writable_view,
+)
 
-__all__ = ["delete_key_quiet", "EngineRequest", "EngineTransport", "RecvReq", "SendReq", "Unexpected", "ClaimGroup",
-           "LoopbackTransport", "timeout_error"]
+__all__ = [
+    "delete_key_quiet",
+    "EngineRequest",
+    "EngineTransport",
+    "RecvReq",
+    "SendReq",
+    "Unexpected",
+    "ClaimGroup",
+    "LoopbackTransport",
+    "timeout_error",
+]
 
 
 class ClaimGroup:
@@ -98,8 +116,9 @@ class RecvReq(EngineRequest):
     __slots__ = ("out", "group")
     kind = "recv"
 
-    def __init__(self, owner: "EngineTransport", src: int, tag: int, out: memoryview,
-                 group: Optional[ClaimGroup] = None) -> None:
+    def __init__(
+        self, owner: "EngineTransport", src: int, tag: int, out: memoryview, group: Optional[ClaimGroup] = None
+    ) -> None:
         super().__init__(owner, src, tag)
         self.out = out
         self.group = group
@@ -389,8 +408,10 @@ class EngineTransport(Transport):
     # -- failures -----------------------------------------------------------------------
     def _bad_peer(self, peer: int, what: str) -> ConfigError:
         if 0 <= peer < self.world_size:
-            return ConfigError(f"rank {self.rank}: {what} rank {peer}, which this {self.kind} transport does not reach "
-                               f"(it reaches {sorted(self._peers)})")
+            return ConfigError(
+                f"rank {self.rank}: {what} rank {peer}, which this {self.kind} transport does not reach "
+                f"(it reaches {sorted(self._peers)})"
+            )
         return ConfigError(f"rank {self.rank}: {what} rank {peer}, which is outside [0, {self.world_size})")
 
     def _peer_error(self, req: EngineRequest, peer: int, reason: str) -> PeerFailureError:

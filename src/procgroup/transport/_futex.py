@@ -31,8 +31,18 @@ __all__ = ["AVAILABLE", "futex_wait", "futex_wake", "raw_waker", "buffer_address
 #: Sleep used by the fallback futex_wait (seconds).
 FALLBACK_SLEEP = 0.0005
 
-_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "i386": 240, "i686": 240,
-              "armv7l": 240, "ppc64le": 221, "s390x": 238, "riscv64": 98}
+_SYS_FUTEX = {
+    "x86_64": 202,
+    "amd64": 202,
+    "aarch64": 98,
+    "arm64": 98,
+    "i386": 240,
+    "i686": 240,
+    "armv7l": 240,
+    "ppc64le": 221,
+    "s390x": 238,
+    "riscv64": 98,
+}
 _FUTEX_WAIT = 0
 _FUTEX_WAKE = 1
 _INT_MAX = 0x7FFFFFFF

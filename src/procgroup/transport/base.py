@@ -58,8 +58,17 @@ from typing import Optional, Sequence, Union
 
 from ..deadline import Deadline
 
-__all__ = ["ANY_SOURCE", "ARENA_BYTES", "Arena", "Status", "Request", "Transport", "CompletedRequest", "as_bytes_view",
-           "as_writable_view"]
+__all__ = [
+    "ANY_SOURCE",
+    "ARENA_BYTES",
+    "Arena",
+    "Status",
+    "Request",
+    "Transport",
+    "CompletedRequest",
+    "as_bytes_view",
+    "as_writable_view",
+]
 
 #: Source wildcard for irecv/recv.
 ANY_SOURCE = -1
@@ -114,12 +123,10 @@ class Transport(abc.ABC):
     world_size: int
 
     @abc.abstractmethod
-    def isend(self, dst: int, tag: int, data: Buffer) -> Request:
-        ...
+    def isend(self, dst: int, tag: int, data: Buffer) -> Request: ...
 
     @abc.abstractmethod
-    def irecv(self, src: int, tag: int, out: Buffer) -> Request:
-        ...
+    def irecv(self, src: int, tag: int, out: Buffer) -> Request: ...
 
     def send(self, dst: int, tag: int, data: Buffer, deadline: Optional[Deadline] = None) -> None:
         self.isend(dst, tag, data).wait(deadline)
@@ -134,7 +141,7 @@ class Transport(abc.ABC):
         Pending requests complete with :class:`~procgroup.errors.ClosedError`.
         """
 
-    def mark_peer_failed(self, peer: int, reason: str) -> None:
+    def mark_peer_failed(self, peer: int, reason: str) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Tell the transport that ``peer`` is dead (learned out of band, e.g. via the store).
 
         Pending and future requests that depend on ``peer`` fail with

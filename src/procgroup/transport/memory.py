@@ -16,8 +16,19 @@ from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
 from ..deadline import Deadline
 from ..errors import ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError
-from .base import (ANY_SOURCE, ARENA_BYTES, TAG_LIMIT, Arena, Buffer, CompletedRequest, Request, Status, Transport,
-                   as_bytes_view, as_writable_view)
+from .base import (
+    ANY_SOURCE,
+    ARENA_BYTES,
+    TAG_LIMIT,
+    Arena,
+    Buffer,
+    CompletedRequest,
+    Request,
+    Status,
+    Transport,
+    as_bytes_view,
+    as_writable_view,
+)
 
 __all__ = ["MemoryHub", "MemoryTransport"]
 
@@ -162,7 +173,7 @@ class _MemoryArena(Arena):
                 v = as_bytes_view(data)
                 if v.nbytes > self.max_bytes:
                     raise ConfigError(f"arena exchange of {v.nbytes} bytes exceeds the slot size {self.max_bytes}")
-                mine.data[:v.nbytes] = v
+                mine.data[: v.nbytes] = v
             mine.count, mine.check = val, check
             hub.cond.notify_all()
             while True:
@@ -214,8 +225,9 @@ class MemoryTransport(Transport):
         hub = self.hub
         with hub.cond:
             if dst in hub.failed:
-                raise PeerFailureError(f"rank {self.rank}: send to rank {dst} failed: rank {dst} failed "
-                                       f"({hub.failed[dst]})", peer=dst)
+                raise PeerFailureError(
+                    f"rank {self.rank}: send to rank {dst} failed: rank {dst} failed ({hub.failed[dst]})", peer=dst
+                )
             box = hub.mailboxes[dst]
             for req in box.posted:
                 if req.tag == tag and (req.src == ANY_SOURCE or req.src == self.rank):

@@ -149,8 +149,13 @@ class RouterTransport(Transport):
 
     kind = "router"
 
-    def __init__(self, per_peer: Dict[int, Transport], self_transport: Optional[Transport] = None,
-                 rank: Optional[int] = None, world_size: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        per_peer: Dict[int, Transport],
+        self_transport: Optional[Transport] = None,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+    ) -> None:
         subs = list(per_peer.values()) + ([self_transport] if self_transport is not None else [])
         if rank is None or world_size is None:
             if not subs:
@@ -159,7 +164,8 @@ class RouterTransport(Transport):
         for t in subs:
             if t.rank != rank or t.world_size != world_size:
                 raise ConfigError(
-                    f"sub-transport {t!r} is rank {t.rank} of {t.world_size}, not rank {rank} of {world_size}")
+                    f"sub-transport {t!r} is rank {t.rank} of {t.world_size}, not rank {rank} of {world_size}"
+                )
         if rank in per_peer:
             raise ConfigError(f"per_peer maps this rank ({rank}) itself; pass self_transport for self-sends")
         self.rank = rank
@@ -187,8 +193,9 @@ class RouterTransport(Transport):
             return self._self
         t = self._per_peer.get(peer)
         if t is None:
-            raise ConfigError(f"rank {self.rank}: {what} rank {peer}: no transport reaches it "
-                              f"(world size {self.world_size})")
+            raise ConfigError(
+                f"rank {self.rank}: {what} rank {peer}: no transport reaches it (world size {self.world_size})"
+            )
         return t
 
     def _wrap(self, t: Transport, req: Request) -> Request:

@@ -42,11 +42,29 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Set, Union
 
 from ..deadline import Deadline, as_deadline
-from ..errors import (AuthenticationError, BrokenError, ClosedError, ConfigError, ConnectError, DistTimeoutError,
-                      PeerFailureError, ProtocolError)
+from ..errors import (
+    AuthenticationError,
+    BrokenError,
+    ClosedError,
+    ConfigError,
+    ConnectError,
+    DistTimeoutError,
+    PeerFailureError,
+    ProtocolError,
+)
 from ..protocol.auth import client_handshake, recv_exact, server_handshake
-from ..protocol.frames import (DEFAULT_MAX_FRAME_SIZE, HEADER, HEADER_SIZE, MAGIC, VERSION, FrameDecoder, FrameStart,
-                               Message, MessageEnd, message_frames)
+from ..protocol.frames import (
+    DEFAULT_MAX_FRAME_SIZE,
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    VERSION,
+    FrameDecoder,
+    FrameStart,
+    Message,
+    MessageEnd,
+    message_frames,
+)
 from ._engine import EngineRequest, EngineTransport, RecvReq, SendReq, Unexpected, timeout_error
 from ._engine import delete_key_quiet as _delete_key
 from .base import CompletedRequest, Request, Status
@@ -149,8 +167,9 @@ class TcpTransport(EngineTransport):
             self._shutdown_sockets()
             raise
         for c in self._conns.values():
-            c.reader = threading.Thread(target=self._reader, args=(c,), name=f"procgroup-tcp-r{rank}<-{c.peer}",
-                                        daemon=True)
+            c.reader = threading.Thread(
+                target=self._reader, args=(c,), name=f"procgroup-tcp-r{rank}<-{c.peer}", daemon=True
+            )
             c.reader.start()
 
     # -- formation --------------------------------------------------------------------------
@@ -164,8 +183,9 @@ class TcpTransport(EngineTransport):
             self._listener = self._listen(advertise)
             port = self._listener.getsockname()[1]
             store.set(f"{prefix}/addr/{me}", json.dumps({"host": advertise, "port": port, "pid": os.getpid()}).encode())
-            acceptor = threading.Thread(target=self._accept_loop, args=(set(lower),),
-                                        name=f"procgroup-tcp-accept-r{me}", daemon=True)
+            acceptor = threading.Thread(
+                target=self._accept_loop, args=(set(lower),), name=f"procgroup-tcp-accept-r{me}", daemon=True
+            )
             acceptor.start()
         try:
             for p in higher:
@@ -215,8 +235,9 @@ class TcpTransport(EngineTransport):
                 continue
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(s, addr, expected), daemon=True,
-                             name=f"procgroup-tcp-auth-r{self.rank}").start()
+            threading.Thread(
+                target=self._serve, args=(s, addr, expected), daemon=True, name=f"procgroup-tcp-auth-r{self.rank}"
+            ).start()
 
     def _serve(self, s: socket.socket, addr: Any, expected: Set[int]) -> None:
         who = _fmt(str(addr[0]), int(addr[1])) if isinstance(addr, tuple) else str(addr)
@@ -227,8 +248,13 @@ class TcpTransport(EngineTransport):
             if magic != _IDENT_MAGIC or ver != _IDENT_VERSION:
                 raise ProtocolError(f"bad identification magic/version {magic!r}/{ver}")
             with self._form_cv:
-                ok = (server == self.rank and ws == self.world_size and client in expected
-                      and client not in self._conns and not self._stop_accept)
+                ok = (
+                    server == self.rank
+                    and ws == self.world_size
+                    and client in expected
+                    and client not in self._conns
+                    and not self._stop_accept
+                )
                 if not ok:
                     raise ProtocolError(
                         f"connection claims to be rank {client} of {ws} dialing rank {server}; this is rank "
@@ -286,8 +312,10 @@ class TcpTransport(EngineTransport):
             s.sendall(_IDENT.pack(_IDENT_MAGIC, _IDENT_VERSION, 0, self.rank, peer, self.world_size))
             ack = recv_exact(s, 1, hdl, "connection acknowledgement")
             if ack != _ACK_OK:
-                raise ProtocolError(f"rank {peer} at {where} refused our connection as rank {self.rank} "
-                                    f"(its log says why: duplicate rank or a different world size?)")
+                raise ProtocolError(
+                    f"rank {peer} at {where} refused our connection as rank {self.rank} "
+                    f"(its log says why: duplicate rank or a different world size?)"
+                )
             s.settimeout(None)
             _tune(s)
         except AuthenticationError as e:
@@ -295,8 +323,9 @@ class TcpTransport(EngineTransport):
             raise AuthenticationError(f"rank {self.rank} connecting to rank {peer} at {where}: {e}") from e
         except BrokenError as e:
             s.close()
-            raise PeerFailureError(f"rank {self.rank}: rank {peer} at {where} dropped the connection during setup: {e}",
-                                   peer=peer) from e
+            raise PeerFailureError(
+                f"rank {self.rank}: rank {peer} at {where} dropped the connection during setup: {e}", peer=peer
+            ) from e
         except BaseException:
             s.close()
             raise
@@ -337,13 +366,14 @@ class TcpTransport(EngineTransport):
         parts: List[Union[bytes, memoryview]] = []
         for hdr, off, k in message_frames(tag, view.nbytes, self._max_frame):
             parts.append(hdr)
-            parts.append(view[off:off + k])
+            parts.append(view[off : off + k])
         req = SendReq(self, c.peer, tag, view)
         req.extra = _Outgoing(parts, 0)
         with c.send_lock:
             if c.broken is not None:
-                raise PeerFailureError(f"rank {self.rank}: send to rank {c.peer} (tag {tag}) failed: {c.broken}",
-                                       peer=c.peer)
+                raise PeerFailureError(
+                    f"rank {self.rank}: send to rank {c.peer} (tag {tag}) failed: {c.broken}", peer=c.peer
+                )
             self._enqueue(c, req)
         return req
 
@@ -351,8 +381,9 @@ class TcpTransport(EngineTransport):
         """Queue for the writer thread; c.send_lock held."""
         c.queue.append(req)
         if c.writer is None:
-            c.writer = threading.Thread(target=self._writer, args=(c,), daemon=True,
-                                        name=f"procgroup-tcp-w{self.rank}->{c.peer}")
+            c.writer = threading.Thread(
+                target=self._writer, args=(c,), daemon=True, name=f"procgroup-tcp-w{self.rank}->{c.peer}"
+            )
             c.writer.start()
         else:
             c.send_cv.notify()
@@ -399,9 +430,11 @@ class TcpTransport(EngineTransport):
             with c.send_lock:
                 for s in c.queue:
                     if s.status is None and s.error is None:
-                        s.error = (ClosedError(f"rank {self.rank}: the tcp transport was closed while this send "
-                                               "was pending")
-                                   if self._closed else self._peer_error(s, c.peer, reason))
+                        s.error = (
+                            ClosedError(f"rank {self.rank}: the tcp transport was closed while this send was pending")
+                            if self._closed
+                            else self._peer_error(s, c.peer, reason)
+                        )
                     s.extra = None
                     s.view = None  # type: ignore[assignment]  # drop the buffer export; view is typed for live use
                 c.queue.clear()
@@ -416,7 +449,7 @@ class TcpTransport(EngineTransport):
             i += 1
         while i < len(parts):
             first = memoryview(parts[i])[done:] if done else parts[i]
-            iov = [first] + list(parts[i + 1:i + 4])
+            iov = [first] + list(parts[i + 1 : i + 4])
             k = sock.sendmsg(iov)
             done += k
             while i < len(parts) and done >= len(parts[i]):
@@ -487,8 +520,9 @@ class TcpTransport(EngineTransport):
         except ProtocolError as e:
             if self._closed:
                 return
-            logger.error("rank %d: protocol error on the connection to rank %d at %s: %s; closing it",
-                         self.rank, src, c.where, e)
+            logger.error(
+                "rank %d: protocol error on the connection to rank %d at %s: %s; closing it", self.rank, src, c.where, e
+            )
             reason = f"protocol error on the connection to rank {src} at {c.where}: {e}"
         except OSError as e:
             reason = self._lost_reason(c, e)
@@ -536,7 +570,7 @@ class TcpTransport(EngineTransport):
             self._notify_locked()
             dec.set_target(None)
         else:
-            dec.set_target(posted.out[ev.offset:end])
+            dec.set_target(posted.out[ev.offset : end])
         return rx
 
     def _finish_locked(self, rx: _Inbound, src: int, nbytes: int) -> None:
@@ -630,7 +664,7 @@ class TcpTransport(EngineTransport):
                     if s.error is None and s.status is None:
                         s.error = err
                 # the writer finishes the frame it is sending (the stream stays well framed); drop the rest
-                del c.queue[1 if c.writer is not None and c.queue else 0:]
+                del c.queue[1 if c.writer is not None and c.queue else 0 :]
                 c.send_cv.notify_all()
 
     def _shutdown_sockets(self) -> None:

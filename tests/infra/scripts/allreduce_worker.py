@@ -70,8 +70,10 @@ def main() -> int:
     if a.per_node is not None:
         k = a.per_node
         if (local, node, lws) != (rank % k, rank // k, k):
-            problems.append(f"(get_local_rank, get_node_rank, get_local_world_size)=({local}, {node}, {lws}) "
-                            f"expected ({rank % k}, {rank // k}, {k})")
+            problems.append(
+                f"(get_local_rank, get_node_rank, get_local_world_size)=({local}, {node}, {lws}) "
+                f"expected ({rank % k}, {rank // k}, {k})"
+            )
         if a.hosts:
             hosts = a.hosts.split(",")
             if rank // k < len(hosts) and host != hosts[rank // k]:

@@ -1,10 +1,10 @@
 """Name-resolution and TCP reachability probe for the namespace hosts (used by test_infra_smoke.py).
 
-    reach.py serve PORT N     listen on 0.0.0.0:PORT, print "ready", answer N connections with
-                              this host's name, then exit (60 s deadline)
-    reach.py connect HOST PORT
-                              connect to HOST:PORT by name; print "<address HOST resolved to> <reply>"
-    reach.py self             print "<hostname> <address the hostname resolves to>"
+reach.py serve PORT N     listen on 0.0.0.0:PORT, print "ready", answer N connections with
+                          this host's name, then exit (60 s deadline)
+reach.py connect HOST PORT
+                          connect to HOST:PORT by name; print "<address HOST resolved to> <reply>"
+reach.py self             print "<hostname> <address the hostname resolves to>"
 """
 
 from __future__ import annotations

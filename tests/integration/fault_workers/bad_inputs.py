@@ -103,7 +103,7 @@ def garbage() -> None:
     print(f"FORMED {rank}", flush=True)
     _wait_file(os.path.join(go, "run"))
     try:
-        for i in range(5):
+        for _ in range(5):
             y = np.full(1 << 16, float(rank))
             dist.all_reduce(y)
             assert y[-1] == ws * (ws - 1) / 2

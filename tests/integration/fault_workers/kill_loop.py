@@ -119,7 +119,10 @@ def main() -> None:
     except dist.ProcGroupError as e:
         msg = str(e).replace("\n", " | ")
         peer = getattr(e, "peer", None)
-        print(f"DETECTED {r} {time.time():.6f} {time.monotonic() - t_op:.3f} peer={peer} {type(e).__name__}: {msg}", flush=True)
+        print(
+            f"DETECTED {r} {time.time():.6f} {time.monotonic() - t_op:.3f} peer={peer} {type(e).__name__}: {msg}",
+            flush=True,
+        )
         raise
 
 

@@ -17,7 +17,11 @@ import procgroup as dist
 
 def _detected(r: int, e: BaseException, t0: float) -> None:
     msg = str(e).replace("\n", " | ")
-    print(f"RESULT {r} after={time.monotonic() - t0:.3f} peer={getattr(e, 'peer', None)} type={type(e).__name__} msg={msg}", flush=True)
+    print(
+        f"RESULT {r} after={time.monotonic() - t0:.3f} peer={getattr(e, 'peer', None)} "
+        f"type={type(e).__name__} msg={msg}",
+        flush=True,
+    )
 
 
 def store_host_dies() -> None:

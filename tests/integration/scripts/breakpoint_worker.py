@@ -1,4 +1,5 @@
 """dist.breakpoint(rank=0) under `procgroup run`: rank 0 gets pdb on the launcher's terminal, rank 1 waits."""
+
 import numpy as np
 
 import procgroup as dist

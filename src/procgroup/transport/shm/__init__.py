@@ -19,14 +19,14 @@ from ..base import ARENA_BYTES
 from .arena import ARENA_SPIN, ARENA_SPIN_OVERSUBSCRIBED, ShmArena
 from .doorbell import Doorbell
 from .layout import (
-                     ARENA_GROUPS,
-                     DEFAULT_RING_SIZE,
-                     DEFAULT_SEGMENT_BUDGET,
-                     MIN_RING_SIZE,
-                     SHM_DIR,
-                     cleanup_job_segments,
-                     segment_prefix,
-                     shm_supported,
+    ARENA_GROUPS,
+    DEFAULT_RING_SIZE,
+    DEFAULT_SEGMENT_BUDGET,
+    MIN_RING_SIZE,
+    SHM_DIR,
+    cleanup_job_segments,
+    segment_prefix,
+    shm_supported,
 )
 from .ring import CHUNK, RNDV_MIN
 from .transport import DEFAULT_SLICE, DEFAULT_SPIN, ShmTransport

@@ -63,8 +63,17 @@ class ShmArena(Arena):
     ConfigError for a payload larger than ``max_bytes``.
     """
 
-    def __init__(self, t: ArenaHost, key: int, members: List[int], segs: List[Segment], *, spin: float,
-                 oversubscribed: bool, slice_s: float) -> None:
+    def __init__(
+        self,
+        t: ArenaHost,
+        key: int,
+        members: List[int],
+        segs: List[Segment],
+        *,
+        spin: float,
+        oversubscribed: bool,
+        slice_s: float,
+    ) -> None:
         self.t = t
         self._spin = spin
         self._oversubscribed = oversubscribed
@@ -76,9 +85,11 @@ class ShmArena(Arena):
         offs = [[seg.arena_off + (2 * key + k) * ARENA_SLOT for seg in segs] for k in (0, 1)]
         # per parity: (u32 view, index of the count word) of every member, and every member's payload view
         self._slots: List[List[Tuple[memoryview, int]]] = [
-            [(seg.i, off // 4) for seg, off in zip(segs, offs[k])] for k in (0, 1)]
-        self._data = [[memoryview(seg.mm)[off + ARENA_HDR:][:ARENA_BYTES] for seg, off in zip(segs, offs[k])]
-                      for k in (0, 1)]
+            [(seg.i, off // 4) for seg, off in zip(segs, offs[k])] for k in (0, 1)
+        ]
+        self._data = [
+            [memoryview(seg.mm)[off + ARENA_HDR :][:ARENA_BYTES] for seg, off in zip(segs, offs[k])] for k in (0, 1)
+        ]
         self._others = [seg for seg in segs if seg is not own]
         self.count = 0
 
@@ -155,12 +166,16 @@ class ShmArena(Arena):
             if dead:
                 raise PeerFailureError(
                     f"rank {t.rank}: shared-slot exchange with ranks {self.members} cannot complete: "
-                    f"{t._failed[dead[0]]}", peer=dead[0],
+                    f"{t._failed[dead[0]]}",
+                    peer=dead[0],
                 )
             if deadline is not None and deadline.expired():
                 raise DistTimeoutError(
                     f"rank {t.rank}: shared-slot exchange (call {self.count} of this group's arena): "
                     f"ranks {missing} of {self.members} did not arrive within {deadline.elapsed():.2f}s"
                 )
-            bell.sleep(snap, self._slice if deadline is None else max(deadline.remaining(), 1e-4),
-                       lambda: arrived(k, val, check))
+            bell.sleep(
+                snap,
+                self._slice if deadline is None else max(deadline.remaining(), 1e-4),
+                lambda: arrived(k, val, check),
+            )

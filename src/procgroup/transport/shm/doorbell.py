@@ -40,8 +40,15 @@ class Doorbell:
     sets ``seg`` once formed (None after release) and ``closed`` when it closes (lock held).
     """
 
-    def __init__(self, rank: int, world_size: int, lock: threading.Lock, slice_s: float,
-                 kick: Callable[[], None], check_peers: Callable[[float], None]) -> None:
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        lock: threading.Lock,
+        slice_s: float,
+        kick: Callable[[], None],
+        check_peers: Callable[[float], None],
+    ) -> None:
         self._rank = rank
         self._world_size = world_size
         self._lock = lock

@@ -47,8 +47,18 @@ class Formed(NamedTuple):
     watch: PeerWatch
 
 
-def form_segments(store: Any, rank: int, world_size: int, local: List[int], *, job_id: str, prefix: str,
-                  ring_size: Optional[int], deadline: Deadline, cma: bool) -> Formed:
+def form_segments(
+    store: Any,
+    rank: int,
+    world_size: int,
+    local: List[int],
+    *,
+    job_id: str,
+    prefix: str,
+    ring_size: Optional[int],
+    deadline: Deadline,
+    cma: bool,
+) -> Formed:
     """Create this rank's segment, attach to every local peer's, and unlink them all once everyone attached.
 
     Collective over ``local`` (sorted ranks sharing this host, ``rank`` among them), through ``store``
@@ -70,21 +80,28 @@ def form_segments(store: Any, rank: int, world_size: int, local: List[int], *, j
         store.set(f"{prefix}/seg/{rank}", json.dumps({"name": name, "pid": os.getpid(), "pidns": pidns}).encode())
         seg = create_segment(name, rank, world_size, peers, cap)
         for p in peers:
-            info = json.loads(_store_get(store, rank, deadline, f"{prefix}/seg/{p}",
-                                         f"rank {p} to publish its shared memory segment"))
+            info = json.loads(
+                _store_get(store, rank, deadline, f"{prefix}/seg/{p}", f"rank {p} to publish its shared memory segment")
+            )
             learned.append(info["name"])
             pid = int(info["pid"])
             same_ns = info.get("pidns") == pidns
             watch.add(p, pid, same_ns)
-            pseg = attach_segment(info["name"], p, pid, rank=rank, deadline=deadline,
-                                  peer_dead=functools.partial(_is_dead, watch, p))
+            pseg = attach_segment(
+                info["name"], p, pid, rank=rank, deadline=deadline, peer_dead=functools.partial(_is_dead, watch, p)
+            )
             peer_segs[p] = pseg
             if same_ns and cma and _probe_cma(pid, pseg):
                 seg.i[(HDR_SIZE + seg.slot_of(p) * CTRL + C_CMA) // 4] = 1
         store.set(f"{prefix}/attached/{rank}", b"1")
         if peers:
-            _store_wait(store, rank, deadline, [f"{prefix}/attached/{p}" for p in peers],
-                        "every local rank to attach to the shared memory segments")
+            _store_wait(
+                store,
+                rank,
+                deadline,
+                [f"{prefix}/attached/{p}" for p in peers],
+                "every local rank to attach to the shared memory segments",
+            )
         ok = True
         delete_key_quiet(store, f"{prefix}/seg/{rank}")  # every peer attached, so every peer read it
     finally:

@@ -69,8 +69,20 @@ from ...errors import BrokenError, ConfigError, DistTimeoutError, PeerFailureErr
 from .. import _futex
 from ..base import ARENA_BYTES
 
-__all__ = ["SHM_DIR", "segment_prefix", "shm_supported", "cleanup_job_segments", "Segment", "create_segment",
-           "attach_segment", "choose_ring_size", "fence", "ARENA_GROUPS", "DEFAULT_RING_SIZE", "MIN_RING_SIZE"]
+__all__ = [
+    "SHM_DIR",
+    "segment_prefix",
+    "shm_supported",
+    "cleanup_job_segments",
+    "Segment",
+    "create_segment",
+    "attach_segment",
+    "choose_ring_size",
+    "fence",
+    "ARENA_GROUPS",
+    "DEFAULT_RING_SIZE",
+    "MIN_RING_SIZE",
+]
 
 logger = logging.getLogger("procgroup.transport")
 
@@ -197,7 +209,7 @@ class Segment:
     def data(self, slot: int) -> memoryview:
         """A view of the data area of ring ``slot`` (the caller releases it)."""
         off = self.data_off + slot * self.cap
-        return memoryview(self.mm)[off:off + self.cap]
+        return memoryview(self.mm)[off : off + self.cap]
 
     def close(self) -> None:
         """Release the views and unmap; a view still exported elsewhere leaves the unmap to the GC."""
@@ -281,8 +293,9 @@ def create_segment(name: str, rank: int, world_size: int, peers: List[int], cap:
     return seg
 
 
-def attach_segment(name: str, peer: int, pid: int, *, rank: int, deadline: Deadline,
-                   peer_dead: Callable[[], bool]) -> Segment:
+def attach_segment(
+    name: str, peer: int, pid: int, *, rank: int, deadline: Deadline, peer_dead: Callable[[], bool]
+) -> Segment:
     """Map the segment ``name`` of rank ``peer`` once its owner marked it ready (polling with backoff).
 
     Raises ConfigError for another layout version or owner, BrokenError for a truncated segment,
@@ -306,8 +319,10 @@ def attach_segment(name: str, peer: int, pid: int, *, rank: int, deadline: Deadl
                 if seg.i[OFF_STATE // 4] in (ST_READY, ST_CLOSED) and bytes(mm[0:8]) == MAGIC:
                     if seg.i[OFF_VERSION // 4] != VERSION or seg.i[OFF_OWNER // 4] != peer:
                         seg.close()
-                        raise ConfigError(f"shared memory segment {name} of rank {peer} has an unexpected layout: "
-                                          "run the same procgroup version on every rank")
+                        raise ConfigError(
+                            f"shared memory segment {name} of rank {peer} has an unexpected layout: "
+                            "run the same procgroup version on every rank"
+                        )
                     seg.layout()
                     if seg.size < segment_size(seg.nslots, seg.cap):
                         seg.close()
@@ -316,7 +331,8 @@ def attach_segment(name: str, peer: int, pid: int, *, rank: int, deadline: Deadl
                 seg.close()
         if peer_dead():
             raise PeerFailureError(
-                f"rank {rank}: rank {peer} (pid {pid}) died while the shm transport was being set up", peer=peer)
+                f"rank {rank}: rank {peer} (pid {pid}) died while the shm transport was being set up", peer=peer
+            )
         if deadline.expired():
             raise DistTimeoutError(
                 f"rank {rank}: shm transport setup: the segment {name} of rank {peer} (pid {pid}) did not appear "

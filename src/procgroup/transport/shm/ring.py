@@ -30,8 +30,19 @@ from ..base import Status
 from .doorbell import Doorbell
 from .layout import C_CMA, C_HEAD, C_TAIL, C_WANT, CTRL, HDR_SIZE, Segment, fence
 
-__all__ = ["InRing", "OutRing", "RndvEntry", "Flow", "REC", "REC_SIZE", "RNDV_BIT", "ACK", "LEN_MASK", "RNDV_MIN",
-           "CHUNK"]
+__all__ = [
+    "InRing",
+    "OutRing",
+    "RndvEntry",
+    "Flow",
+    "REC",
+    "REC_SIZE",
+    "RNDV_BIT",
+    "ACK",
+    "LEN_MASK",
+    "RNDV_MIN",
+    "CHUNK",
+]
 
 REC = struct.Struct("<QQ")  # tag, length
 REC_SIZE = 16
@@ -86,8 +97,22 @@ class OutRing:
     ``process_vm_readv`` our memory, so large messages may go by rendezvous.
     """
 
-    __slots__ = ("dst", "seg", "data", "cap", "mask", "head_i", "tail_i", "want_i", "head", "pending", "wanting",
-                 "cma", "_ring", "_flow")
+    __slots__ = (
+        "dst",
+        "seg",
+        "data",
+        "cap",
+        "mask",
+        "head_i",
+        "tail_i",
+        "want_i",
+        "head",
+        "pending",
+        "wanting",
+        "cma",
+        "_ring",
+        "_flow",
+    )
 
     def __init__(self, dst: int, seg: Segment, slot: int, bell: Doorbell, flow: Flow) -> None:
         base = HDR_SIZE + slot * CTRL
@@ -125,10 +150,10 @@ class OutRing:
             pos += REC_SIZE
             first = self.cap - pos
             if n <= first:
-                data[pos:pos + n] = view
+                data[pos : pos + n] = view
             else:
                 data[pos:] = view[:first]
-                data[:n - first] = view[first:]
+                data[: n - first] = view[first:]
         self.head = end
         seg.q[self.head_i] = end
         self._ring(seg)
@@ -184,10 +209,10 @@ class OutRing:
                     else:
                         src_v, soff = view, off
                     if k <= first:
-                        data[pos:pos + k] = src_v[soff:soff + k]
+                        data[pos : pos + k] = src_v[soff : soff + k]
                     else:
-                        data[pos:] = src_v[soff:soff + first]
-                        data[:k - first] = src_v[soff + first:soff + k]
+                        data[pos:] = src_v[soff : soff + first]
+                        data[: k - first] = src_v[soff + first : soff + k]
                     head += k
                     off += k
                     rem -= k

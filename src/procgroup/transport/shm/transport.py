@@ -150,8 +150,13 @@ class ShmTransport(EngineTransport):
         except (AttributeError, OSError):  # pragma: no cover - not Linux
             ncpu = os.cpu_count() or 1
         self._oversubscribed = len(local) > ncpu
-        self._arena_spin = (self._spin if opts.spin_us is not None
-                            else ARENA_SPIN_OVERSUBSCRIBED if self._oversubscribed else ARENA_SPIN)
+        self._arena_spin = (
+            self._spin
+            if opts.spin_us is not None
+            else ARENA_SPIN_OVERSUBSCRIBED
+            if self._oversubscribed
+            else ARENA_SPIN
+        )
         # a large single-copy read in two threads (the GIL is released in the syscall) when a core is likely
         # idle: not on an oversubscribed host, and (see _rndv_read_locked) not while a peer reads from us
         self._split_reads = ncpu > 1 and not self._oversubscribed and opts.split
@@ -171,8 +176,17 @@ class ShmTransport(EngineTransport):
         self._pending_out: List[OutRing] = []
         self._peer_segs: Dict[int, Segment] = {}
         self._seg: Optional[Segment] = None
-        formed = form_segments(store, rank, world_size, local, job_id=job_id, prefix=prefix, ring_size=ring_size,
-                               deadline=self._deadline, cma=_cma.enabled(opts))
+        formed = form_segments(
+            store,
+            rank,
+            world_size,
+            local,
+            job_id=job_id,
+            prefix=prefix,
+            ring_size=ring_size,
+            deadline=self._deadline,
+            cma=_cma.enabled(opts),
+        )
         seg = self._seg = self._bell.seg = formed.seg
         self._peer_segs = formed.peer_segs
         self._watch = formed.watch
@@ -228,8 +242,9 @@ class ShmTransport(EngineTransport):
             if self._closed or seg is None:
                 return None
             segs = [seg if m == self.rank else self._peer_segs[m] for m in ms]
-            a = ShmArena(self, key, ms, segs, spin=self._arena_spin, oversubscribed=self._oversubscribed,
-                         slice_s=self._slice)
+            a = ShmArena(
+                self, key, ms, segs, spin=self._arena_spin, oversubscribed=self._oversubscribed, slice_s=self._slice
+            )
             self._arenas.append(a)
             return a
 
@@ -284,7 +299,8 @@ class ShmTransport(EngineTransport):
                         # two threads only when nobody is reading from us meanwhile (a one-way transfer such as
                         # a broadcast: the sender's core is idle); in an exchange both cores already copy
                         (_cma.read_parallel if self._split_reads and not self._rndv else _cma.read)(
-                            self._watch.pids.get(src, 0), _cma.address_of(req.out), addr, n)
+                            self._watch.pids.get(src, 0), _cma.address_of(req.out), addr, n
+                        )
                 except OSError as e:
                     if e.errno == errno.ESRCH:
                         req.error = self._peer_error(req, src, f"rank {src} died (its memory is gone)")
@@ -387,10 +403,10 @@ class ShmTransport(EngineTransport):
                 first = cap - pos
                 if dest is not None:
                     if k <= first:
-                        dest[off:off + k] = data[pos:pos + k]
+                        dest[off : off + k] = data[pos : pos + k]
                     else:
-                        dest[off:off + first] = data[pos:]
-                        dest[off + first:off + k] = data[:k - first]
+                        dest[off : off + first] = data[pos:]
+                        dest[off + first : off + k] = data[: k - first]
                 tail += k
                 off += k
                 n -= k

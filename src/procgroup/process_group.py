@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import queue
 import threading
 import time
@@ -37,9 +38,20 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .algorithms.comm import STEP_BITS, Comm, ScratchPool
-from .deadline import Deadline
-from .errors import BrokenError, ClosedError, CollectiveMismatchError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError, describe
+from .deadline import Deadline, wait_seconds
+from .errors import (
+    BrokenError,
+    ClosedError,
+    CollectiveMismatchError,
+    ConfigError,
+    DistTimeoutError,
+    PeerFailureError,
+    ProcGroupError,
+    describe,
+)
+from .flight import FLIGHT_RECORDS, FlightRecord, describe_signature
 from .transport.base import Request, Transport
+from .watchdog import GroupStatus, describe_roll_call, first_failure, recorded_abort, roll_call
 
 __all__ = ["World", "ProcessGroup", "Work", "GID_LIMIT", "P2P_TAG_LIMIT", "p2p_tag"]
 
@@ -48,7 +60,6 @@ SEQ_MASK = (1 << 16) - 1
 FP_MASK = (1 << 16) - 1
 P2P_TAG_LIMIT = 1 << 40
 _P2P_BIT = 1 << 62
-FLIGHT_RECORDS = 64
 CHAIN_WINDOW = 4096
 
 
@@ -67,31 +78,12 @@ def fingerprint(signature: tuple) -> int:
 
 
 def collective_tag(gid: int, seq: int, fp: int) -> int:
+    """The transport tag of collective ``seq`` of group ``gid`` with fingerprint ``fp`` (before steps)."""
     return (gid << 32) | ((seq & SEQ_MASK) << 16) | (fp & FP_MASK)
 
 
-def describe_signature(sig: tuple) -> str:
-    """("all_reduce", "float32", 4, "SUM") -> 'all_reduce(float32, 4, SUM)'."""
-    if not sig:
-        return "?"
-    return f"{sig[0]}({', '.join(str(x) for x in sig[1:])})"
-
-
-@dataclass
-class FlightRecord:
-    seq: int
-    op: str
-    signature: tuple
-    start: float
-    end: Optional[float] = None
-    state: str = "running"  # running | completed | failed
-
-    def describe(self) -> str:
-        dur = f"{(self.end or time.monotonic()) - self.start:.3f}s"
-        return f"seq {self.seq} {describe_signature(self.signature)} {self.state} ({dur})"
-
-
 def p2p_tag(gid: int, tag: int) -> int:
+    """The transport tag of a point-to-point message of group ``gid``; ConfigError outside [0, 2**40)."""
     if not 0 <= tag < P2P_TAG_LIMIT:
         raise ConfigError(f"tag={tag} is outside [0, 2**40)")
     return _P2P_BIT | (gid << 40) | tag
@@ -117,6 +109,7 @@ class World:
     on_close: List[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
+        """Run the on_close callbacks (transport, store connections, watchdog) in reverse order; idempotent."""
         for fn in reversed(self.on_close):
             try:
                 fn()
@@ -142,18 +135,20 @@ class Work:
         self._done.set()
 
     def is_completed(self) -> bool:
+        """True once the operation has finished (successfully or not)."""
         return self._done.is_set()
 
     def is_success(self) -> bool:
+        """True once the operation has finished without an error."""
         return self._done.is_set() and self._exc is None
 
     def exception(self) -> Optional[BaseException]:
+        """The operation's error, or None."""
         return self._exc
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until done; raise the op's error.  ``timeout`` (s or timedelta) bounds this wait."""
-        if hasattr(timeout, "total_seconds"):
-            timeout = timeout.total_seconds()  # type: ignore[union-attr]
+        timeout = wait_seconds(timeout)
         limit = timeout if timeout is not None else self._group.timeout + 5.0
         if not self._done.wait(limit):
             raise DistTimeoutError(
@@ -165,17 +160,21 @@ class Work:
         return True
 
     def result(self) -> Any:
+        """Wait, then return the operation's result."""
         self.wait()
         return self._result
 
     def synchronize(self) -> None:
+        """Wait for the operation (torch's spelling)."""
         self.wait()
 
 
 class _P2PWork(Work):
     """Work over transport requests (isend/irecv): no thread involved."""
 
-    def __init__(self, op: str, group: "ProcessGroup", req: Request, deadline: Deadline, finish: Callable[[Any], Any], ctx: str) -> None:
+    def __init__(
+        self, op: str, group: "ProcessGroup", req: Request, deadline: Deadline, finish: Callable[[Any], Any], ctx: str
+    ) -> None:
         super().__init__(op, group)
         self._req = req
         self._deadline = deadline
@@ -184,6 +183,7 @@ class _P2PWork(Work):
         self._lock = threading.Lock()
 
     def is_completed(self) -> bool:
+        """True once the operation has finished (successfully or not)."""
         if not self._done.is_set() and self._req.test():
             try:
                 self.wait(0)
@@ -194,8 +194,7 @@ class _P2PWork(Work):
     def wait(self, timeout: Optional[float] = None) -> bool:
         with self._lock:
             if not self._done.is_set():
-                if hasattr(timeout, "total_seconds"):
-                    timeout = timeout.total_seconds()  # type: ignore[union-attr]
+                timeout = wait_seconds(timeout)
                 dl = self._deadline if timeout is None else self._deadline.sooner(timeout)
                 try:
                     st = self._req.wait(dl)
@@ -215,38 +214,13 @@ class _P2PWork(Work):
 _STOP = object()
 _UNSET = object()
 
-#: store key of the job's first peer failure (JSON {"peer": rank, "text": message}); first writer wins
-FAILURE_KEY = "failure"
-
-
-def _first_failure(store: Any, e: PeerFailureError, store_host: Optional[int] = None) -> PeerFailureError:
-    """Record this failure if it is the job's first; return an error naming the first failed rank.
-
-    A rank that only lost a *survivor* (which raised and left) then still names the rank that really died.
-    When the store itself is unreachable and a rank hosts it (``store_host``), that rank is the one that died.
-    """
-    import json
-
-    mine = json.dumps({"peer": e.peer, "text": str(e)}).encode()
-    try:
-        first = json.loads(store.compare_set(FAILURE_KEY, b"", mine))
-    except Exception as se:  # noqa: BLE001 - the store may be gone with the dead rank
-        if store_host is not None and e.peer != store_host:
-            return PeerFailureError(
-                f"rank {store_host}, which hosts the store, is unreachable ({se}): it most likely failed first "
-                f"(here: {e})", peer=store_host,
-            )
-        return e
-    if first.get("peer") == e.peer or first.get("text") == str(e):
-        return e
-    return PeerFailureError(f"rank {first.get('peer')} failed first: {first.get('text')} (here: {e})", peer=first.get("peer"))
-
-
 
 class ProcessGroup:
     """An ordered set of global ranks that run collectives together."""
 
-    def __init__(self, world: World, ranks: Sequence[int], gid: int, name: str, timeout: Optional[float] = None) -> None:
+    def __init__(
+        self, world: World, ranks: Sequence[int], gid: int, name: str, timeout: Optional[float] = None
+    ) -> None:
         if not 0 <= gid < GID_LIMIT:
             raise ConfigError(f"group id {gid} exceeds the limit of {GID_LIMIT} groups")
         self.world = world
@@ -276,19 +250,24 @@ class ProcessGroup:
 
     # -- queries -------------------------------------------------------------------
     def rank(self) -> int:
+        """This process's rank in the group, -1 when not a member."""
         return self._rank
 
     def size(self) -> int:
+        """Number of ranks in the group."""
         return len(self.ranks)
 
     def is_member(self) -> bool:
+        """True when this process is one of the group's ranks."""
         return self._rank >= 0
 
     @property
     def seq(self) -> int:
+        """The sequence number the next collective of this group will get."""
         return self._seq
 
     def group_rank_of(self, global_rank: int) -> int:
+        """The group rank of ``global_rank``; ConfigError when it is not a member."""
         try:
             return self.ranks.index(global_rank)
         except ValueError:
@@ -299,20 +278,18 @@ class ProcessGroup:
 
     # -- running collectives -------------------------------------------------------------
     def _deadline(self, timeout: Optional[float]) -> Deadline:
-        if hasattr(timeout, "total_seconds"):
-            timeout = timeout.total_seconds()  # type: ignore[union-attr]
+        """The deadline of a call: ``timeout`` (seconds or a timedelta) from now, else the group's timeout."""
+        timeout = wait_seconds(timeout)
         return Deadline.after(self.timeout if timeout is None else timeout)
 
     def _context(self, e: BaseException, op: str, seq: Optional[int], dl: Deadline, extra: str = "") -> BaseException:
         """Same exception type, message prefixed with op/seq/rank/group/elapsed and the fix."""
         if isinstance(e, BrokenError) and self.world.store is not None:
-            from .watchdog import recorded_abort
-
             why = recorded_abort(self.world.store, self.gid)
             if why is not None:  # the peer left because it found a mismatch: that is the cause
                 e = CollectiveMismatchError(why)
             elif isinstance(e, PeerFailureError):  # collectives and point-to-point alike
-                e = _first_failure(self.world.store, e, self.world.store_host)
+                e = first_failure(self.world.store, e, self.world.store_host)
         head = describe(op, seq=seq, rank=self.world.rank, group=self.name, elapsed=dl.elapsed())
         if extra:
             head += f" [{extra}]"
@@ -322,7 +299,8 @@ class ProcessGroup:
         if isinstance(e, DistTimeoutError):
             msg += (
                 f". The deadline was {dl.timeout:.1f}s: if the other ranks are just slower, raise it with timeout= "
-                "(init_process_group or this call) or PROCGROUP_TIMEOUT; if a rank never reaches this call, fix that rank"
+                "(init_process_group or this call) or PROCGROUP_TIMEOUT; "
+                "if a rank never reaches this call, fix that rank"
             )
         elif isinstance(e, PeerFailureError):
             msg += ". A peer process died; the launcher's root-cause report shows why"
@@ -333,10 +311,9 @@ class ProcessGroup:
 
     def _roll_call(self, seq: int) -> str:
         """Which members reached ``seq`` and where the others are (through the store; best effort, bounded)."""
-        from .watchdog import describe_roll_call, roll_call
-
         try:
-            return describe_roll_call(self, roll_call(self.world.store, self), seq)
+            st = self.status()
+            return describe_roll_call(st, roll_call(self.world.store, st), seq)
         except Exception as e:  # noqa: BLE001 - the timeout error matters more than the report
             return f"unavailable ({e})"
 
@@ -350,10 +327,20 @@ class ProcessGroup:
             if self._pending and self._pending[0] is w:
                 self._pending.pop(0)
 
-    def run(self, op: str, fn: Callable[[Comm], Any], *, timeout: Optional[float] = None, async_op: bool = False, signature: tuple = ()) -> Any:
+    def run(
+        self,
+        op: str,
+        fn: Callable[[Comm], Any],
+        *,
+        timeout: Optional[float] = None,
+        async_op: bool = False,
+        signature: tuple = (),
+    ) -> Any:
         """Run ``fn(comm)`` as collective ``op``; returns its result, or a Work when ``async_op``.
 
         ``signature``: what every member must agree on, e.g. ``("all_reduce", "float32", 4, "SUM")``.
+        Raises :class:`ClosedError` after :meth:`close`; errors of ``fn`` get the op's context (see
+        :meth:`_context`).  A blocking call first waits for the group's outstanding async work.
         """
         if self._closed:
             raise ClosedError(f"{op}: process group {self.name} was destroyed")
@@ -367,47 +354,73 @@ class ProcessGroup:
             mine = False
             if not async_op and not self._comm_busy:
                 self._comm_busy = mine = True  # reuse the group's Comm (a nested or concurrent call builds its own)
-        tag = (self.gid << 32) | ((seq & SEQ_MASK) << 16) | fp  # collective_tag(), inlined: the hot path
-
+        tag = collective_tag(self.gid, seq, fp)
         if not async_op:
             try:
                 if self._pending:
                     self._drain_async()
-                # execute(), inlined: a small collective's cost is mostly this bookkeeping
-                if timeout is None:
-                    now = time.monotonic()
-                    dl = Deadline(now + self.timeout, now)
-                else:
-                    dl = self._deadline(timeout)
-                    now = time.monotonic()
-                rec = FlightRecord(seq, op, sig, now)
-                self.flight.append(rec)
-                self.inflight = rec
-                comm = self._comm if mine else None
-                if comm is None:
-                    comm = Comm(self.world.transport, self.ranks, self._rank, 0, dl, self._hosts, self._scratch, self.arena())
-                    if mine:
-                        self._comm = comm
-                comm.tag = tag << STEP_BITS
-                comm.deadline = dl
-                return self._recorded(fn, comm, rec, op, dl)
+                return self._execute(fn, op, sig, seq, tag, timeout, mine)
             finally:
                 if mine:
                     self._comm_busy = False
-
-        def execute() -> Any:
-            dl = self._deadline(timeout)
-            rec = FlightRecord(seq, op, sig, time.monotonic())
-            self.flight.append(rec)
-            self.inflight = rec
-            comm = Comm(self.world.transport, self.ranks, self._rank, tag, dl, self._hosts, self._scratch, self.arena())
-            return self._recorded(fn, comm, rec, op, dl)
-
         work = Work(op, self)
         self._pending = [w for w in self._pending if not w.is_completed()]
         self._pending.append(work)
-        self._submit(work, execute)
+        self._submit(work, functools.partial(self._execute, fn, op, sig, seq, tag, timeout, False))
         return work
+
+    def _execute(
+        self, fn: Callable[[Comm], Any], op: str, sig: tuple, seq: int, tag: int, timeout: Optional[float], reuse: bool
+    ) -> Any:
+        """Run one collective now: its deadline, flight record and Comm (the group's own when ``reuse``).
+
+        Keeps the flight record and the group's progress; a ProcGroupError gets the op's context.
+        """
+        if timeout is None:
+            now = time.monotonic()
+            dl = Deadline(now + self.timeout, now)
+        else:
+            dl = self._deadline(timeout)
+            now = dl.start
+        rec = FlightRecord(seq, op, sig, now)
+        self.flight.append(rec)
+        self.inflight = rec
+        comm = self._comm if reuse else None
+        if comm is None:
+            comm = Comm(self.world.transport, self.ranks, self._rank, tag, dl, self._hosts, self._scratch, self.arena())
+            if reuse:
+                self._comm = comm
+        else:
+            comm.tag = tag << STEP_BITS
+            comm.deadline = dl
+        try:
+            result = fn(comm)
+        except ProcGroupError as e:
+            rec.state, rec.end = "failed", time.monotonic()
+            self.inflight = None
+            raise self._context(e, op, seq, dl, describe_signature(sig))  # noqa: B904 - _context sets __cause__ itself
+        except BaseException:
+            rec.state, rec.end = "failed", time.monotonic()
+            self.inflight = None
+            raise
+        rec.state, rec.end = "completed", time.monotonic()
+        self.last_completed = seq
+        self.inflight = None
+        return result
+
+    def status(self) -> GroupStatus:
+        """A snapshot of this group's progress for the watchdog and the roll call (copies; no locks held)."""
+        return GroupStatus(
+            gid=self.gid,
+            name=self.name,
+            ranks=tuple(self.ranks),
+            member=self._rank >= 0,
+            closed=self._closed,
+            inflight=self.inflight,
+            last_completed=self.last_completed,
+            chain=tuple(self.chain),
+            flight=tuple(self.flight),
+        )
 
     def arena(self) -> Any:
         """The transport's :class:`~procgroup.transport.base.Arena` for this group, or None (asked once)."""
@@ -416,23 +429,6 @@ class ProcessGroup:
             one_host = len(set(self._hosts)) == 1  # as the shm transport decides, whatever the transport
             a = self._arena = self.world.transport.arena(self.gid, self.ranks) if self._rank >= 0 and one_host else None
         return a
-
-    def _recorded(self, fn: Callable[[Comm], Any], comm: Comm, rec: FlightRecord, op: str, dl: Deadline) -> Any:
-        """Run ``fn(comm)``, keeping the flight record and the group's progress; errors get their context."""
-        try:
-            result = fn(comm)
-        except ProcGroupError as e:
-            rec.state, rec.end = "failed", time.monotonic()
-            self.inflight = None
-            raise self._context(e, op, rec.seq, dl, describe_signature(rec.signature))
-        except BaseException:
-            rec.state, rec.end = "failed", time.monotonic()
-            self.inflight = None
-            raise
-        rec.state, rec.end = "completed", time.monotonic()
-        self.last_completed = rec.seq
-        self.inflight = None
-        return result
 
     def _submit(self, work: Work, fn: Callable[[], Any]) -> None:
         if self._thread is None:
@@ -456,9 +452,11 @@ class ProcessGroup:
 
     # -- point-to-point ------------------------------------------------------------------
     def p2p(self, op: str, req: Request, timeout: Optional[float], finish: Callable[[Any], Any], ctx: str) -> _P2PWork:
+        """A Work over a transport request of a point-to-point op, with the group's deadline and error context."""
         return _P2PWork(op, self, req, self._deadline(timeout), finish, ctx)
 
     def close(self) -> None:
+        """Stop the group's worker thread and release its scratch memory (idempotent)."""
         if self._closed:
             return
         self._closed = True

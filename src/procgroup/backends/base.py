@@ -1,0 +1,149 @@
+"""The backend interface and its registry.
+
+A backend forms a :class:`~procgroup.process_group.World` (transport, store, host layout) from a
+:class:`WorldSpec`.  It says whether it can run here (:meth:`Backend.unavailable_reason`) and how to
+make it available (:meth:`Backend.install_hint`).  Backends register under one or more names;
+``init_process_group(backend=...)`` and :func:`procgroup.backends.create_group` look names up here.
+
+Adding a backend: one folder (a package) whose import calls :func:`register` with an instance of a
+:class:`Backend` subclass; see ``backends/cpu/`` and the test backend under ``tests/backends/``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..config import Identity, RuntimeConfig
+from ..errors import ConfigError
+from ..process_group import World
+
+__all__ = ["Backend", "WorldSpec", "register", "lookup", "names", "describe_names"]
+
+
+@dataclass(frozen=True)
+class WorldSpec:
+    """What a backend needs to form a world (every rank passes its own; see :meth:`Backend.create_world`)."""
+
+    #: the rendezvous store (a procgroup Store: set/get/add/compare_set/check/wait/multi_get)
+    store: Any
+    #: this process's rank, world size and node layout
+    identity: Identity
+    #: seconds the whole formation may take
+    timeout: float
+    #: where the rendezvous happens, for error messages ("host:port", "file:///path", "the given HashStore")
+    where: str
+    #: (host, port) of the TCP store, or None (a file or a given store): the address peers route towards
+    master: Optional[Tuple[str, int]]
+    #: the job's HMAC key for the transports
+    secret: bytes
+    #: unique per job and restart: names shared-memory segments and keys
+    job_id: str
+    #: the configuration parsed by init (transport mode, advertised address, shm options, ...)
+    config: RuntimeConfig
+
+
+class Backend:
+    """One way of running collectives: subclass it, set :attr:`names`, implement :meth:`create_world`."""
+
+    #: the names that select this backend; the first is its own name, the others are aliases
+    names: Tuple[str, ...] = ()
+
+    def unavailable_reason(self) -> Optional[str]:
+        """None when this backend can run here, else why not (a sentence naming what is missing)."""
+        return None
+
+    def install_hint(self) -> str:
+        """What to install or configure to make this backend available (empty when nothing is needed)."""
+        return ""
+
+    def create_world(self, spec: WorldSpec) -> World:
+        """Collective: form the world of ``spec`` (every rank calls it); returns when the members are connected.
+
+        Raises :class:`~procgroup.errors.RendezvousError` and its kin when the members cannot agree, and
+        :class:`~procgroup.errors.ConfigError` for a bad setting.
+        """
+        raise NotImplementedError(f"backend {self.names[0] if self.names else type(self).__name__} forms no world")
+
+
+_lock = threading.Lock()
+_by_name: Dict[str, Backend] = {}
+_order: List[Backend] = []
+
+
+def register(backend: Backend, *, replace: bool = False) -> Backend:
+    """Register ``backend`` under each of its names; returns it.
+
+    Raises :class:`ConfigError` when it has no names, or when a name is taken by another backend and not
+    ``replace``.
+    """
+    if not backend.names:
+        raise ConfigError(f"backend {type(backend).__name__} has no names: set its `names` attribute")
+    keys = [n.lower() for n in backend.names]
+    with _lock:
+        for k in keys:
+            other = _by_name.get(k)
+            if other is not None and other is not backend and not replace:
+                raise ConfigError(
+                    f"backend name {k!r} is already registered by {type(other).__name__}; pick another name "
+                    "or pass replace=True"
+                )
+        for k in keys:
+            old = _by_name.get(k)
+            if old is not None and old is not backend and old in _order:
+                _order.remove(old)
+            _by_name[k] = backend
+        if backend not in _order:
+            _order.append(backend)
+    return backend
+
+
+def names() -> List[str]:
+    """Every registered name (aliases included), in registration order."""
+    with _lock:
+        return [n.lower() for b in _order for n in b.names]
+
+
+def describe_names() -> str:
+    """ "'cpu' (alias 'gloo'), 'mpi', 'nccl'": every registered backend with its aliases."""
+    with _lock:
+        parts = []
+        for b in _order:
+            s = repr(b.names[0].lower())
+            if len(b.names) > 1:
+                alias = "alias" if len(b.names) == 2 else "aliases"
+                s += f" ({alias} {', '.join(repr(n.lower()) for n in b.names[1:])})"
+            parts.append(s)
+        return ", ".join(parts)
+
+
+def _available_summary() -> str:
+    with _lock:
+        ok = [repr(b.names[0].lower()) for b in _order if b.unavailable_reason() is None]
+        missing = [
+            f"{b.names[0].lower()!r}: {b.install_hint()}"
+            for b in _order
+            if b.unavailable_reason() is not None and b.install_hint()
+        ]
+    s = f"available here: {', '.join(ok) or 'none'}"
+    if missing:
+        s += f"; to enable the others, {'; '.join(missing)}"
+    return s
+
+
+def lookup(name: str, *, what: str = "backend") -> Backend:
+    """The available backend registered as ``name`` (case-insensitive).
+
+    Raises :class:`ConfigError` for an unknown name (listing every registered backend and those available
+    here) and for a registered but unavailable one (its reason, and what to install).
+    """
+    with _lock:
+        b = _by_name.get(str(name).lower())
+    if b is None:
+        raise ConfigError(f"{what}={name!r} is not one of {describe_names()}; {_available_summary()}")
+    why = b.unavailable_reason()
+    if why is not None:
+        hint = b.install_hint()
+        raise ConfigError(f"{why}{'; ' + hint if hint else ''} ({_available_summary()})")
+    return b

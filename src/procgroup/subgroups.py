@@ -1,0 +1,169 @@
+"""Subgroup creation: new_group, new_subgroups, split_group (torch.distributed's signatures).
+
+Every member agrees on a new group's id through the world's store; the groups are recorded in the
+global state so that destroy_process_group and the watchdog see them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence, Tuple
+
+from .config import to_seconds
+from .errors import ConfigError
+from .objects import all_gather_object
+from .process_group import GID_LIMIT, ProcessGroup
+from .state import GroupMember, _state, default_group, resolve_group
+
+__all__ = ["new_group", "new_subgroups", "split_group"]
+
+
+def _seconds(timeout: Any, default: float) -> float:
+    """``timeout`` (seconds or a timedelta) as seconds, ``default`` when None; ConfigError when not > 0."""
+    t = to_seconds(timeout)
+    return default if t is None else t
+
+
+def _alloc_gid(parent: ProcessGroup, ranks: Sequence[int], timeout: float) -> int:
+    """Agree on a world-unique id for a new group: its lowest rank allocates it through the store."""
+    world = parent.world
+    k = parent._child_groups
+    parent._child_groups += 1
+    if world.store is None:  # no store (mpi backend): deterministic ids from the parent
+        gid = (parent.gid * 131 + k + 1) % GID_LIMIT or 1
+        return gid
+    key = f"gid/{parent.gid}/{k}/{min(ranks)}"
+    if world.rank == min(ranks):
+        gid = int(world.store.add("gid_counter", 1))
+        world.store.set(key, str(gid).encode())
+        return gid
+    if world.rank in ranks:
+        return int(world.store.get(key, timeout=timeout))
+    return -1
+
+
+def new_group(
+    ranks: Optional[Sequence[int]] = None,
+    timeout: Any = None,
+    backend: Optional[str] = None,
+    pg_options: Any = None,
+    use_local_synchronization: bool = False,
+    group_desc: Optional[str] = None,
+) -> Any:
+    """A group of the given global ranks; every rank of the world must call it, in the same order (as torch).
+
+    Returns the new ProcessGroup, or NON_GROUP_MEMBER on ranks outside ``ranks``.  Raises ConfigError for
+    duplicate, out-of-range or no ranks, NotInitializedError before init.
+    """
+    parent = default_group("new_group")
+    world = parent.world
+    rs = sorted(set(range(world.size) if ranks is None else (int(r) for r in ranks)))
+    if ranks is not None and len(rs) != len(list(ranks)):
+        raise ConfigError(f"new_group(ranks={list(ranks)}) lists a rank twice")
+    bad = [r for r in rs if not 0 <= r < world.size]
+    if bad:
+        raise ConfigError(f"new_group: ranks {bad} are outside [0, {world.size})")
+    if not rs:
+        raise ConfigError("new_group(ranks=[]): a group needs at least one rank")
+    tmo = _seconds(timeout, world.timeout)
+    return _make_group(parent, rs, tmo, group_desc)
+
+
+def _make_group(parent: ProcessGroup, rs: List[int], tmo: float, desc: Optional[str]) -> Any:
+    """Make the group of global ranks ``rs`` (collective over the parent's world) and record it."""
+    gid = _alloc_gid(parent, rs, tmo)
+    if gid < 0:
+        return GroupMember.NON_GROUP_MEMBER
+    pg = ProcessGroup(parent.world, rs, gid, desc or f"group{gid}{rs if len(rs) <= 8 else ''}", tmo)
+    if parent.world is _state.world:  # a group of a world from backends.create_group stays out of the globals
+        _state.groups.append(pg)
+    return pg
+
+
+def new_subgroups(
+    group_size: Optional[int] = None,
+    group: Optional[ProcessGroup] = None,
+    timeout: Any = None,
+    backend: Optional[str] = None,
+    pg_options: Any = None,
+    group_desc: Optional[str] = None,
+) -> Tuple[Any, List[Any]]:
+    """Split the world into subgroups: one per host by default, else consecutive blocks of ``group_size``.
+
+    Returns (the subgroup of this rank, all subgroups this rank is a member of or knows) like torch.
+    """
+    parent = default_group("new_subgroups")
+    world = parent.world
+    if group_size is None:
+        order: List[str] = []
+        for h in world.hosts:
+            if h not in order:
+                order.append(h)
+        blocks = [[r for r in range(world.size) if world.hosts[r] == h] for h in order]
+    else:
+        if group_size <= 0 or world.size % group_size:
+            raise ConfigError(
+                f"new_subgroups(group_size={group_size}): the world size {world.size} must be a positive multiple of it"
+            )
+        blocks = [list(range(i, i + group_size)) for i in range(0, world.size, group_size)]
+    tmo = _seconds(timeout, world.timeout)
+    mine = None
+    groups = []
+    for b in blocks:
+        g = _make_group(parent, b, tmo, group_desc)
+        groups.append(g)
+        if world.rank in b:
+            mine = g
+    return mine, groups
+
+
+def split_group(
+    parent_pg: Optional[ProcessGroup] = None,
+    split_ranks: Optional[Sequence[Sequence[int]]] = None,
+    timeout: Any = None,
+    pg_options: Any = None,
+    group_desc: Optional[str] = None,
+    *,
+    color: Optional[int] = None,
+    key: Optional[int] = None,
+) -> Any:
+    """Split ``parent_pg`` (default: world) into disjoint groups.
+
+    Either ``split_ranks`` (torch's form: a list of disjoint global-rank lists, the same on every member),
+    or MPI's ``color``/``key``: members with the same colour form a group, ordered by (key, rank);
+    ``color=None`` with ``split_ranks=None`` is an error; a negative colour opts out.
+    Only members of the parent call it.  Returns this rank's new group or NON_GROUP_MEMBER.
+    """
+    parent = resolve_group(parent_pg, "split_group")
+    if not parent.is_member():
+        raise ConfigError("split_group must be called by members of the parent group only")
+    tmo = _seconds(timeout, parent.timeout)
+    if split_ranks is not None:
+        if color is not None:
+            raise ConfigError("split_group: pass split_ranks= or color=, not both")
+        seen: set = set()
+        blocks = []
+        for b in split_ranks:
+            b = sorted(int(r) for r in b)
+            for r in b:
+                if r not in parent.ranks:
+                    raise ConfigError(f"split_group: rank {r} is not in the parent group {parent.ranks}")
+                if r in seen:
+                    raise ConfigError(f"split_group: rank {r} appears in two splits; splits must be disjoint")
+                seen.add(r)
+            blocks.append(b)
+    else:
+        if color is None:
+            raise ConfigError("split_group needs split_ranks=[[...], ...] or color= (and optionally key=)")
+        mine = (int(color), int(key if key is not None else parent.rank()), parent.world.rank)
+        got: List[Any] = [None] * parent.size()
+        all_gather_object(got, mine, group=parent)
+        colors = sorted({c for c, _, _ in got if c >= 0})
+        blocks = [[g for _, _, g in sorted(t for t in got if t[0] == c)] for c in colors]
+    result: Any = GroupMember.NON_GROUP_MEMBER
+    for b in blocks:
+        g = _make_group(parent, b, tmo, group_desc) if parent.world.rank in b else None
+        if g is None:
+            parent._child_groups += 1  # keep the parent's counter in step with the members of b
+        else:
+            result = g
+    return result
