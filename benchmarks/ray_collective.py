@@ -113,26 +113,41 @@ def main(argv: List[str] | None = None) -> int:
     summary = {b: statistics.median(r[b]["median_us"] for r in rounds) for b in BACKENDS}
     import ray as _ray
 
-    meta = {"ray": _ray.__version__, "python": platform.python_version(), "cpus": os.cpu_count(),
-            "iters": a.iters, "warmup": a.warmup, "repeat": a.repeat, "bytes": 4, "actors": 2}
+    meta = {
+        "ray": _ray.__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "iters": a.iters,
+        "warmup": a.warmup,
+        "repeat": a.repeat,
+        "bytes": 4,
+        "actors": 2,
+    }
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "allreduce_4B.json").write_text(json.dumps({"meta": meta, "rounds": rounds, "median_us": summary},
-                                                      indent=1) + "\n")
+    (out / "allreduce_4B.json").write_text(
+        json.dumps({"meta": meta, "rounds": rounds, "median_us": summary}, indent=1) + "\n"
+    )
     lines = [
-        "# ray.util.collective: 4 B allreduce between 2 actors (µs, slower rank per iteration)", "",
+        "# ray.util.collective: 4 B allreduce between 2 actors (µs, slower rank per iteration)",
+        "",
         f"ray {meta['ray']}, {a.iters} iterations after {a.warmup} warm-up, {a.repeat} rounds, "
-        f"{meta['cpus']} CPUs (shared; loadavg per round).", "",
+        f"{meta['cpus']} CPUs (shared; loadavg per round).",
+        "",
         "| round | order | loadavg | procgroup median | procgroup p90 | gloo median | gloo p90 | gloo / procgroup |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rounds:
         p, g = r["procgroup"], r["gloo"]
-        lines.append(f"| {r['round']} | {' then '.join(r['order'])} | {r['loadavg']} | {p['median_us']:.0f} | "
-                     f"{p['p90_us']:.0f} | {g['median_us']:.0f} | {g['p90_us']:.0f} | "
-                     f"{g['median_us'] / p['median_us']:.1f}x |")
-    lines.append(f"| **median of rounds** | | | **{summary['procgroup']:.0f}** | | **{summary['gloo']:.0f}** | | "
-                 f"**{summary['gloo'] / summary['procgroup']:.1f}x** |")
+        lines.append(
+            f"| {r['round']} | {' then '.join(r['order'])} | {r['loadavg']} | {p['median_us']:.0f} | "
+            f"{p['p90_us']:.0f} | {g['median_us']:.0f} | {g['p90_us']:.0f} | "
+            f"{g['median_us'] / p['median_us']:.1f}x |"
+        )
+    lines.append(
+        f"| **median of rounds** | | | **{summary['procgroup']:.0f}** | | **{summary['gloo']:.0f}** | | "
+        f"**{summary['gloo'] / summary['procgroup']:.1f}x** |"
+    )
     (out / "allreduce_4B.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -98,7 +98,9 @@ def test_data_parallel_trainer_numpy_only(cluster):
     from procgroup.ray import ProcGroupConfig
 
     trainer = DataParallelTrainer(
-        _numpy_loop, train_loop_config={"steps": 4}, backend_config=ProcGroupConfig(timeout_s=60),
+        _numpy_loop,
+        train_loop_config={"steps": 4},
+        backend_config=ProcGroupConfig(timeout_s=60),
         scaling_config=ScalingConfig(num_workers=2),
     )
     result = trainer.fit()
@@ -150,7 +152,9 @@ def test_torch_trainer_ddp_over_procgroup_backend(cluster, tmp_path):
 
     path = os.pathsep.join(p for p in (_entry_point_dir(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
     trainer = TorchTrainer(
-        _ddp_loop, train_loop_config={"steps": 3}, torch_config=TorchConfig(backend="procgroup"),
+        _ddp_loop,
+        train_loop_config={"steps": 3},
+        torch_config=TorchConfig(backend="procgroup"),
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(worker_runtime_env={"env_vars": {"PYTHONPATH": path}}),
     )
@@ -183,11 +187,13 @@ class _Member:
             def out(t):
                 return t.tolist()
         else:
+
             def make(values):
                 return np.array(values, dtype=np.float32)
 
             def out(t):
                 return t.tolist()
+
         r = self.rank
         s = make([r + 1.0] * 3)
         col.allreduce(s, group_name=group)

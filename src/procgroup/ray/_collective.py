@@ -47,8 +47,12 @@ def _op(ray_op: Any) -> Any:
     """Ray's ReduceOp as procgroup's (SUM, PRODUCT, MIN, MAX)."""
     import procgroup as dist
 
-    return {"SUM": dist.ReduceOp.SUM, "PRODUCT": dist.ReduceOp.PRODUCT, "MIN": dist.ReduceOp.MIN,
-            "MAX": dist.ReduceOp.MAX}[ray_op.name]
+    return {
+        "SUM": dist.ReduceOp.SUM,
+        "PRODUCT": dist.ReduceOp.PRODUCT,
+        "MIN": dist.ReduceOp.MIN,
+        "MAX": dist.ReduceOp.MAX,
+    }[ray_op.name]
 
 
 def _seconds(options: Any) -> Optional[float]:
@@ -163,8 +167,7 @@ class ProcGroupCollectiveGroup(_base_group()):  # type: ignore[misc]
         """Gather every rank's ``tensor[0]`` into ``tensor_list[0]`` (one tensor per rank, in rank order)."""
         import procgroup as dist
 
-        dist.all_gather(_one(tensor_list, "allgather"), _one(tensor, "allgather"),
-                        timeout=_seconds(allgather_options))
+        dist.all_gather(_one(tensor_list, "allgather"), _one(tensor, "allgather"), timeout=_seconds(allgather_options))
 
     def broadcast(self, tensor: List[Any], broadcast_options: Any = None) -> None:
         """Broadcast the root rank's ``tensor[0]`` into every rank's, in place."""
@@ -182,8 +185,9 @@ class ProcGroupCollectiveGroup(_base_group()):  # type: ignore[misc]
         import procgroup as dist
 
         o = reducescatter_options or ReduceScatterOptions()
-        dist.reduce_scatter(_one(tensor, "reducescatter"), _one(tensor_list, "reducescatter"), op=_op(o.reduceOp),
-                            timeout=_seconds(o))
+        dist.reduce_scatter(
+            _one(tensor, "reducescatter"), _one(tensor_list, "reducescatter"), op=_op(o.reduceOp), timeout=_seconds(o)
+        )
 
     def send(self, tensor: List[Any], send_options: Any) -> None:
         """Send ``tensor[0]`` to ``send_options.dst_rank``."""

@@ -82,8 +82,12 @@ class _Worker:
 
     def _failure(self, spec: _worker.JobSpec, e: BaseException) -> WorkerFailure:
         return WorkerFailure(
-            rank=self.rank, world_size=spec.world_size, kind=type(e).__name__, message=str(e),
-            traceback="".join(traceback.format_exception(type(e), e, e.__traceback__)), host=socket.gethostname(),
+            rank=self.rank,
+            world_size=spec.world_size,
+            kind=type(e).__name__,
+            message=str(e),
+            traceback="".join(traceback.format_exception(type(e), e, e.__traceback__)),
+            host=socket.gethostname(),
             peer_failure=isinstance(e, PeerFailureError),
         )
 
@@ -158,6 +162,7 @@ def _collect(ray: Any, refs: List[Any], world_size: int, timeout: float) -> List
         first = next((f for f in failures if not f.peer_failure), failures[0])
         raise RayRunError(
             f"rank {first.rank} of {world_size} failed: {first.kind}: {first.message}\n{first.describe()}",
-            first.rank, sorted(failures, key=lambda f: f.rank),
+            first.rank,
+            sorted(failures, key=lambda f: f.rank),
         )
     return results

@@ -69,8 +69,12 @@ def new_job(addr: str, port: int, world_size: int, timeout: float, run_id: Optio
     from ..protocol.auth import new_secret
 
     return JobSpec(
-        addr=addr, port=int(port), world_size=int(world_size), run_id=run_id or f"ray-{uuid.uuid4().hex[:12]}",
-        secret=new_secret(), timeout=float(timeout),
+        addr=addr,
+        port=int(port),
+        world_size=int(world_size),
+        run_id=run_id or f"ray-{uuid.uuid4().hex[:12]}",
+        secret=new_secret(),
+        timeout=float(timeout),
     )
 
 
@@ -112,10 +116,10 @@ def record_failure(rank: int, exc: BaseException) -> None:
 
 def _failure_recorder() -> Tuple[Any, Any]:
     """The default group's store and procgroup's first-failure recorder (None store: no group here)."""
-    from ..api import _state
-    from ..group import _first_failure
+    from ..state import _state
+    from ..watchdog import first_failure
 
-    return _state.prefix_store, _first_failure
+    return _state.prefix_store, first_failure
 
 
 def leave() -> None:
