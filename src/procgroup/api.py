@@ -8,8 +8,10 @@ configuration once (:class:`~procgroup.config.RuntimeConfig`) and passes it down
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any, List, Optional, Tuple
@@ -283,11 +285,39 @@ def _install(world: World, group_name: str) -> None:
 
 
 def _atexit() -> None:
+    """At interpreter exit: tell the peers if an uncaught exception is ending this process, then destroy."""
     if _state.world is not None:
         try:
+            _publish_uncaught(_state.world)
             destroy_process_group()
         except Exception as e:  # noqa: BLE001 - at exit, report and go
             logger.warning("destroy_process_group at exit: %s", e)
+
+
+def _uncaught_exception() -> Optional[BaseException]:
+    """The exception ending this process, if any: Python's ``sys.last_exc`` (3.12+) or ``sys.last_value``,
+    which the interpreter -- and the launcher's bootstrap -- set after printing an uncaught traceback.
+    None for a normal exit or ``sys.exit()``."""
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if not isinstance(exc, BaseException) or isinstance(exc, SystemExit):
+        return None
+    return exc
+
+
+def _publish_uncaught(world: World) -> None:
+    """Exit handshake, failure side: when an uncaught exception ends this rank, record it as the job's failure
+    (first writer wins, as :func:`~procgroup.watchdog.first_failure`), so the peers' watchdogs fail their waits
+    within one watchdog interval, naming this rank, and :func:`_leave` lingers only until they have left
+    instead of waiting for a goodbye that never comes.  Store errors are ignored (the store may be gone)."""
+    exc = _uncaught_exception()
+    st = _state.prefix_store
+    if exc is None or st is None:
+        return
+    text = f"uncaught {type(exc).__name__}: {exc} (the process is exiting)"
+    try:
+        st.compare_set(FAILURE_KEY, b"", json.dumps({"peer": world.rank, "text": text}).encode())
+    except ProcGroupError as e:
+        logger.info("rank %d: could not record its uncaught exception in the store: %s", world.rank, e)
 
 
 def _close_quietly(obj: Any) -> None:
@@ -332,8 +362,9 @@ def _leave(world: World) -> None:
             st.set("all_left", b"1")
         if st.check([FAILURE_KEY]) or st.check([abort_key(_state.default.gid if _state.default else 0)]):
             # a member died or the job aborted: nobody else is coming to say goodbye, but the survivors may
-            # still read the failure record from the store this rank hosts
-            if _state.store_server is not None:
+            # still read the failure record from the store this rank hosts -- unless a launcher is about to stop
+            # them all anyway because an uncaught exception ends this rank: then exit at once, with its own status
+            if _state.store_server is not None and not (torchelastic_launched() and _uncaught_exception()):
                 _linger(_state.store_server, own=_OWN_STORE_CONNECTIONS)
             return
         if _state.store_server is not None or (_state.file_path and world.rank == 0):
