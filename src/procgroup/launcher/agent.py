@@ -171,6 +171,7 @@ class LocalAgent(SignalWaiter):
         self._nonce: Optional[str] = None
         self._head_secret: Optional[str] = None
         self._stdin_closed = False
+        self._usr1_relayed = 0  # SIGUSR1s the head node relayed (every agent gets its own line)
         self._secret_file: Optional[str] = None  # srun mode, node 0: the file it wrote
         self._init_signals()
         self._tmpdir: Optional[str] = None
@@ -327,7 +328,7 @@ class LocalAgent(SignalWaiter):
         a ``usr1`` line is the head passing on a SIGUSR1."""
 
         def usr1() -> None:
-            self._usr1 += 1
+            self._usr1_relayed += 1  # the head passes it on to every agent: pass it on here only
             self._poke()
 
         watch_stdin(self._stdin_fd, usr1)
@@ -349,6 +350,7 @@ class LocalAgent(SignalWaiter):
             interrupted=lambda: bool(self._signals),
             wakeup=self._poke,
             progress=self._say,
+            heartbeat_timeout=cfg.heartbeat_timeout,
         )
         if self._node0:
             assert secret is not None
@@ -406,6 +408,7 @@ class LocalAgent(SignalWaiter):
             node_rank=self.node_rank,
             hosts_store=self._node0,
             worker_port=free_port("0.0.0.0") if self._node0 else None,
+            conn=self.gang.conn_address,
         )
         try:
             assignment, node = self.gang.join(restart, me)
@@ -518,13 +521,18 @@ class LocalAgent(SignalWaiter):
 
     def _supervise(self, att: Attempt, restart: int, assignment: Optional[Assignment]) -> None:
         """Wait (event-driven) until a worker fails, all succeed, the agent is signalled or another node
-        stops the job; records in ``att`` why the generation ends.  Passes SIGUSR1 on to the workers."""
+        stops the job; records in ``att`` why the generation ends.  Passes SIGUSR1 on to the workers: one
+        sent to this agent also to every other node's (through the store), one relayed by the head or
+        counted by another agent only here."""
         gang = self.gang
         group = att.group
-        usr1 = self._usr1
+        usr1 = (self._usr1, self._usr1_relayed, 0)
         while att.spawn_error is None:
-            if self._usr1 != usr1:
-                usr1 = self._usr1
+            now = (self._usr1, self._usr1_relayed, att.watcher.usr1 if att.watcher is not None else 0)
+            if now != usr1:
+                if now[0] != usr1[0] and gang is not None:
+                    gang.publish_usr1()
+                usr1 = now
                 group.forward(signal.SIGUSR1)
             finished = group.poll()
             failed = [w for w in finished if w.failed]

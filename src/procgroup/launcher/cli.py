@@ -30,9 +30,10 @@ import os
 import re
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from ..config import ENV, KUBEFLOW, default_timeout, env_str
+from ..config import ENV, KUBEFLOW, default_timeout, env_float, env_str
 from ..errors import ConfigError
 from .config import (
+    DEFAULT_HEARTBEAT_TIMEOUT,
     DEFAULT_MASTER_ADDR,
     DEFAULT_MASTER_PORT,
     DEFAULT_TERM_TIMEOUT,
@@ -235,6 +236,15 @@ def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
         default=DEFAULT_TERM_TIMEOUT,
         help=f"grace period between SIGTERM and SIGKILL when stopping workers (default {DEFAULT_TERM_TIMEOUT:g})",
     )
+    g.add_argument(
+        "--heartbeat-timeout",
+        dest="heartbeat_timeout",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="several nodes: declare a node lost after this long without its agent's heartbeat; a closed "
+        f"connection is noticed sooner (default ${ENV.HEARTBEAT_TIMEOUT} or {DEFAULT_HEARTBEAT_TIMEOUT:g})",
+    )
 
     g = p.add_argument_group("output")
     g.add_argument(
@@ -402,6 +412,8 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
         join_timeout = float(ns.join_timeout)
     else:
         join_timeout = default_timeout(environ)
+    hb = ns.heartbeat_timeout if ns.heartbeat_timeout is not None else env_float(ENV.HEARTBEAT_TIMEOUT, environ)
+    ns.heartbeat_timeout = DEFAULT_HEARTBEAT_TIMEOUT if hb is None else float(hb)
 
     if ns.hostfile is not None:
         return _head_config(
@@ -484,6 +496,7 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
         run_id=run_id,
         max_restarts=max_restarts,
         term_timeout=ns.term_timeout,
+        heartbeat_timeout=ns.heartbeat_timeout,
         **io,
         join_timeout=join_timeout,
         from_head=bool(ns.from_head),
@@ -530,6 +543,7 @@ def _head_config(
         run_id=str(ns.run_id) if ns.run_id is not None else new_run_id(),
         max_restarts=_int("--max-restarts", ns.max_restarts if ns.max_restarts is not None else 0, "--max-restarts"),
         term_timeout=ns.term_timeout,
+        heartbeat_timeout=ns.heartbeat_timeout,
         **io,
         join_timeout=join_timeout,
         from_head=True,

@@ -26,6 +26,7 @@ __all__ = [
     "DEFAULT_MASTER_ADDR",
     "DEFAULT_MASTER_PORT",
     "DEFAULT_TERM_TIMEOUT",
+    "DEFAULT_HEARTBEAT_TIMEOUT",
     "PREFIX_FIELDS",
     "SINGLE_NODE_PREFIX",
     "MULTI_NODE_PREFIX",
@@ -34,6 +35,8 @@ __all__ = [
 ]
 
 DEFAULT_TERM_TIMEOUT = 3.0
+#: seconds without a heartbeat before a node's agent is declared lost (--heartbeat-timeout)
+DEFAULT_HEARTBEAT_TIMEOUT = 3.0
 ROLE_NAME = "default"
 
 #: Fields available to ``--prefix-format``.
@@ -76,6 +79,8 @@ class LaunchConfig:
     secret_file: Optional[str] = None
     #: how long the agents of a multi-node job wait for each other (seconds)
     join_timeout: float = 300.0
+    #: a multi-node agent whose heartbeat stops for this long is lost (seconds); a closed connection is sooner
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
     #: started by a head node over ssh (hidden --from-head): secret on stdin, stdin EOF = stop, JSON report
     from_head: bool = False
     #: "JOBID.STEPID" when the node rank, node count and master were derived from srun's variables
@@ -119,6 +124,11 @@ class LaunchConfig:
             )
         if not self.run_id or any(c in self.run_id for c in "/\0"):
             raise ConfigError(f"--run-id {self.run_id!r} must be non-empty and contain no '/'")
+        if not self.heartbeat_timeout > 0:
+            raise ConfigError(
+                f"--heartbeat-timeout {self.heartbeat_timeout} must be > 0 seconds "
+                f"(or set {ENV.HEARTBEAT_TIMEOUT}; default {DEFAULT_HEARTBEAT_TIMEOUT:g})"
+            )
         if not self.join_timeout > 0:
             raise ConfigError(f"--join-timeout {self.join_timeout} must be > 0 seconds")
         if self.ranks_filter is not None and self.nnodes == 1:  # several nodes: checked after the rendezvous
