@@ -569,6 +569,8 @@ class LocalAgent(SignalWaiter):
         if watcher.lost is not None:
             att.errors.append(watcher.lost)
         att.errors.extend(watcher.lost_nodes.values())
+        for why in att.errors:  # said now, with its time, not only in the final report
+            self._say(f"stopping this node's workers: {why}")
         rec = watcher.abort_record
         if rec is not None and "worker" not in rec and rec.get("node") != att.node:
             why = str(rec.get("reason") or "another agent stopped the job")

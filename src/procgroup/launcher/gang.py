@@ -48,6 +48,7 @@ from .config import Placement
 from .liveness import (
     DEFAULT_HEARTBEAT_TIMEOUT,
     LOST_ERRORS,
+    USR1_KEY,
     UsrOneRelay,
     Watcher,
     beat_interval,
@@ -266,6 +267,7 @@ class Gang:
         self.host = host
         self.heartbeat_timeout = heartbeat_timeout  # None: LOST_AFTER
         self.usr1 = UsrOneRelay()
+        self.conns_at_join: set[int] = set()  # node 0: nodes whose watch connection was open at the rendezvous
         self.master_addr = master_addr
         self.port = port
         self.nnodes = nnodes
@@ -438,8 +440,12 @@ class Gang:
             ) from None
         a = assign(infos, self.nnodes)
         node = a.node_of_slot(slot).node_rank
+        if self.server is not None:  # node 0: whose watch connection is open now (the watcher checks them later)
+            live = self.server.peers()
+            self.conns_at_join = {n.node_rank for n in a.nodes if n.conn and n.conn in live}
         try:
             st.add(_hb(node), 0)
+            self.usr1.baseline(int(st.add(USR1_KEY, 0)))  # SIGUSR1s from now on reach this node's workers
         except _LOST_ERRORS as e:
             raise GangAborted(f"lost the connection to the agents' store at {self.where} ({e})") from None
         return a, node

@@ -114,6 +114,12 @@ class UsrOneRelay:
         with self._lock:
             self._own.add(v)
 
+    def baseline(self, value: int) -> None:
+        """Start counting from ``value`` (the counter at the rendezvous), unless already counting."""
+        with self._lock:
+            if self._seen is None:
+                self._seen = value
+
     def remote(self, value: int) -> int:
         """How many SIGUSR1s of other agents the counter's new ``value`` holds beyond the last one seen
         (0 on the first call: history before this agent watched is not replayed)."""
@@ -220,6 +226,7 @@ class Watcher:
                 )
 
     def _run(self) -> None:
+        self._conn_seen.update(getattr(self.gang, "conns_at_join", ()))
         st = self.gang.watch_store
         assert st is not None, "the watcher starts after the gang connected its watch store"
         abort = key(self.gen, "abort")
