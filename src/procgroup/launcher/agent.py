@@ -50,8 +50,9 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from enum import Enum
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from ..config import ENV, SHM_DIR, SHM_SEGMENT_PREFIX, env_str
 from ..deadline import Deadline
@@ -178,6 +179,9 @@ class LocalAgent(SignalWaiter):
         self._subreaper = False
         self._reported_nodes: list[int] = []
         self._last_gen: Optional[int] = None  # the last generation started (its shm segments are checked)
+        self._gen = 0  # the generation the last rendezvous gave (elastic: an arrival starts at a later one)
+        self._membership: Optional[str] = None  # elastic: why the last generation's membership changed
+        self._lost: list[str] = []  # elastic: the nodes lost so far (named when fewer than MIN remain)
 
     # ------------------------------------------------------------------ public
 
@@ -251,6 +255,8 @@ class LocalAgent(SignalWaiter):
                 result = self._aborted_result(str(e), restart)
                 self.state = RunState.INTERRUPTED if result.interrupted_by is not None else RunState.FAILED
                 return result
+            restart = self._gen
+            self._membership = None
             self._last_gen = restart
             if (
                 restart == 0
@@ -264,13 +270,19 @@ class LocalAgent(SignalWaiter):
             final = self._final_state(result, restart)
             if final is not None:
                 self.state = final
+                if final is RunState.FAILED and self._membership and not result.agent_errors:
+                    why = f"{self._membership}, but all --max-restarts {cfg.max_restarts} were used"
+                    result = replace(result, agent_errors=(why,))
                 return result
             self.state = RunState.RESTARTING
             self._announce_restart(result, restart)
             restart += 1
 
     def _final_state(self, result: RunResult, restart: int) -> Optional[RunState]:
-        """How the job ends after generation ``restart`` gave ``result``; None: restart the gang."""
+        """How the job ends after generation ``restart`` gave ``result``; None: restart the gang (elastic: also
+        when a node was lost or arrived)."""
+        if self._membership is not None and result.interrupted_by is None and result.spawn_error is None:
+            return RunState.FAILED if restart >= self.cfg.max_restarts else None
         if not result.is_failed():
             return RunState.SUCCEEDED
         if result.interrupted_by is not None:
@@ -287,10 +299,16 @@ class LocalAgent(SignalWaiter):
         report = format_root_cause(result)
         if self._speaks_for_job():
             report = (report + "\n" if report else "") + format_summary(result, max_restarts=cfg.max_restarts)
-        if report:
+        if report and self._membership is None:
             self.sink.text(report)
         n = len(result.workers)
         where = f" on {result.nnodes} nodes" if result.nnodes > 1 else ""
+        if self._membership is not None:
+            self._say(
+                f"{self._membership}: stopped all {n} workers{where}; re-forming the job "
+                f"(restart {restart + 1} of max {cfg.max_restarts})"
+            )
+            return
         self._say(f"restarting all {n} workers{where} (restart {restart + 1} of max {cfg.max_restarts})")
 
     def _cleanup_shm(self, last_gen: Optional[int]) -> None:
@@ -357,13 +375,17 @@ class LocalAgent(SignalWaiter):
             try:
                 port = self.gang.serve(secret)
             except PortInUseError as e:
-                if cfg.node_rank is None:
+                if cfg.elastic:  # another agent of this host hosts it (torchrun's c10d does the same)
+                    self._node0 = self.gang.node0 = False
+                elif cfg.node_rank is None:
                     raise PortInUseError(
                         f"{e}; if another agent of this job runs on this host, give each agent its --node-rank"
                     ) from None
-                raise
-            if cfg.from_head:
-                self._ctl(PortAnnounce(port=port))
+                else:
+                    raise
+            else:
+                if cfg.from_head:
+                    self._ctl(PortAnnounce(port=port))
         if secret is not None:
             fixed = secret
             self.gang.connect(lambda: fixed)
@@ -389,6 +411,7 @@ class LocalAgent(SignalWaiter):
     def _plan(self, restart: int) -> tuple[Placement, Optional[Assignment]]:
         """Where this node's workers sit in generation ``restart`` (the agents' rendezvous on several nodes)."""
         cfg = self.cfg
+        self._gen = restart  # elastic: the rendezvous may move it on
         if self.gang is None:
             if self.port is None:
                 self.port = pick_workers_port(cfg)
@@ -409,9 +432,19 @@ class LocalAgent(SignalWaiter):
             hosts_store=self._node0,
             worker_port=free_port("0.0.0.0") if self._node0 else None,
             conn=self.gang.conn_address,
+            min_nodes=cfg.min_nnodes,
         )
         try:
-            assignment, node = self.gang.join(restart, me)
+            if cfg.elastic:
+                from .elastic import join_elastic  # noqa: PLC0415
+
+                assert cfg.min_nnodes is not None
+                assignment, node, self._gen = join_elastic(
+                    self.gang, restart, me, min_nodes=cfg.min_nnodes, max_nodes=cfg.nnodes,
+                    window=cfg.join_window, lost=self._lost, progress=self._say,
+                )  # fmt: skip
+            else:
+                assignment, node = self.gang.join(restart, me)
         except RendezvousError as e:  # the nodes' flags disagree, too many agents, a timeout: same on every node
             raise ConfigError(str(e)) from None
         self.node_rank = node
@@ -572,15 +605,29 @@ class LocalAgent(SignalWaiter):
         for why in att.errors:  # said now, with its time, not only in the final report
             self._say(f"stopping this node's workers: {why}")
         rec = watcher.abort_record
+        if rec is not None and rec.get("membership"):
+            self._say(f"stopping this node's workers: {rec.get('reason')}")
+            return  # an arrival (elastic): not an error
         if rec is not None and "worker" not in rec and rec.get("node") != att.node:
             why = str(rec.get("reason") or "another agent stopped the job")
             if why not in att.errors:
                 att.errors.append(why)
 
+    def _note_membership(self, watcher: Any) -> None:
+        """Elastic: whether this generation ended because a node was lost or arrived (``_membership``); the
+        lost nodes are remembered for the error that names them when fewer than MIN remain."""
+        if watcher.lost is not None:
+            return  # the store itself is gone: nothing to re-form around
+        lost = [why for why in watcher.lost_nodes.values() if why not in self._lost]
+        self._lost.extend(lost)
+        rec = watcher.abort_record or {}
+        if lost or rec.get("membership"):
+            self._membership = "; ".join(lost) or str(rec.get("reason"))
+
     def _print_mapping(self, att: Attempt, restart: int, assignment: Optional[Assignment]) -> None:
         """Node 0: once every node has published its pids, print the rank <-> host/pid table (once)."""
         assert self.gang is not None and assignment is not None
-        pids = self.gang.pids_if_ready(restart)
+        pids = self.gang.pids_if_ready(restart, len(assignment.nodes))
         if pids is not None:
             from .gang import format_mapping  # noqa: PLC0415
 
@@ -644,6 +691,8 @@ class LocalAgent(SignalWaiter):
         got, errors = gang.collect(gen, assignment, settle)
         if gang.watcher is not None:
             gang.watcher.stop()
+            if self.cfg.elastic:
+                self._note_membership(gang.watcher)
         if self._signals and local.interrupted_by is None:
             errors.append(
                 f"the agent on {self.hostname} received {signal_name(self._signals[0])} "

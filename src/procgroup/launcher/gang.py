@@ -104,6 +104,7 @@ class AgentInfo:
     hosts_store: bool
     worker_port: Optional[int] = None  # node 0: the workers' MASTER_PORT for this generation
     conn: Optional[str] = None  # host:port of this agent's watch connection, as the store server sees it
+    min_nodes: Optional[int] = None  # elastic (--nnodes MIN:MAX): MIN; nnodes is MAX
 
     def to_json(self) -> bytes:
         """This agent's join info as a store value (:func:`~procgroup.protocol.control.encode_record`)."""
@@ -439,6 +440,13 @@ class Gang:
                 f"lost the connection to the agents' store at {self.where} during the rendezvous ({e})"
             ) from None
         a = assign(infos, self.nnodes)
+        return a, self.after_join(a, slot)
+
+    def after_join(self, a: Assignment, slot: int) -> int:
+        """The rendezvous gave ``a``: this agent's node rank (it joined in ``slot``); creates its heartbeat key,
+        notes which agents' connections are open (node 0) and starts counting SIGUSR1s.  Raises GangAborted."""
+        st = self.store
+        assert st is not None
         node = a.node_of_slot(slot).node_rank
         if self.server is not None:  # node 0: whose watch connection is open now (the watcher checks them later)
             live = self.server.peers()
@@ -448,7 +456,7 @@ class Gang:
             self.usr1.baseline(int(st.add(USR1_KEY, 0)))  # SIGUSR1s from now on reach this node's workers
         except _LOST_ERRORS as e:
             raise GangAborted(f"lost the connection to the agents' store at {self.where} ({e})") from None
-        return a, node
+        return node
 
     # ------------------------------------------------------------------ during a generation
 
@@ -480,9 +488,10 @@ class Gang:
         except _LOST_ERRORS:
             pass  # the watcher reports the lost store
 
-    def pids_if_ready(self, gen: int) -> Optional[dict[int, list[list[int]]]]:
+    def pids_if_ready(self, gen: int, nnodes: Optional[int] = None) -> Optional[dict[int, list[list[int]]]]:
+        """Every node's [[rank, local rank, pid], ...] of generation ``gen`` once all ``nnodes`` published them."""
         assert self.store is not None
-        keys = [_k(gen, "pids", n) for n in range(self.nnodes)]
+        keys = [_k(gen, "pids", n) for n in range(self.nnodes if nnodes is None else nnodes)]
         try:
             if not self.store.check(keys):
                 return None
@@ -531,7 +540,10 @@ class Gang:
             while True:
                 missing = [n for n in keys if n not in got and (w is None or n not in w.lost_nodes)]
                 for n in list(missing):
-                    if st.check([keys[n]]):
+                    if w is not None and st.check([_k(gen, "lost", n)]):  # another agent declared it lost
+                        w.lost_nodes.setdefault(n, st.get(_k(gen, "lost", n)).decode(errors="replace"))
+                        missing.remove(n)
+                    elif st.check([keys[n]]):
                         try:
                             got[n] = result_from_json(st.get(keys[n]))
                         except ValueError:

@@ -173,6 +173,7 @@ class Watcher:
 
     def _declare_lost(self, st: Any, n: Any, why: str) -> None:
         self.lost_nodes[n.node_rank] = why
+        st.set(key(self.gen, "lost", n.node_rank), why.encode())  # read by every agent's collect()
         self.gang.abort(
             self.gen,
             {"reason": why, "host": n.host, "lost_node": n.node_rank, "timestamp": time.time()},
@@ -235,20 +236,24 @@ class Watcher:
         try:
             st.add(hb_key(self.node_rank), 1)
             while not self._stop.is_set():
-                try:
-                    st.wait([abort], timeout=self.slice_s)
-                except StoreTimeoutError:
-                    pass
+                if self.abort_record is not None:  # stopping: keep beating and watching until the results are in
+                    if self._stop.wait(self.slice_s):
+                        break
                 else:
                     try:
-                        rec = decode_record(st.get(abort))
-                    except ValueError:
-                        rec = {"reason": "another agent stopped the job"}
-                    if isinstance(rec.get("lost_node"), int):  # another agent found a node lost: so is it here
-                        self.lost_nodes.setdefault(rec["lost_node"], str(rec.get("reason")))
-                    self.abort_record = rec
-                    self.gang.wakeup()
-                    return
+                        st.wait([abort], timeout=self.slice_s)
+                    except StoreTimeoutError:
+                        pass
+                    else:
+                        try:
+                            rec = decode_record(st.get(abort))
+                        except ValueError:
+                            rec = {"reason": "another agent stopped the job"}
+                        if isinstance(rec.get("lost_node"), int):  # another agent found a node lost: so here
+                            self.lost_nodes.setdefault(rec["lost_node"], str(rec.get("reason")))
+                        self.abort_record = rec
+                        self.gang.wakeup()
+                        continue
                 st.add(hb_key(self.node_rank), 1)
                 n_usr1 = self.gang.usr1.remote(int(st.add(USR1_KEY, 0)))
                 if n_usr1:
