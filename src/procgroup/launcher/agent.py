@@ -16,8 +16,13 @@ is killed by pid and reaped, and the ones that survive even that are
 reported.  A second SIGINT/SIGTERM during the grace period skips to SIGKILL.
 
 SIGUSR1 is not a stop: the agent passes it on to every worker's process
-group (procgroup's workers then print their stacks and recent collectives);
-a head node passes it on to every host's agent.
+group (procgroup's workers then print their stacks and recent collectives),
+and through the store to every other node's agent (:mod:`.liveness`); a head
+node passes it on to every host's agent.
+
+Elastic membership (``--nnodes MIN:MAX``, :mod:`.elastic`): a node lost or
+arriving ends the generation like a failure does, and the agents re-form the
+job as the next generation (RESTARTING) with the nodes they have.
 
 Several nodes (``--nnodes M``, srun, or started by a head node): node 0's
 agent hosts the agents' store at ``--master-addr:--master-port`` and every
@@ -305,8 +310,7 @@ class LocalAgent(SignalWaiter):
         where = f" on {result.nnodes} nodes" if result.nnodes > 1 else ""
         if self._membership is not None:
             self._say(
-                f"{self._membership}: stopped all {n} workers{where}; re-forming the job "
-                f"(restart {restart + 1} of max {cfg.max_restarts})"
+                f"stopped all {n} workers{where}; re-forming the job (restart {restart + 1} of {cfg.max_restarts})"
             )
             return
         self._say(f"restarting all {n} workers{where} (restart {restart + 1} of max {cfg.max_restarts})")
