@@ -125,13 +125,17 @@ class Cluster:
         self.gangs.append(g)
         return g
 
-    def join(self, ks: list[int], gen: int, lost: tuple[str, ...] = ()) -> dict[int, object]:
+    def join(
+        self, ks: list[int], gen: int, lost: tuple[str, ...] = (), expect: Optional[int] = None
+    ) -> dict[int, object]:
         out: dict[int, object] = {}
 
         def go(k: int) -> None:
             me = info(f"h{k + 1}", 100 + k, store=k == 0)
             try:
-                out[k] = join_elastic(self.gangs[k], gen, me, min_nodes=2, max_nodes=3, window=0.3, lost=lost)
+                out[k] = join_elastic(
+                    self.gangs[k], gen, me, min_nodes=2, max_nodes=3, window=0.3, lost=lost, expect=expect
+                )
             except BaseException as e:  # noqa: BLE001 - returned to the test
                 out[k] = e
 
@@ -182,6 +186,6 @@ def test_rounds_grow_on_arrival_and_fail_below_min(cluster: Cluster) -> None:
     assert isinstance(arrival[2], tuple) and arrival[2][2] == 1  # type: ignore[index]
     # only h1 comes back for generation 2: below MIN, the round fails naming what was lost
     lost = ("node 1 (h2, agent pid 101) is lost", "node 2 (h3, agent pid 102) is lost")
-    res = cluster.join([0], 2, lost=lost)[0]
+    res = cluster.join([0], 2, lost=lost, expect=1)[0]
     assert isinstance(res, GangAborted) and "below the minimum of 2 (--nnodes 2:3)" in str(res), res
     assert "lost: node 1 (h2, agent pid 101) is lost; node 2 (h3" in str(res)

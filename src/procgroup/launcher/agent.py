@@ -187,6 +187,7 @@ class LocalAgent(SignalWaiter):
         self._gen = 0  # the generation the last rendezvous gave (elastic: an arrival starts at a later one)
         self._membership: Optional[str] = None  # elastic: why the last generation's membership changed
         self._lost: list[str] = []  # elastic: the nodes lost so far (named when fewer than MIN remain)
+        self._expect: Optional[int] = None  # elastic: how many agents should come back after a loss
 
     # ------------------------------------------------------------------ public
 
@@ -310,7 +311,8 @@ class LocalAgent(SignalWaiter):
         where = f" on {result.nnodes} nodes" if result.nnodes > 1 else ""
         if self._membership is not None:
             self._say(
-                f"stopped all {n} workers{where}; re-forming the job (restart {restart + 1} of {cfg.max_restarts})"
+                f"stopped all {n} workers{where}; re-forming the job (restart {restart + 1} of {cfg.max_restarts}) "
+                f"because {self._membership}"
             )
             return
         self._say(f"restarting all {n} workers{where} (restart {restart + 1} of max {cfg.max_restarts})")
@@ -445,7 +447,7 @@ class LocalAgent(SignalWaiter):
                 assert cfg.min_nnodes is not None
                 assignment, node, self._gen = join_elastic(
                     self.gang, restart, me, min_nodes=cfg.min_nnodes, max_nodes=cfg.nnodes,
-                    window=cfg.join_window, lost=self._lost, progress=self._say,
+                    window=cfg.join_window, lost=self._lost, expect=self._expect, progress=self._say,
                 )  # fmt: skip
             else:
                 assignment, node = self.gang.join(restart, me)
@@ -624,6 +626,7 @@ class LocalAgent(SignalWaiter):
             return  # the store itself is gone: nothing to re-form around
         lost = [why for why in watcher.lost_nodes.values() if why not in self._lost]
         self._lost.extend(lost)
+        self._expect = len(watcher.assignment.nodes) - len(watcher.lost_nodes) if lost else None
         rec = watcher.abort_record or {}
         if lost or rec.get("membership"):
             self._membership = "; ".join(lost) or str(rec.get("reason"))

@@ -155,11 +155,15 @@ def join_elastic(
     max_nodes: int,
     window: float,
     lost: Sequence[str] = (),
+    expect: Optional[int] = None,
     progress: Optional[Callable[[str], None]] = None,
 ) -> tuple["Assignment", int, int]:
     """Join the first round at or after generation ``gen`` that is still open; returns (assignment, this
-    agent's node rank, the generation).  Raises GangAborted (interrupted, the store lost, the round failed
-    below MIN) or RendezvousError (the job already has MAX nodes; the nodes' flags disagree)."""
+    agent's node rank, the generation).  ``lost`` names the nodes lost so far; ``expect`` is how many agents
+    survived the last loss: when fewer than MIN did, the coordinator waits only ``window`` seconds for
+    arrivals before it fails the round (else up to the join timeout).  Raises GangAborted (interrupted, the
+    store lost, the round failed below MIN) or RendezvousError (the job already has MAX nodes; the nodes'
+    flags disagree)."""
     from .gang import AgentInfo, GangAborted  # noqa: PLC0415
 
     st = gang.store
@@ -187,7 +191,7 @@ def join_elastic(
             slot = st.add(key(gen, "joined"), 1) - 1
             st.set(key(gen, "agent", slot), me.to_json())
             if me.hosts_store:
-                first_wait = window if lost else gang.join_timeout
+                first_wait = window if expect is not None and expect < min_nodes else gang.join_timeout
                 _coordinate(
                     gang,
                     gen,
