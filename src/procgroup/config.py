@@ -146,7 +146,7 @@ _TABLE = (
     EnvVar(ENV.HOSTNAME, "host label used in log prefixes and reports"),
     EnvVar(
         ENV.HEARTBEAT_TIMEOUT,
-        "launcher: seconds without a heartbeat before a node's agent is declared lost (default 3)",
+        "launcher: seconds without a heartbeat before a node's agent is declared lost (default 2.5)",
         "user",
     ),
     EnvVar(ENV.LOG_LEVEL, "DEBUG|INFO|WARNING: procgroup's log level", "user"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import textwrap
 import time
 from pathlib import Path
@@ -82,8 +83,8 @@ def _stop_times(procs: List[Proc], since: float, expect: int, timeout: float) ->
     return [t - since for _, t in seen]
 
 
-def _report(mode: str, victim: int, detect: float, teardown: float, why: str) -> None:
-    print(f"\nNODE-LOSS | {mode} | node {victim} agent SIGKILLed | detect {detect:.2f}s | teardown {teardown:.2f}s")
+def _report(mode: str, victim: int, detect: float, teardown: float, why: str, event: str = "agent SIGKILLed") -> None:
+    print(f"\nNODE-LOSS | {mode} | node {victim} {event} | detect {detect:.2f}s | teardown {teardown:.2f}s")
     print(f"    ({why})")
 
 
@@ -167,3 +168,38 @@ def test_sigusr1_to_one_agent_reaches_every_host(job: Job, tmp_path: Path) -> No
         os.kill(p.p.pid, signal.SIGTERM)
     assert all(p.wait(30) is not None for p in procs), job.text()
     assert not job.leftovers(grace=5.0), job.text()
+
+
+def _link(host_index: int, up: bool) -> None:
+    """Take host ``host_index``'s switch port (``v{K}`` in the bridge namespace ``hsw``) down or up: a silent
+    link, no FIN and no RST, as a pulled cable."""
+    subprocess.run(
+        ["ip", "-n", "hsw", "link", "set", f"v{host_index}", "up" if up else "down"],
+        check=True,
+        capture_output=True,
+        timeout=10,
+    )
+
+
+def test_per_node_mode_a_silent_link_is_found_by_the_heartbeat(job: Job, tmp_path: Path) -> None:
+    """h2's switch port goes down: no connection closes, so the heartbeat limit (default 2.5 s) decides."""
+    names = job.hosts.names
+    env = clean_env({"PROCGROUP_SECRET": "silent-link"})
+    procs = _per_node(job, names, [_sleeper(tmp_path)], env, tmp_path)
+    pids, _ = _collect_pids(procs, len(names) * PER_NODE, timeout=90, raising=False)
+    survivors = [procs[0], procs[2]]
+    t0 = time.time()
+    _link(2, up=False)
+    try:
+        stops = _stop_times(survivors, t0, len(survivors), timeout=TEARDOWN_BOUND + 10)
+        gone = _gone_after({r: p for r, p in pids.items() if r // PER_NODE != 1}, t0, timeout=TEARDOWN_BOUND + 10)
+        rcs = [p.wait(30) for p in survivors]
+    finally:
+        _link(2, up=True)  # h2's agent then gets a reset from h1 and stops its own workers
+    why = STOP.search(next(ln for ln in survivors[0].err if STOP.search(ln))).group(1)  # type: ignore[union-attr]
+    _report("per-node", 1, max(stops), gone, why[:90], event="link down (switch port)")
+    assert all(rc == 1 for rc in rcs), f"exit statuses {rcs}\n{job.text()}"
+    assert "node 1 (h2" in why and "no heartbeat for 2.5s" in why, why
+    assert max(stops) < DETECT_BOUND and gone < TEARDOWN_BOUND, f"detect {max(stops):.2f}s, teardown {gone:.2f}s"
+    assert procs[1].wait(90) is not None, procs[1].text()
+    assert not job.leftovers(grace=10.0), job.text()

@@ -37,7 +37,7 @@ __all__ = [
 
 DEFAULT_TERM_TIMEOUT = 3.0
 #: seconds without a heartbeat before a node's agent is declared lost (--heartbeat-timeout)
-DEFAULT_HEARTBEAT_TIMEOUT = 3.0
+DEFAULT_HEARTBEAT_TIMEOUT = 2.5
 #: elastic: seconds a membership round stays open for more nodes once MIN joined (torchrun's last call)
 DEFAULT_JOIN_WINDOW = 30.0
 ROLE_NAME = "default"
