@@ -125,6 +125,7 @@ def test_without_launcher_survivors_raise_naming_the_rank(script: Path, victim: 
             if victim == 0:  # it hosts the store, so it lives long enough to say why it fails
                 assert "rank 0 failed: uncaught ValueError: boom on purpose" in out, out
     took = max(ended) - raised
+    print(f"\nUNCAUGHT | no launcher, 3 ranks | rank {victim} raised | every rank exited {took:.2f}s later")
     assert took < BOUND_S, f"the job took {took:.1f}s to end after rank {victim} raised:\n" + "\n".join(outs)
 
 
@@ -146,6 +147,7 @@ def test_under_launcher_the_job_ends_in_seconds(script: Path, victim: int) -> No
     ended = time.time()
     out = out_b.decode(errors="replace")
     took = ended - _raised_at(out)
+    print(f"\nUNCAUGHT | procgroup run, 2 ranks | rank {victim} raised | the launcher exited {took:.2f}s later")
     assert proc.returncode == 1, out
     assert "still alive" not in out, out
     assert re.search(rf"Root cause: rank {victim} \(local {victim}\)", out), out
