@@ -287,7 +287,10 @@ class LocalAgent(SignalWaiter):
     def _final_state(self, result: RunResult, restart: int) -> Optional[RunState]:
         """How the job ends after generation ``restart`` gave ``result``; None: restart the gang (elastic: also
         when a node was lost or arrived)."""
+        finished = bool(result.workers) and all(w.returncode == 0 for w in result.workers) and self._expect is None
         if self._membership is not None and result.interrupted_by is None and result.spawn_error is None:
+            if finished:  # a node arrived after every worker had succeeded: the job is done
+                return RunState.SUCCEEDED
             return RunState.FAILED if restart >= self.cfg.max_restarts else None
         if not result.is_failed():
             return RunState.SUCCEEDED
