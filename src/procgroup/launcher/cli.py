@@ -111,9 +111,10 @@ def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
     g.add_argument(
         "--nnodes",
         dest="nnodes",
-        metavar="M",
+        metavar="M|MIN:MAX",
         default=None,
-        help=f"number of nodes, each running one `procgroup run` (default 1, or ${KUBEFLOW.NNODES})",
+        help="number of nodes, each running one `procgroup run`; MIN:MAX for elastic membership (nodes may "
+        f"come and go; see --join-window) (default 1, or ${KUBEFLOW.NNODES})",
     )
     g.add_argument(
         "--node-rank",
