@@ -2,9 +2,11 @@
 
 Every agent (node 0's included) opens two connections to the store at
 ``--master-addr:--master-port``: one for the main thread, one for a
-:class:`Watcher` thread that parks a ``wait`` on the generation's abort key
-(in one-second slices) and beats a heartbeat between slices.  Keys, all
-under ``launch/`` (the workers' keys are under ``pg/``)::
+:class:`~.liveness.Watcher` thread that parks a ``wait`` on the generation's
+abort key (in slices of at most 0.5 s) and beats a heartbeat between slices
+(node 0's also notices an agent's connection closing: :mod:`.liveness`).
+Keys, all under ``launch/`` (the workers' keys are under ``pg/``; elastic
+rounds add theirs, :mod:`.elastic`)::
 
     launch/g{G}/joined           counter: join order of generation G
     launch/g{G}/agent/{slot}     AgentInfo (JSON) of the agent that joined in that slot
@@ -13,7 +15,9 @@ under ``launch/`` (the workers' keys are under ``pg/``)::
     launch/g{G}/fail/{node}      that node's failure record (host, rank, pid, status, traceback tail, time)
     launch/g{G}/result/{node}    that node's RunResult (JSON) after its teardown
     launch/g{G}/bye/{node}       read everything; node 0 closes the store when all said bye
-    launch/hb/{node}             heartbeat counter (+1 a second)
+    launch/g{G}/lost/{node}      why that node was declared lost (collect() stops waiting for it)
+    launch/hb/{node}             heartbeat counter (+1 per slice)
+    launch/usr1                  SIGUSR1s the agents received (each passes the others' on to its workers)
 
 Rendezvous is decide-then-execute: :func:`assign` is a pure function of the
 joined agents' :class:`AgentInfo` records that returns the

@@ -83,6 +83,7 @@ class _GangLike(Protocol):
     watch_store: Any
     server: Any
     usr1: "UsrOneRelay"
+    conns_at_join: set[int]
 
     @property
     def where(self) -> str: ...
@@ -227,7 +228,7 @@ class Watcher:
                 )
 
     def _run(self) -> None:
-        self._conn_seen.update(getattr(self.gang, "conns_at_join", ()))
+        self._conn_seen.update(self.gang.conns_at_join)
         st = self.gang.watch_store
         assert st is not None, "the watcher starts after the gang connected its watch store"
         abort = key(self.gen, "abort")
