@@ -1,0 +1,77 @@
+"""The mpi backend ("mpi"): procgroup's API and diagnostics over the MPI library that runs the job (mpi4py).
+
+Start the program with ``mpirun``/``mpiexec`` (Open MPI, MPICH) or ``srun --mpi=pmix``/``pmi2`` and call
+``init_process_group("mpi")``.  The rendezvous, the failure records, the roll call and mismatch detection go
+through procgroup's store exactly as on the cpu backend; MPI carries the data: MPI's nonblocking
+collectives where they compute what procgroup computes (:mod:`.engine`), procgroup's own algorithms over
+MPI point-to-point (:mod:`.transport`) for the rest.  mpi4py is imported (which initializes MPI) only when a
+world forms, never when procgroup is imported.  Details: ``docs/mpi.md``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Optional
+
+from ...process_group import World
+from ..base import Backend, WorldSpec, register
+
+__all__ = ["MpiBackend", "INSTALL_HINT"]
+
+INSTALL_HINT = (
+    "pip install 'procgroup[mpi]' (mpi4py) and an MPI library: apt-get install openmpi-bin (or mpich), "
+    "then start the ranks with mpirun/mpiexec or srun --mpi=pmix"
+)
+
+
+def _libmpi_problem() -> Optional[str]:
+    """Why mpi4py cannot load an MPI library here (None when it can, or when that cannot be told without init)."""
+    if "mpi4py.MPI" in sys.modules:
+        return None
+    try:
+        from mpi4py import _mpiabi  # private, mpi4py >= 4: find and dlopen libmpi without initializing MPI
+    except ImportError:
+        return None
+    loader = getattr(_mpiabi, "_get_mpiabi", None)
+    if loader is None:
+        return None
+    try:
+        loader()
+    except (OSError, RuntimeError) as e:
+        return f"mpi4py cannot load an MPI library ({str(e).splitlines()[-1]})"
+    return None
+
+
+class MpiBackend(Backend):
+    """Collectives of the MPI library under mpirun/srun, with procgroup's deadlines and failure reports."""
+
+    names = ("mpi",)
+
+    def __init__(self) -> None:
+        self._reason: Optional[str] = None
+        self._checked = False
+
+    def unavailable_reason(self) -> Optional[str]:
+        """None when mpi4py and an MPI library are installed, else which is missing (checked once)."""
+        if not self._checked:
+            if importlib.util.find_spec("mpi4py") is None:
+                self._reason = "backend='mpi' needs mpi4py, which is not installed"
+            else:
+                why = _libmpi_problem()
+                self._reason = None if why is None else f"backend='mpi': {why}"
+            self._checked = True
+        return self._reason
+
+    def install_hint(self) -> str:
+        """What to install for the mpi backend."""
+        return INSTALL_HINT
+
+    def create_world(self, spec: WorldSpec) -> World:
+        """Rendezvous through ``spec.store``, then build MPI's communicators (see :func:`.world.build_world`)."""
+        from .world import build_world
+
+        return build_world(spec)
+
+
+register(MpiBackend())

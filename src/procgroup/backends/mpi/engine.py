@@ -1,0 +1,392 @@
+"""MPI's own collectives behind procgroup's API: the mpi backend's :class:`CollectiveEngine`.
+
+Each procgroup group gets one MPI communicator whose rank order is the group's (the world's is made at
+init; a subgroup's by ``MPI_Comm_create_group`` on its first collective, after a procgroup barrier over the
+transport, so that creation never waits for a member that is not there).  A collective posts MPI's
+nonblocking form (``Iallreduce``, ``Ibcast``, ``Ireduce``, ``Iallgather``, ``Igather``, ``Iscatter``,
+``Ireduce_scatter_block``, ``Ialltoall(v)``, ``Ibarrier``) and polls it with ``Test`` under the call's
+deadline (:class:`~._waiting.Liveness`: spin, then back off), so the deadline, the watchdog's abort and
+dead peers end a wait as they do on the cpu backend.
+
+What MPI computes differently from procgroup is declined, so that procgroup's own algorithms (over the
+MPI transport) run it and every result equals the cpu backend's:
+
+* reductions of bool, float16 and bfloat16 (MPI has no such reduction types);
+* MIN and MAX of floating types (MPI's C MIN/MAX drop NaN where numpy, hence procgroup, propagates it);
+* anything beyond ``INT_MAX`` bytes or elements (this MPI may lack the large-count calls).
+
+AVG runs as MPI's SUM; the caller divides.  Data movement (broadcast, gathers, scatter, all-to-all) is
+typed as bytes, so every dtype takes MPI's path.  After a collective of a group fails (deadline, dead peer,
+abort) its MPI operation stays pending, so the group's communicator is out of step: later collectives of
+that group raise BrokenError at once.
+
+Point-to-point of the user's API (send/recv/isend/irecv, batch_isend_irecv) goes straight to ``MPI_Isend``
+/ ``MPI_Irecv`` on a communicator of its own, with MPI tag ``gid << TAG_BITS | tag`` when both fit
+(the others take the transport); ``ANY_SOURCE`` is MPI's.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import numpy as np
+
+from ...errors import BrokenError, ProcGroupError
+from ...ops import ReduceOp
+from ...transport.base import ANY_SOURCE, Request, Status
+from ..base import CollectiveEngine
+from ._waiting import Liveness
+
+__all__ = ["MpiEngine", "INT_MAX"]
+
+INT_MAX = (1 << 31) - 1
+
+
+class _P2P(Request):
+    """An MPI point-to-point request as a procgroup Request (Status.source is a global rank)."""
+
+    __slots__ = ("eng", "req", "st", "peer", "nbytes", "recv", "status", "error")
+
+    def __init__(self, eng: "MpiEngine", req: Any, peer: int, nbytes: int, recv: bool) -> None:
+        self.eng = eng
+        self.req = req
+        self.peer = peer
+        self.nbytes = nbytes
+        self.recv = recv
+        self.st: Any = eng.MPI.Status() if recv else None
+        self.status: Optional[Status] = None
+        self.error: Optional[BaseException] = None
+
+    def test(self) -> bool:
+        if self.status is not None or self.error is not None:
+            return True
+        try:
+            done = self.req.Test(self.st)
+        except self.eng.MPI.Exception as e:
+            self.error = self.eng.mpi_error(e, self._what())
+            return True
+        if done:
+            if self.recv:
+                self.status = Status(self.st.Get_source(), self.st.Get_count(self.eng.MPI.BYTE))
+            else:
+                self.status = Status(self.peer, self.nbytes)
+        return done
+
+    def _what(self) -> str:
+        if self.recv:
+            src = "any rank" if self.peer == ANY_SOURCE else f"rank {self.peer}"
+            return f"MPI_Irecv from {src} ({self.nbytes} bytes)"
+        return f"MPI_Isend to rank {self.peer} ({self.nbytes} bytes)"
+
+    def wait(self, deadline: Any = None) -> Status:
+        if not self.test():
+            peers = () if self.peer == ANY_SOURCE else (self.peer,)
+            self.eng.live.wait(self.test, deadline, self._what, peers, self.nbytes)
+        if self.error is not None:
+            raise self.error
+        assert self.status is not None
+        return self.status
+
+
+class MpiEngine(CollectiveEngine):
+    """Collectives on MPI communicators, one per procgroup group (see the module docstring).
+
+    ``world``: a communicator of all ranks in procgroup's rank order (group 0's); ``p2p``: another one for
+    the user's point-to-point; ``transport``: the world's MpiTransport (subgroup formation's barrier).
+    """
+
+    name = "mpi"
+
+    def __init__(self, MPI: Any, world: Any, p2p: Any, live: Liveness, tag_ub: int) -> None:
+        self.MPI = MPI
+        self.live = live
+        self._world = world
+        self._p2p = p2p
+        self._comms: Dict[int, Any] = {0: world}
+        self._broken: Dict[int, str] = {}
+        self._make_lock = threading.Lock()
+        self._plans: Dict[tuple, Optional[Callable[..., None]]] = {}
+        bits = max(15, int(tag_ub).bit_length())  # MPI guarantees TAG_UB >= 32767
+        self.gid_bits = 6 if bits >= 24 else 3
+        self.tag_bits = bits - self.gid_bits
+        self._types = self._type_table(MPI)
+        self._ops = {
+            ReduceOp.SUM: MPI.SUM,
+            ReduceOp.AVG: MPI.SUM,
+            ReduceOp.PRODUCT: MPI.PROD,
+            ReduceOp.MIN: MPI.MIN,
+            ReduceOp.MAX: MPI.MAX,
+            ReduceOp.BAND: MPI.BAND,
+            ReduceOp.BOR: MPI.BOR,
+            ReduceOp.BXOR: MPI.BXOR,
+        }
+
+    @staticmethod
+    def _type_table(MPI: Any) -> Dict[Any, Any]:
+        table = {
+            "int8": MPI.INT8_T,
+            "uint8": MPI.UINT8_T,
+            "int16": MPI.INT16_T,
+            "uint16": MPI.UINT16_T,
+            "int32": MPI.INT32_T,
+            "uint32": MPI.UINT32_T,
+            "int64": MPI.INT64_T,
+            "uint64": MPI.UINT64_T,
+            "float32": MPI.FLOAT,
+            "float64": MPI.DOUBLE,
+            "complex64": MPI.C_FLOAT_COMPLEX,
+            "complex128": MPI.C_DOUBLE_COMPLEX,
+        }
+        return {np.dtype(k): v for k, v in table.items() if v != MPI.DATATYPE_NULL}
+
+    # -- errors ------------------------------------------------------------------------------
+    def mpi_error(self, e: Any, what: str) -> ProcGroupError:
+        """An MPI error (returned, since the error handler is MPI_ERRORS_RETURN) as a procgroup BrokenError."""
+        try:
+            text = e.Get_error_string()
+        except Exception:  # noqa: BLE001 - the code alone still says something
+            text = str(e)
+        return BrokenError(f"rank {self.live.rank}: {what} failed in the MPI library: {text}")
+
+    # -- communicators -------------------------------------------------------------------------
+    def _comm(self, g: Any, c: Any) -> Any:
+        comm = self._comms.get(g.gid)
+        if comm is not None:
+            return comm
+        why = self._broken.get(g.gid)
+        if why is not None:
+            raise BrokenError(why)
+        from ...algorithms import barrier
+
+        barrier(c)  # every member is here (under the deadline) before the blocking MPI_Comm_create_group
+        with self._make_lock:
+            comm = self._comms.get(g.gid)
+            if comm is None:
+                grp = self._world.Get_group()
+                sub = grp.Incl(list(g.ranks))
+                try:
+                    comm = self._world.Create_group(sub, g.gid)
+                finally:
+                    sub.Free()
+                    grp.Free()
+                comm.Set_errhandler(self.MPI.ERRORS_RETURN)
+                self._comms[g.gid] = comm
+        return comm
+
+    def _run(self, g: Any, c: Any, post: Callable[[Any], Any], what: str, nbytes: int) -> None:
+        """Post an MPI nonblocking collective on ``g``'s communicator and wait for it under ``c.deadline``."""
+        comm = self._comms.get(g.gid)
+        if comm is None:
+            comm = self._comm(g, c)
+        try:
+            req = post(comm)
+            if req.Test():
+                return
+            self.live.wait(req.Test, c.deadline, lambda: what, g.ranks, nbytes)
+        except self.MPI.Exception as e:
+            self._poison(g, f"{what} failed in the MPI library")
+            raise self.mpi_error(e, what) from None
+        except ProcGroupError as e:
+            self._poison(g, f"an earlier collective of this group ({what}) ended with {type(e).__name__}")
+            raise
+
+    def _poison(self, g: Any, why: str) -> None:
+        self._comms.pop(g.gid, None)  # its pending operation may still complete; the communicator is not freed
+        self._broken[g.gid] = (
+            f"group {g.name}: {why}, so MPI's communicator of the group is out of step; destroy the group "
+            "(or the job) and create it again"
+        )
+
+    # -- plans ---------------------------------------------------------------------------------
+    def _reduction(self, dtype: Any, op: Any) -> Optional[tuple]:
+        if isinstance(dtype, str):
+            return None  # bfloat16
+        t = self._types.get(dtype)
+        if t is None:
+            return None  # bool, float16, ...
+        if op in (ReduceOp.MIN, ReduceOp.MAX) and dtype.kind in "fc":
+            return None  # NaN semantics differ
+        mop = self._ops.get(op)
+        return None if mop is None else (t, mop)
+
+    def all_reduce(self, group: Any, dtype: Any, op: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Iallreduce`` in place, or None for what MPI computes differently (see the module)."""
+        key = ("ar", group.gid, dtype, op)
+        try:
+            return self._plans[key]
+        except KeyError:
+            pass
+        tm = self._reduction(dtype, op)
+        plan: Optional[Callable[..., None]] = None
+        if tm is not None:
+            t, mop = tm
+            IN_PLACE = self.MPI.IN_PLACE
+            run = self._run
+
+            def plan(c: Any, buf: np.ndarray) -> None:
+                if buf.size > INT_MAX:
+                    raise _too_big("all_reduce", buf.size)
+                run(group, c, lambda m: m.Iallreduce(IN_PLACE, [buf, t], mop), "MPI_Iallreduce", buf.nbytes)
+
+        self._plans[key] = plan
+        return plan
+
+    def reduce(self, group: Any, dtype: Any, op: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Ireduce`` (in place at the root), or None."""
+        tm = self._reduction(dtype, op)
+        if tm is None:
+            return None
+        t, mop = tm
+        MPI = self.MPI
+
+        def plan(c: Any, buf: np.ndarray, root: int) -> None:
+            if buf.size > INT_MAX:
+                raise _too_big("reduce", buf.size)
+            if c.rank == root:
+                post = lambda m: m.Ireduce(MPI.IN_PLACE, [buf, t], mop, root)  # noqa: E731
+            else:
+                post = lambda m: m.Ireduce([buf, t], None, mop, root)  # noqa: E731
+            self._run(group, c, post, "MPI_Ireduce", buf.nbytes)
+
+        return plan
+
+    def reduce_scatter(self, group: Any, dtype: Any, op: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Ireduce_scatter_block``, or None."""
+        tm = self._reduction(dtype, op)
+        if tm is None:
+            return None
+        t, mop = tm
+
+        def plan(c: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+            if sendbuf.size > INT_MAX:
+                raise _too_big("reduce_scatter", sendbuf.size)
+            post = lambda m: m.Ireduce_scatter_block([sendbuf, t], [recvbuf, t], mop)  # noqa: E731
+            self._run(group, c, post, "MPI_Ireduce_scatter_block", sendbuf.nbytes)
+
+        return plan
+
+    def broadcast(self, group: Any, dtype: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Ibcast`` of the bytes."""
+        BYTE = self.MPI.BYTE
+
+        def plan(c: Any, buf: np.ndarray, root: int) -> None:
+            _fits("broadcast", buf.nbytes)
+            self._run(group, c, lambda m: m.Ibcast([buf, BYTE], root), "MPI_Ibcast", buf.nbytes)
+
+        return plan
+
+    def all_gather(self, group: Any, dtype: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Iallgather`` of the bytes."""
+        BYTE = self.MPI.BYTE
+
+        def plan(c: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+            _fits("all_gather", recvbuf.nbytes)
+            post = lambda m: m.Iallgather([sendbuf, BYTE], [recvbuf, BYTE])  # noqa: E731
+            self._run(group, c, post, "MPI_Iallgather", recvbuf.nbytes)
+
+        return plan
+
+    def gather(self, group: Any, dtype: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Igather`` of the bytes."""
+        BYTE = self.MPI.BYTE
+
+        def plan(c: Any, sendbuf: np.ndarray, recvbuf: Optional[np.ndarray], root: int) -> None:
+            _fits("gather", sendbuf.nbytes * c.size)
+            rb = [recvbuf, BYTE] if c.rank == root else None
+            post = lambda m: m.Igather([sendbuf, BYTE], rb, root)  # noqa: E731
+            self._run(group, c, post, "MPI_Igather", sendbuf.nbytes)
+
+        return plan
+
+    def scatter(self, group: Any, dtype: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Iscatter`` of the bytes."""
+        BYTE = self.MPI.BYTE
+
+        def plan(c: Any, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray, root: int) -> None:
+            _fits("scatter", recvbuf.nbytes * c.size)
+            sb = [sendbuf, BYTE] if c.rank == root else None
+            post = lambda m: m.Iscatter(sb, [recvbuf, BYTE], root)  # noqa: E731
+            self._run(group, c, post, "MPI_Iscatter", recvbuf.nbytes)
+
+        return plan
+
+    def all_to_all(self, group: Any, dtype: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Ialltoall`` (equal blocks) or ``MPI_Ialltoallv``, of the bytes."""
+        BYTE = self.MPI.BYTE
+
+        def plan(
+            c: Any, sendbuf: np.ndarray, scounts: Sequence[int], recvbuf: np.ndarray, rcounts: Sequence[int]
+        ) -> None:
+            _fits("all_to_all", max(sendbuf.nbytes, recvbuf.nbytes))
+            item = sendbuf.itemsize
+            if len(set(scounts)) <= 1 and list(scounts) == list(rcounts):
+                post = lambda m: m.Ialltoall([sendbuf, BYTE], [recvbuf, BYTE])  # noqa: E731
+                self._run(group, c, post, "MPI_Ialltoall", sendbuf.nbytes)
+                return
+            sc = [k * item for k in scounts]
+            rc = [k * item for k in rcounts]
+            sd = [int(x) for x in np.cumsum([0] + sc[:-1])]
+            rd = [int(x) for x in np.cumsum([0] + rc[:-1])]
+            post = lambda m: m.Ialltoallv([sendbuf, (sc, sd), BYTE], [recvbuf, (rc, rd), BYTE])  # noqa: E731
+            self._run(group, c, post, "MPI_Ialltoallv", sendbuf.nbytes)
+
+        return plan
+
+    def barrier(self, group: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Ibarrier``."""
+
+        def plan(c: Any) -> None:
+            self._run(group, c, lambda m: m.Ibarrier(), "MPI_Ibarrier", 0)
+
+        return plan
+
+    # -- point-to-point ------------------------------------------------------------------------
+    def _tag(self, group: Any, tag: int) -> int:
+        if group.gid >> self.gid_bits or tag >> self.tag_bits:
+            return -1
+        return (group.gid << self.tag_bits) | tag
+
+    def isend(self, group: Any, dst: int, tag: int, buf: Any) -> Optional[Request]:
+        """``MPI_Isend`` on the point-to-point communicator, or None when the (group, tag) does not fit."""
+        mtag = self._tag(group, tag)
+        if mtag < 0:
+            return None
+        self.live.check((dst,), f"send to rank {dst}")
+        try:
+            req = self._p2p.Isend([buf, self.MPI.BYTE], dst, mtag)
+        except self.MPI.Exception as e:
+            raise self.mpi_error(e, f"MPI_Isend to rank {dst}") from None
+        return _P2P(self, req, dst, buf.nbytes, False)
+
+    def irecv(self, group: Any, src: int, tag: int, out: Any) -> Optional[Request]:
+        """``MPI_Irecv`` (``MPI_ANY_SOURCE`` for ANY_SOURCE), or None when the (group, tag) does not fit."""
+        mtag = self._tag(group, tag)
+        if mtag < 0:
+            return None
+        self.live.check((), f"recv from rank {src}")
+        source = self.MPI.ANY_SOURCE if src == ANY_SOURCE else src
+        try:
+            req = self._p2p.Irecv([out, self.MPI.BYTE], source, mtag)
+        except self.MPI.Exception as e:
+            raise self.mpi_error(e, f"MPI_Irecv from rank {src}") from None
+        return _P2P(self, req, src, out.nbytes, True)
+
+    def close(self) -> None:
+        """Forget the communicators (they are released by MPI_Finalize; freeing one may wait for peers)."""
+        self._comms.clear()
+        self._plans.clear()
+
+
+def _fits(op: str, nbytes: int) -> None:
+    if nbytes > INT_MAX:
+        raise _too_big(op, nbytes)
+
+
+def _too_big(op: str, count: int) -> ProcGroupError:
+    from ...errors import ConfigError
+
+    return ConfigError(
+        f"{op}: {count} elements/bytes exceed MPI's int count limit ({INT_MAX}); split the tensor into smaller "
+        "calls, or use backend='cpu'"
+    )
