@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import sys
+import time
 import traceback
 from typing import Any, Callable
 
@@ -117,9 +118,11 @@ def build_world(spec: WorldSpec) -> World:
         timeout=spec.timeout,
     )
     world.engine = engine
+    raised: list = []
+    world.on_close.append(lambda: _exit_after_failure(MPI, live, store, ident.world_size, raised))
     world.on_close.append(transport.close)
     world.on_close.append(engine.close)
-    world.on_close.append(_install_excepthook(store, ident.rank, ident.world_size, me.hostname))
+    world.on_close.append(_install_excepthook(store, ident.rank, ident.world_size, me.hostname, raised))
     logger.info(
         "rank %d/%d formed the mpi group at %s in %.2fs (%s)",
         ident.rank,
@@ -131,7 +134,35 @@ def build_world(spec: WorldSpec) -> World:
     return world
 
 
-def _install_excepthook(store: Any, rank: int, size: int, host: str) -> Callable[[], None]:
+#: seconds a failed job's rank waits, at close, for the other survivors to leave (they print their errors)
+EXIT_GRACE_S = 3.0
+
+
+def _exit_after_failure(MPI: Any, live: Liveness, store: Any, size: int, raised: list) -> None:
+    """After a failure, end the process with MPI_Abort at exit instead of MPI_Finalize.
+
+    MPI_Finalize may wait for a dead peer or a collective that can no longer complete, so a rank that saw
+    a peer fail (or a mismatch), or raised itself, asks mpi4py to call MPI_Abort at exit: the launcher then
+    ends the whole job and nothing hangs.  First it waits (at most EXIT_GRACE_S) until the other live ranks
+    have left the group, so that their own error reports get printed.
+    """
+    if live.aborted is None and not live.failed and not raised:
+        return
+    deadline = Deadline.after(EXIT_GRACE_S)
+    want = size - len(live.failed)
+    while not deadline.expired():
+        try:
+            if int(store.add("left", 0)) >= want:
+                break
+        except Exception:  # noqa: BLE001 - the store went away with its host: nobody left to wait for
+            break
+        time.sleep(0.05)
+    set_abort = getattr(MPI, "_set_abort_status", None)  # mpi4py >= 3.1 (what `python -m mpi4py` uses)
+    if set_abort is not None:
+        set_abort(1)
+
+
+def _install_excepthook(store: Any, rank: int, size: int, host: str, raised: list) -> Callable[[], None]:
     """Record an unhandled exception of this rank in the store, so that the others raise naming it.
 
     Under plain mpirun a raising rank would otherwise leave its peers blocked in the collective it never
@@ -143,6 +174,7 @@ def _install_excepthook(store: Any, rank: int, size: int, host: str) -> Callable
     previous = sys.excepthook
 
     def hook(tp: Any, value: Any, tb: Any) -> None:
+        raised.append(tp)
         if not isinstance(value, (KeyboardInterrupt, SystemExit)):
             text = "".join(traceback.format_exception_only(tp, value)).strip()
             if not (isinstance(value, PeerFailureError) and value.peer not in (None, rank)):

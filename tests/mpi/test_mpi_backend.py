@@ -1,0 +1,108 @@
+"""backend="mpi" under real MPI launchers: the cpu backend's reference suite, what MPI lacks, faults.
+
+Every test starts its ranks with Open MPI's ``mpirun`` and (where parametrized by ``flavour``) with MPICH's
+``mpiexec``; each checks the exit status, every rank's report, and that nothing was left running.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ..infra.launch import Launch
+
+
+def _ok(r: Launch, n: int, pattern: str) -> None:
+    ctx = r.report()
+    assert not r.timed_out, f"timed out\n{ctx}"
+    assert r.returncode == 0, ctx
+    assert not r.leftovers, f"left behind\n{ctx}"
+    for rank in range(n):
+        assert re.search(pattern.format(rank=rank), r.stdout), f"rank {rank} did not report\n{ctx}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("ws", [1, 2, 3, 4])
+def test_reference_collectives(flavour, ws):
+    """Every collective x every root x 8 dtypes x sizes 0, 1, 7, 1000 (tests/integration/workers.py)."""
+    r = flavour.run(ws, "collectives", timeout=280)
+    _ok(r, ws, r"rank {rank}: \d+ checks passed")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("ws", [2, 3])
+def test_what_mpi_lacks_matches_the_cpu_kernels(flavour, ws):
+    """AVG, bfloat16, float16, bool, NaN under MAX, PRODUCT/BAND/BOR, in the world and a subgroup; big p2p tags."""
+    r = flavour.run(ws, "extras", timeout=280)
+    _ok(r, ws, r"rank {rank}: \d+ extra checks passed")
+
+
+@pytest.mark.timeout(240)
+def test_64_mib(flavour):
+    r = flavour.run(2, "big", "64", timeout=220)
+    _ok(r, 2, r"rank {rank}: big ok")
+
+
+@pytest.mark.timeout(180)
+def test_p2p_any_source_and_objects(flavour):
+    r = flavour.run(4, "p2p", timeout=160)
+    _ok(r, 0, "")
+
+
+@pytest.mark.timeout(180)
+def test_subgroups(flavour):
+    r = flavour.run(4, "subgroups", timeout=160)
+    _ok(r, 4, r"rank {rank}: subgroups ok")
+
+
+@pytest.mark.timeout(120)
+def test_waiting_rank_does_not_burn_a_core(ompi):
+    r = ompi.run(3, "idle_wait", "2", timeout=100)
+    _ok(r, 3, r"rank {rank}: waited")
+    for m in re.finditer(r"rank (\d+): waited ([\d.]+)s cpu ([\d.]+)s", r.stdout):
+        if m.group(1) != "0":
+            waited, cpu = float(m.group(2)), float(m.group(3))
+            assert waited > 1.5 and cpu < 0.1 * waited, r.report()
+
+
+def _survivors(r: Launch, victim: int, n: int) -> list:
+    lines = re.findall(r"survivor (\d+): ([\d.]+)s (\w+): (.*)", r.stdout)
+    assert not r.timed_out and not r.leftovers, r.report()
+    assert sorted(int(s) for s, *_ in lines) == [q for q in range(n) if q != victim], r.report()
+    for _s, secs, kind, msg in lines:
+        assert kind == "PeerFailureError" and f"rank {victim}" in msg, r.report()
+        assert float(secs) < 20.0, r.report()  # the deadline of kill_mid's init is 20 s: named well before
+    return lines
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_mid_all_reduce_names_the_rank(ompi):
+    """SIGKILL one rank while an all_reduce is posted: the others raise naming it; nothing is left running.
+
+    ``--enable-recovery`` keeps Open MPI's mpirun from killing the survivors itself when the victim dies,
+    so the test sees procgroup's own detection (the victim's pid, watched by every waiting rank).
+    """
+    r = ompi.run(3, "kill_mid", "1", timeout=100, mpi_args=("--enable-recovery",))
+    _survivors(r, 1, 3)
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_under_plain_mpirun_leaves_nothing(flavour):
+    """Plain mpirun/mpiexec: the launcher ends the job when a rank is killed; nothing hangs or stays."""
+    r = flavour.run(3, "kill_mid", "1", timeout=100)
+    assert not r.timed_out and not r.leftovers, r.report()
+    assert r.returncode != 0, r.report()
+
+
+@pytest.mark.timeout(120)
+def test_raising_rank_under_plain_mpirun(flavour):
+    """A rank raises (no wrapper, no Abort): the others raise naming it within a second or two."""
+    r = flavour.run(3, "raise_mid", "1", timeout=100)
+    assert "the victim's own bug" in r.stderr, r.report()
+    lines = re.findall(r"survivor (\d+): ([\d.]+)s (\w+): (.*)", r.stdout)
+    assert not r.timed_out and not r.leftovers, r.report()
+    # the launcher may end the job as soon as the victim exits non-zero; every survivor that reported named it
+    for _s, secs, kind, msg in lines:
+        assert kind == "PeerFailureError" and "rank 1 raised RuntimeError" in msg, r.report()
+        assert float(secs) < 10.0, r.report()
