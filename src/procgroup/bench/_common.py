@@ -22,6 +22,8 @@ def worker_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--max-bytes", default="64M")
     p.add_argument("--iters", default="auto")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any one collective may take")
+    p.add_argument("--backend", default="cpu", help="procgroup's backend (procgroup's worker only): cpu or mpi")
+    p.add_argument("--name", default="procgroup", help="the system name its records carry (procgroup's worker only)")
     p.add_argument(
         "--profile",
         default=None,
