@@ -106,3 +106,14 @@ def test_raising_rank_under_plain_mpirun(flavour):
     for _s, secs, kind, msg in lines:
         assert kind == "PeerFailureError" and "rank 1 raised RuntimeError" in msg, r.report()
         assert float(secs) < 10.0, r.report()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["op", "dtype", "shape", "root"])
+def test_mismatch_raises_on_every_member(flavour, kind):
+    """Different collectives at the same point: CollectiveMismatchError on both ranks at once, never garbage."""
+    r = flavour.run(2, "mismatch", kind, timeout=100)
+    assert not r.timed_out and not r.leftovers, r.report()
+    got = re.findall(r"rank (\d+): mismatch after ([\d.]+)s", r.stdout)
+    assert sorted(int(q) for q, _ in got) == [0, 1], r.report()
+    assert all(float(t) < 5.0 for _, t in got), r.report()
