@@ -94,3 +94,7 @@ def ompi() -> Flavour:
     if f is None:
         pytest.skip("Open MPI's mpirun not found: apt-get install openmpi-bin")
     return f
+
+
+# the network-namespace hosts of tests/infra (h1..h3, each name resolving to 127.0.1.1 on its own host)
+from ..infra.conftest import infra_guard, netns_hosts  # noqa: E402,F401 - fixtures for test_mpi_multihost.py
