@@ -15,10 +15,11 @@ MPI transport) run it and every result equals the cpu backend's:
 * MIN and MAX of floating types (MPI's C MIN/MAX drop NaN where numpy, hence procgroup, propagates it);
 * anything beyond ``INT_MAX`` bytes or elements (this MPI may lack the large-count calls).
 
-AVG runs as MPI's SUM; the caller divides.  Data movement (broadcast, gathers, scatter, all-to-all) is
-typed as bytes, so every dtype takes MPI's path.  After a collective of a group fails (deadline, dead peer,
-abort) its MPI operation stays pending, so the group's communicator is out of step: later collectives of
-that group raise BrokenError at once.
+all_reduce of :data:`LARGE_ALL_REDUCE` bytes or more also runs procgroup's algorithm over the transport,
+because it is faster there.  AVG runs as MPI's SUM; the caller divides.  Data movement (broadcast,
+gathers, scatter, all-to-all) is typed as bytes, so every dtype takes MPI's path.  After a collective of
+a group fails (deadline, dead peer, abort) its MPI operation stays pending, so the group's communicator
+is out of step: later collectives of that group raise BrokenError at once.
 
 Point-to-point of the user's API (send/recv/isend/irecv, batch_isend_irecv) goes straight to ``MPI_Isend``
 / ``MPI_Irecv`` on a communicator of its own, with MPI tag ``gid << TAG_BITS | tag`` when both fit
@@ -32,15 +33,20 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 
+from ... import algorithms
 from ...errors import BrokenError, CollectiveMismatchError, ProcGroupError
-from ...ops import ReduceOp
+from ...ops import ReduceOp, reducer
 from ...transport.base import ANY_SOURCE, Request, Status
 from ..base import CollectiveEngine
 from ._waiting import Liveness
 
-__all__ = ["MpiEngine", "INT_MAX"]
+__all__ = ["MpiEngine", "INT_MAX", "LARGE_ALL_REDUCE"]
 
 INT_MAX = (1 << 31) - 1
+#: all_reduce of at least this many bytes runs procgroup's own algorithm over the MPI transport: Open MPI's
+#: MPI_Iallreduce (libnbc) is 2-4x slower than its blocking MPI_Allreduce at large sizes, and procgroup's
+#: ring / reduce-scatter over MPI point-to-point beats both (docs/mpi.md, benchmarks/results/mpi/)
+LARGE_ALL_REDUCE = 2 << 20
 
 
 class _P2P(Request):
@@ -270,11 +276,14 @@ class MpiEngine(CollectiveEngine):
             t, mop = tm
             IN_PLACE = self.MPI.IN_PLACE
             run = self._run
+            kern = reducer(op, dtype)
 
             def plan(c: Any, buf: np.ndarray) -> None:
-                if buf.size > INT_MAX:
-                    raise _too_big("all_reduce", buf.size)
-                run(group, c, lambda m: m.Iallreduce(IN_PLACE, [buf, t], mop), "MPI_Iallreduce", buf.nbytes)
+                nbytes = buf.nbytes
+                if nbytes >= LARGE_ALL_REDUCE:
+                    algorithms.all_reduce(c, buf, kern)  # over the MPI transport: faster than MPI's here
+                    return
+                run(group, c, lambda m: m.Iallreduce(IN_PLACE, [buf, t], mop), "MPI_Iallreduce", nbytes)
 
         self._plans[key] = plan
         return plan
