@@ -73,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=2, help="world size: processes on this machine (default 2)")
     p.add_argument("--ops", default=None, help=f"comma-separated subset of {','.join(OPS)} (default all)")
     p.add_argument("--min-bytes", default=str(DEFAULT_MIN_BYTES), help="smallest size, e.g. 4, 1K (default 4)")
+    p.add_argument(
+        "--sizes",
+        default=None,
+        help="only these sizes of the series 4, 16, 64, ..., e.g. 4,64K,1M,64M (overrides the range)",
+    )
     p.add_argument("--max-bytes", default=fmt_size(DEFAULT_MAX_BYTES), help="largest size, e.g. 1K, 64M (default 64M)")
     p.add_argument(
         "--iters",
@@ -562,6 +567,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "cpu" in compare and ns.backend == "cpu":
         p.error("--compare cpu compares the cpu backend with another one: pass --backend mpi too")
     sizes = sizes_between(lo, hi)
+    if ns.sizes:
+        try:
+            sizes = sorted({parse_size(x) for x in ns.sizes.split(",") if x.strip()})
+        except ValueError as e:
+            p.error(f"--sizes: {e}")
+        series = sizes_between(4, max(sizes))
+        if any(x not in series for x in sizes):
+            p.error(f"--sizes: every size must be one of the series 4, 16, 64, ... (got {ns.sizes})")
     sweep = ns.sweep or ns.ops is not None or not (ns.startup or ns.store_clients)
     if sweep and not sizes and any(o != "barrier" for o in ops):
         p.error(f"no size of the series 4, 16, 64, ... lies in [{lo}, {hi}]")
@@ -623,6 +636,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         ",".join(group),
                         "--min-bytes",
                         str(lo),
+                        *(["--sizes", ",".join(map(str, sizes))] if ns.sizes else []),
                         "--max-bytes",
                         str(hi),
                         "--iters",

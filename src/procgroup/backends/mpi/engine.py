@@ -15,7 +15,7 @@ MPI transport) run it and every result equals the cpu backend's:
 * MIN and MAX of floating types (MPI's C MIN/MAX drop NaN where numpy, hence procgroup, propagates it);
 * anything beyond ``INT_MAX`` bytes or elements (this MPI may lack the large-count calls).
 
-all_reduce of :data:`LARGE_ALL_REDUCE` bytes or more also runs procgroup's algorithm over the transport,
+all_reduce and reduce of :data:`LARGE_ALL_REDUCE` bytes or more also run procgroup's algorithm over the transport,
 because it is faster there.  AVG runs as MPI's SUM; the caller divides.  Data movement (broadcast,
 gathers, scatter, all-to-all) is typed as bytes, so every dtype takes MPI's path.  After a collective of
 a group fails (deadline, dead peer, abort) its MPI operation stays pending, so the group's communicator
@@ -43,9 +43,9 @@ from ._waiting import Liveness
 __all__ = ["MpiEngine", "INT_MAX", "LARGE_ALL_REDUCE"]
 
 INT_MAX = (1 << 31) - 1
-#: all_reduce of at least this many bytes runs procgroup's own algorithm over the MPI transport: Open MPI's
-#: MPI_Iallreduce (libnbc) is 2-4x slower than its blocking MPI_Allreduce at large sizes, and procgroup's
-#: ring / reduce-scatter over MPI point-to-point beats both (docs/mpi.md, benchmarks/results/mpi/)
+#: all_reduce and reduce of at least this many bytes run procgroup's own algorithms over the MPI transport:
+#: Open MPI's MPI_Iallreduce/MPI_Ireduce (libnbc) are 2-4x slower than its blocking forms at large sizes, and
+#: procgroup's ring / reduce-scatter over MPI point-to-point beats both (docs/mpi.md, benchmarks/results/mpi/)
 LARGE_ALL_REDUCE = 2 << 20
 
 
@@ -289,22 +289,31 @@ class MpiEngine(CollectiveEngine):
         return plan
 
     def reduce(self, group: Any, dtype: Any, op: Any) -> Optional[Callable[..., None]]:
-        """``MPI_Ireduce`` (in place at the root), or None."""
+        """``MPI_Ireduce`` (in place at the root), procgroup's algorithm from LARGE_ALL_REDUCE bytes, or None."""
+        key = ("rd", group.gid, dtype, op)
+        try:
+            return self._plans[key]
+        except KeyError:
+            pass
         tm = self._reduction(dtype, op)
-        if tm is None:
-            return None
-        t, mop = tm
-        MPI = self.MPI
+        plan: Optional[Callable[..., None]] = None
+        if tm is not None:
+            t, mop = tm
+            IN_PLACE = self.MPI.IN_PLACE
+            run = self._run
+            kern = reducer(op, dtype)
 
-        def plan(c: Any, buf: np.ndarray, root: int) -> None:
-            if buf.size > INT_MAX:
-                raise _too_big("reduce", buf.size)
-            if c.rank == root:
-                post = lambda m: m.Ireduce(MPI.IN_PLACE, [buf, t], mop, root)  # noqa: E731
-            else:
-                post = lambda m: m.Ireduce([buf, t], None, mop, root)  # noqa: E731
-            self._run(group, c, post, "MPI_Ireduce", buf.nbytes)
+            def plan(c: Any, buf: np.ndarray, root: int) -> None:
+                nbytes = buf.nbytes
+                if nbytes >= LARGE_ALL_REDUCE:
+                    algorithms.reduce(c, buf, kern, root)  # as for all_reduce: faster than MPI_Ireduce here
+                    return
+                if c.rank == root:
+                    run(group, c, lambda m: m.Ireduce(IN_PLACE, [buf, t], mop, root), "MPI_Ireduce", nbytes)
+                else:
+                    run(group, c, lambda m: m.Ireduce([buf, t], None, mop, root), "MPI_Ireduce", nbytes)
 
+        self._plans[key] = plan
         return plan
 
     def reduce_scatter(self, group: Any, dtype: Any, op: Any) -> Optional[Callable[..., None]]:
