@@ -30,6 +30,14 @@ def test_reference_collectives(flavour, ws):
     _ok(r, ws, r"rank {rank}: \d+ checks passed")
 
 
+@pytest.mark.timeout(240)
+def test_transport_conformance(flavour):
+    """The Transport semantics of tests/unit/test_transport_conformance.py, one MPI process per rank."""
+    r = flavour.run(3, "transport_conformance", timeout=220)
+    _ok(r, 3, r"rank {rank}: transport conformance ok")
+    assert "rank 2: mark_peer_failed ok" in r.stdout and "rank 1: close ok" in r.stdout, r.report()
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("ws", [2, 3])
 def test_what_mpi_lacks_matches_the_cpu_kernels(flavour, ws):

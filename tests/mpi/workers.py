@@ -181,6 +181,200 @@ def raise_mid(victim: str = "1") -> None:
         sys.exit(7)
 
 
+def transport_conformance() -> None:
+    """The Transport semantics (tests/unit/test_transport_conformance.py), SPMD over the MPI transport.
+
+    That suite runs ranks as threads of one process, which MPI cannot; the same cases run here with one
+    MPI process per rank (3 or more), each against the world's MpiTransport.
+    """
+    import threading
+
+    from procgroup.deadline import Deadline
+    from procgroup.errors import ClosedError, DistTimeoutError, PeerFailureError, ProcGroupError
+    from procgroup.state import _state
+    from procgroup.transport.base import ANY_SOURCE
+
+    dist.init_process_group(timeout=60)
+    t = _state.default.world.transport
+    r, ws = t.rank, t.world_size
+    ref.check(t.kind == "mpi" and ws >= 3, f"transport {t.kind} at world size {ws}")
+
+    def dl(s: float = 30.0) -> Deadline:
+        return Deadline.after(s)
+
+    def sync() -> None:
+        dist.barrier()
+
+    tag = 77
+    # send/recv, every size around the eager limit and the 64 MiB case
+    for size in (0, 1, 3, 4095, 16 << 10, (16 << 10) + 1, 65537, (1 << 20) + 13, 64 << 20):
+        data = (np.arange(size) % 251).astype(np.uint8)
+        if r == 0:
+            t.send(1, tag, data, dl())
+        elif r == 1:
+            out = np.zeros(size + 7, np.uint8)
+            st = t.recv(0, tag, out, dl())
+            ref.check(st.source == 0 and st.nbytes == size and np.array_equal(out[:size], data), f"size {size}")
+    sync()
+    # non-overtaking, receives posted first and messages arriving first, eager and large mixed
+    for post_first in (True, False):
+        n = 40
+        sizes = [100 + i if i % 5 else (20 << 10) + i for i in range(n)]
+        if r == 1:
+            outs = [np.zeros(sizes[i] + 10, np.uint8) for i in range(n)]
+            if not post_first:
+                time.sleep(0.2)
+            reqs = [t.irecv(0, tag, o) for o in outs]
+            if post_first:
+                sync()
+            got = [(q.wait(dl()).nbytes, int(o[0])) for q, o in zip(reqs, outs)]
+            ref.check(got == [(sizes[i], i) for i in range(n)], f"non-overtaking post_first={post_first}")
+        else:
+            if post_first:
+                sync()
+            if r == 0:
+                reqs = [t.isend(1, tag, np.full(sizes[i], i, np.uint8)) for i in range(n)]
+                for q in reqs:
+                    q.wait(dl())
+        sync()
+    # tags are independent: B arrives although a large A was sent first and is received second
+    big = (np.arange(6 << 20) % 253).astype(np.uint8)
+    if r == 0:
+        ra, rb = t.isend(1, 1, big), t.isend(1, 2, b"B")
+        rb.wait(dl())
+        ra.wait(dl())
+    elif r == 1:
+        ob = bytearray(1)
+        t.recv(0, 2, ob, dl())
+        oa = np.zeros_like(big)
+        t.recv(0, 1, oa, dl())
+        ref.check(bytes(ob) == b"B" and np.array_equal(oa, big), "tags independent")
+    sync()
+    # any source returns the sender; it includes self
+    mine = t.isend(0, tag, np.full(8, r, np.uint8))
+    if r == 0:
+        got = []
+        for _ in range(ws):
+            out = np.zeros(8, np.uint8)
+            st = t.recv(ANY_SOURCE, tag, out, dl())
+            ref.check(bool((out == st.source).all()), "any-source payload")
+            got.append(st.source)
+        ref.check(sorted(got) == list(range(ws)), f"any-source senders {got}")
+    mine.wait(dl())
+    sync()
+    # a message too big for the buffer is an error naming both sizes, and is consumed (eager and large)
+    for size in (100, 100 << 10):
+        if r == 0:
+            t.send(1, tag, b"x" * size, dl())
+            t.send(1, tag, b"ok", dl())
+        elif r == 1:
+            try:
+                t.recv(0, tag, bytearray(10), dl())
+                ref.check(False, "oversize message accepted")
+            except DistTimeoutError:
+                ref.check(False, "oversize message timed out")
+            except ProcGroupError as e:
+                ref.check(str(size) in str(e) and "10" in str(e), f"oversize message error: {e}")
+            out = bytearray(10)
+            st = t.recv(0, tag, out, dl())
+            ref.check(bytes(out[: st.nbytes]) == b"ok", "transport works after an oversize message")
+        sync()
+    # timeout, then wait again
+    if r == 1:
+        out = bytearray(4)
+        req = t.irecv(0, tag, out)
+        t0 = time.monotonic()
+        try:
+            req.wait(Deadline.after(0.2))
+            ref.check(False, "no timeout")
+        except DistTimeoutError as e:
+            ref.check(0.15 <= time.monotonic() - t0 < 5 and "rank 0" in str(e), f"timeout: {e}")
+        ref.check(not req.test(), "still pending")
+        sync()
+        st = req.wait(dl())
+        ref.check(st.source == 0 and bytes(out) == b"late" and req.wait() == st, "late message")
+    else:
+        sync()
+        if r == 0:
+            t.send(1, tag, b"late", dl())
+    sync()
+    # self send (unexpected and posted), polling with test()
+    out = bytearray(6)
+    t.send(r, tag, b"before", dl())
+    ref.check(t.recv(r, tag, out, dl()).source == r and bytes(out) == b"before", "self send")
+    req = t.irecv(r, tag, out)
+    t.isend(r, tag, b"after!").wait(dl())
+    ref.check(req.wait(dl()).nbytes == 6 and bytes(out) == b"after!", "self send posted")
+    # two threads of one rank wait at once
+    if r in (0, 1):
+        peer = 1 - r
+        res: list = []
+
+        def side(k: int) -> None:
+            o = bytearray(1)
+            t.recv(peer, 1000 + k, o, dl())
+            res.append(o[0])
+
+        ths = [threading.Thread(target=side, args=(k,)) for k in range(2)]
+        for th in ths:
+            th.start()
+        for k in (1, 0):
+            t.send(peer, 1000 + k, bytes([k]), dl())
+        for th in ths:
+            th.join(30)
+        ref.check(sorted(res) == [0, 1], f"two threads {res}")
+    sync()
+    print(f"rank {r}: transport conformance ok", flush=True)
+    # the last two cases change the world for good (a peer marked dead, a closed transport): no collective after
+    # mark_peer_failed: receives from it (and any-source ones) fail, sends to it fail
+    if r == 2:
+        req = t.irecv(0, 4242, bytearray(4))
+        anyreq = t.irecv(ANY_SOURCE, 4243, bytearray(4))
+        t.mark_peer_failed(0, "declared dead by the test")
+        for q in (req, anyreq):
+            try:
+                q.wait(dl(5))
+                ref.check(False, "no peer failure")
+            except PeerFailureError as e:
+                ref.check(e.peer == 0 and "declared dead by the test" in str(e), f"peer failure: {e}")
+        try:
+            t.isend(0, tag, b"x").wait(dl(5))
+            ref.check(False, "send to a failed peer")
+        except PeerFailureError:
+            pass
+        print(f"rank {r}: mark_peer_failed ok", flush=True)
+    # close fails pending waits (rank 1, at the very end: its transport is gone afterwards)
+    if r == 1:
+        req = t.irecv(0, 999, bytearray(4))
+        errs: list = []
+
+        def waiter() -> None:
+            try:
+                req.wait(dl(10))
+            except BaseException as e:  # noqa: BLE001
+                errs.append(e)
+
+        th = threading.Thread(target=waiter)
+        th.start()
+        time.sleep(0.1)
+        t.close()
+        th.join(10)
+        ref.check(len(errs) == 1 and isinstance(errs[0], ClosedError), f"close: {errs}")
+        for fn in (lambda: t.isend(0, tag, b"x"), lambda: t.irecv(0, tag, bytearray(1))):
+            try:
+                fn()
+                ref.check(False, "usable after close")
+            except ClosedError:
+                pass
+        t.close()
+        print(f"rank {r}: close ok", flush=True)
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Barrier()  # every rank waits for rank 1's close test (its transport is gone now)
+    MPI.Finalize()
+    os._exit(0)  # skip destroy_process_group's exit handshake, which rank 1's closed transport cannot do
+
+
 if __name__ == "__main__":
     # arguments starting with "pgtest-" are the test's tag (it finds leftover processes by it)
     argv = [a for a in sys.argv[1:] if not a.startswith("pgtest-")]

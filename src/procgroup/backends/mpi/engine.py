@@ -87,7 +87,7 @@ class _P2P(Request):
 
     def wait(self, deadline: Any = None) -> Status:
         if not self.test():
-            peers = () if self.peer == ANY_SOURCE else (self.peer,)
+            peers = None if self.peer == ANY_SOURCE else (self.peer,)  # any source: any dead rank fails it
             self.eng.live.wait(self.test, deadline, self._what, peers, self.nbytes)
         if self.error is not None:
             raise self.error

@@ -89,7 +89,8 @@ class _Recv(Request):
 
     def wait(self, deadline: Optional[Deadline] = None) -> Status:
         if not self.test():
-            peers = (self.drain[0],) if self.drain is not None else (() if self.src == ANY_SOURCE else (self.src,))
+            # an any-source receive fails when any rank is known dead (it might have been the sender)
+            peers = (self.drain[0],) if self.drain is not None else (None if self.src == ANY_SOURCE else (self.src,))
             self.t.live.wait(self.test, deadline, self._what, peers, self.out.nbytes)
         if self.error is not None:
             raise self.error
