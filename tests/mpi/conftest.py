@@ -97,4 +97,4 @@ def ompi() -> Flavour:
 
 
 # the network-namespace hosts of tests/infra (h1..h3, each name resolving to 127.0.1.1 on its own host)
-from ..infra.conftest import infra_guard, netns_hosts  # noqa: E402,F401 - fixtures for test_mpi_multihost.py
+from ..infra.conftest import infra_guard, netns_hosts, slurm_cluster  # noqa: E402,F401 - for test_mpi_multihost.py

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from ..infra.conftest import NetnsHosts, host_list, require_binaries
+from ..infra.conftest import NetnsHosts, SlurmCluster, host_list, require_binaries
 from ..infra.launch import INFRA, REPO, clean_env, launch, new_tag
 
 pytestmark = [pytest.mark.infra, pytest.mark.timeout(300, method="signal")]
@@ -80,3 +80,46 @@ def test_what_mpi_lacks_and_p2p_across_three_hosts(netns_hosts: NetnsHosts):
     assert not r.timed_out and r.returncode == 0 and not r.leftovers, ctx
     for rank in range(world):
         assert re.search(rf"rank {rank}: \d+ extra checks passed", r.stdout), ctx
+
+
+# Not here: ``srun --mpi=pmix``.  The namespace hosts share /tmp, and slurmstepd's pmix plugin makes
+# /tmp/spmix_appdir_<uid>_<job>.<step> on every node, so the second node's step fails with EEXIST
+# (slurmd log: "pmixp_mkdir: Cannot create directory ... File exists").  Debian's Open MPI has no Slurm
+# PMI-2 support, so the pmi2 run uses MPICH.
+@pytest.mark.parametrize("pmi, abi", [("pmi2", "mpich")])
+def test_srun_mpi(slurm_cluster: SlurmCluster, pmi: str, abi: str, tmp_path):
+    """``srun --mpi=pmi2 -N3 -n6`` (MPICH): the reference suite with Slurm's PMI wiring MPI up."""
+    hosts = slurm_cluster.hosts
+    world = PER_NODE * len(hosts.names)
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        pytest.skip("mpi4py is not installed: pip install 'procgroup[mpi]'")
+    tag = new_tag()
+    cmd = slurm_cluster.cmd(
+        "srun",
+        f"--mpi={pmi}",
+        "--kill-on-bad-exit=1",
+        f"-N{len(hosts.names)}",
+        f"-n{world}",
+        sys.executable,
+        "-m",
+        "tests.mpi.workers",
+        "collectives",
+        tag,
+    )
+    extra = {"MPI4PY_MPIABI": abi, "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "10.77.0.0/24"}
+    if abi == "mpich":
+        from .conftest import mpich
+
+        f = mpich(tmp_path)
+        if f is None:
+            pytest.skip("MPICH not installed")
+        extra.update(f.env)
+    env = slurm_cluster.env(clean_env(extra))
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO)])
+    r = launch(cmd, env=env, timeout=200, tag=tag, netns=hosts.names)
+    ctx = r.report()
+    assert not r.timed_out and r.returncode == 0 and not r.leftovers, ctx
+    for rank in range(world):
+        assert re.search(rf"rank {rank}: \d+ checks passed", r.stdout), ctx

@@ -62,6 +62,14 @@ class Backend:
         """What to install or configure to make this backend available (empty when nothing is needed)."""
         return ""
 
+    def prepare(self) -> None:
+        """Get ready to form a world, before any rendezvous: :func:`lookup` calls it for the backend it returns.
+
+        A backend whose library must start before the ranks meet does it here: the mpi backend initializes
+        MPI (``MPI_Init`` waits for every rank, and must not run while rank 0's store is needed by the others).
+        Idempotent; raises :class:`~procgroup.errors.ConfigError` when the library cannot start.
+        """
+
     def create_world(self, spec: WorldSpec) -> World:
         """Collective: form the world of ``spec`` (every rank calls it); returns when the members are connected.
 
@@ -213,7 +221,7 @@ def _available_summary() -> str:
 
 
 def lookup(name: str, *, what: str = "backend") -> Backend:
-    """The available backend registered as ``name`` (case-insensitive).
+    """The available backend registered as ``name`` (case-insensitive), prepared (:meth:`Backend.prepare`).
 
     Raises :class:`ConfigError` for an unknown name (listing every registered backend and those available
     here) and for a registered but unavailable one (its reason, and what to install).
@@ -226,4 +234,5 @@ def lookup(name: str, *, what: str = "backend") -> Backend:
     if why is not None:
         hint = b.install_hint()
         raise ConfigError(f"{why}{'; ' + hint if hint else ''} ({_available_summary()})")
+    b.prepare()
     return b

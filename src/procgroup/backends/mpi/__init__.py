@@ -67,6 +67,17 @@ class MpiBackend(Backend):
         """What to install for the mpi backend."""
         return INSTALL_HINT
 
+    def prepare(self) -> None:
+        """Import mpi4py, which initializes MPI, before the rendezvous (ConfigError when it cannot load).
+
+        ``MPI_Init`` waits for every rank and keeps the GIL: were rank 0 to enter it after starting the store
+        (as in ``create_world``), its store thread could not answer the others, still connecting, and
+        neither side would get on until the deadline.
+        """
+        from .world import import_mpi
+
+        import_mpi()
+
     def create_world(self, spec: WorldSpec) -> World:
         """Rendezvous through ``spec.store``, then build MPI's communicators (see :func:`.world.build_world`)."""
         from .world import build_world
