@@ -30,14 +30,16 @@ class Flavour:
     argv: List[str]
     env: Dict[str, str] = field(default_factory=dict)
 
-    def run(self, n: int, *args: str, timeout: float = 120.0, mpi_args: tuple = ()) -> Launch:
-        """Start ``n`` ranks of the worker function ``args[0]``; the launch's output and leftovers."""
+    def run(
+        self, n: int, *args: str, timeout: float = 120.0, mpi_args: tuple = (), env: Optional[Dict[str, str]] = None
+    ) -> Launch:
+        """Start ``n`` ranks of the worker function ``args[0]`` (``env``: more variables for them)."""
         tag = new_tag()
         cmd = [*self.argv, *mpi_args, "-n", str(n), sys.executable, "-m", "tests.mpi.workers", *args, tag]
-        env = clean_env(self.env)
-        env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO)])
-        env["PROCGROUP_TIMEOUT"] = "60"
-        return launch(cmd, env=env, timeout=timeout, tag=tag)
+        full = clean_env({**self.env, **(env or {})})
+        full["PYTHONPATH"] = os.pathsep.join([full["PYTHONPATH"], str(REPO)])
+        full.setdefault("PROCGROUP_TIMEOUT", "60")
+        return launch(cmd, env=full, timeout=timeout, tag=tag)
 
 
 def _mpi4py_or_skip() -> None:

@@ -10,6 +10,8 @@ import re
 
 import pytest
 
+from procgroup.netutil import free_port
+
 from ..infra.launch import Launch
 
 
@@ -44,6 +46,15 @@ def test_what_mpi_lacks_matches_the_cpu_kernels(flavour, ws):
     """AVG, bfloat16, float16, bool, NaN under MAX, PRODUCT/BAND/BOR, in the world and a subgroup; big p2p tags."""
     r = flavour.run(ws, "extras", timeout=280)
     _ok(r, ws, r"rank {rank}: \d+ extra checks passed")
+
+
+@pytest.mark.timeout(120)
+def test_master_addr_given(flavour):
+    """With MASTER_ADDR/MASTER_PORT set (no mpi4py broadcast), MPI starts before rank 0 hosts the store."""
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PROCGROUP_TIMEOUT": "30"}
+    r = flavour.run(3, "p2p", timeout=100, env=env)
+    _ok(r, 0, "")
+    assert r.elapsed < 25, r.report()
 
 
 @pytest.mark.timeout(240)
