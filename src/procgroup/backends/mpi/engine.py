@@ -187,9 +187,10 @@ class MpiEngine(CollectiveEngine):
 
     def _check_comm(self, comm: Any) -> tuple:
         """The communicator and buffer of a group's call checks (a Dup: its traffic never meets the data's)."""
-        chk = comm.Dup()
-        chk.Set_errhandler(self.MPI.ERRORS_RETURN)
-        return chk, np.zeros(2, np.int64)
+        dup = comm.Dup()
+        dup.Set_errhandler(self.MPI.ERRORS_RETURN)
+        chk = np.zeros(2, np.int64)
+        return dup, [chk, self.MPI.INT64_T], chk
 
     def _run(self, g: Any, c: Any, post: Callable[[Any], Any], what: str, nbytes: int) -> None:
         """Post an MPI nonblocking collective on ``g``'s communicator and wait for it under ``c.deadline``.
@@ -209,12 +210,18 @@ class MpiEngine(CollectiveEngine):
                 if not req.Test():
                     self.live.wait(req.Test, c.deadline, lambda: what, g.ranks, nbytes)
                 return
-            ccomm, chk = self._checks[g.gid]
+            ccomm, chkspec, chk = self._checks[g.gid]
             w = c.check_word()
             chk[0] = w
             chk[1] = -w
-            creq = ccomm.Iallreduce(MPI.IN_PLACE, [chk, MPI.INT64_T], MPI.MAX)
+            creq = ccomm.Iallreduce(MPI.IN_PLACE, chkspec, MPI.MAX)
             req = post(comm)
+            if creq.Test():  # the common case: the check is done by the time the data is posted
+                if chk[0] != -chk[1]:
+                    raise self._mismatch(g, what, w, chk)
+                if not req.Test():
+                    self.live.wait(req.Test, c.deadline, lambda: what, g.ranks, nbytes)
+                return
             checked = False
 
             def done() -> bool:
@@ -227,8 +234,7 @@ class MpiEngine(CollectiveEngine):
                         raise self._mismatch(g, what, w, chk)
                 return bool(req.Test())
 
-            if not done():
-                self.live.wait(done, c.deadline, lambda: what, g.ranks, nbytes)
+            self.live.wait(done, c.deadline, lambda: what, g.ranks, nbytes)
         except MPI.Exception as e:
             self._poison(g, f"{what} failed in the MPI library")
             raise self.mpi_error(e, what) from None
