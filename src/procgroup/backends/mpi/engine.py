@@ -12,14 +12,15 @@ What MPI computes differently from procgroup is declined, so that procgroup's ow
 MPI transport) run it and every result equals the cpu backend's:
 
 * reductions of bool, float16 and bfloat16 (MPI has no such reduction types);
-* MIN and MAX of floating types (MPI's C MIN/MAX drop NaN where numpy, hence procgroup, propagates it);
-* anything beyond ``INT_MAX`` bytes or elements (this MPI may lack the large-count calls).
+* MIN and MAX of floating types (MPI's C MIN/MAX drop NaN where numpy, hence procgroup, propagates it).
 
-all_reduce and reduce of :data:`LARGE_ALL_REDUCE` bytes or more also run procgroup's algorithm over the transport,
-because it is faster there.  AVG runs as MPI's SUM; the caller divides.  Data movement (broadcast,
-gathers, scatter, all-to-all) is typed as bytes, so every dtype takes MPI's path.  After a collective of
-a group fails (deadline, dead peer, abort) its MPI operation stays pending, so the group's communicator
-is out of step: later collectives of that group raise BrokenError at once.
+all_reduce, reduce and reduce_scatter of :data:`LARGE_ALL_REDUCE` bytes or more also run procgroup's
+algorithms over the transport, because they are faster there.  AVG runs as MPI's SUM; the caller divides.
+Data movement (broadcast, gathers, scatter, all-to-all) is typed as bytes, so every dtype takes MPI's path;
+beyond ``INT_MAX`` bytes it raises ConfigError (this MPI may lack the large-count calls).  Every collective
+is checked against the members' calls beside it (:meth:`MpiEngine._run`), so a mismatch raises.  After a
+collective of a group fails (deadline, dead peer, abort) its MPI operation stays pending, so the group's
+communicator is out of step: later collectives of that group raise BrokenError at once.
 
 Point-to-point of the user's API (send/recv/isend/irecv, batch_isend_irecv) goes straight to ``MPI_Isend``
 / ``MPI_Irecv`` on a communicator of its own, with MPI tag ``gid << TAG_BITS | tag`` when both fit
@@ -43,9 +44,9 @@ from ._waiting import Liveness
 __all__ = ["MpiEngine", "INT_MAX", "LARGE_ALL_REDUCE"]
 
 INT_MAX = (1 << 31) - 1
-#: all_reduce and reduce of at least this many bytes run procgroup's own algorithms over the MPI transport:
-#: Open MPI's MPI_Iallreduce/MPI_Ireduce (libnbc) are 2-4x slower than its blocking forms at large sizes, and
-#: procgroup's ring / reduce-scatter over MPI point-to-point beats both (docs/mpi.md, benchmarks/results/mpi/)
+#: all_reduce, reduce and reduce_scatter of at least this many (input) bytes run procgroup's own algorithms over
+#: the MPI transport: Open MPI's nonblocking reductions (libnbc) are 2-6x slower than its blocking ones at large
+#: sizes, and procgroup's ring / reduce-scatter over MPI point-to-point beats both (docs/mpi.md)
 LARGE_ALL_REDUCE = 2 << 20
 
 
@@ -192,9 +193,10 @@ class MpiEngine(CollectiveEngine):
         chk = np.zeros(2, np.int64)
         return dup, [chk, self.MPI.INT64_T], chk
 
-    def _run(self, g: Any, c: Any, post: Callable[[Any], Any], what: str, nbytes: int) -> None:
+    def _run(self, g: Any, c: Any, post: Optional[Callable[[Any], Any]], what: str, nbytes: int) -> None:
         """Post an MPI nonblocking collective on ``g``'s communicator and wait for it under ``c.deadline``.
 
+        ``post`` None: the check below is the whole operation (a barrier).
         Beside it, an ``MPI_Iallreduce`` (MAX) of ``[w, -w]`` on the group's check communicator, where ``w``
         is the call's sequence number and fingerprint (``Comm.check_word``): members that called different
         collectives (op, dtype, count, root, reduce op) at the same point find ``max(w) != min(w)`` and
@@ -206,6 +208,7 @@ class MpiEngine(CollectiveEngine):
         MPI = self.MPI
         try:
             if not self.check_calls:
+                assert post is not None, "without the call check every operation posts its own request"
                 req = post(comm)
                 if not req.Test():
                     self.live.wait(req.Test, c.deadline, lambda: what, g.ranks, nbytes)
@@ -215,7 +218,7 @@ class MpiEngine(CollectiveEngine):
             chk[0] = w
             chk[1] = -w
             creq = ccomm.Iallreduce(MPI.IN_PLACE, chkspec, MPI.MAX)
-            req = post(comm)
+            req = post(comm) if post is not None else _DONE
             if creq.Test():  # the common case: the check is done by the time the data is posted
                 if chk[0] != -chk[1]:
                     raise self._mismatch(g, what, w, chk)
@@ -323,18 +326,28 @@ class MpiEngine(CollectiveEngine):
         return plan
 
     def reduce_scatter(self, group: Any, dtype: Any, op: Any) -> Optional[Callable[..., None]]:
-        """``MPI_Ireduce_scatter_block``, or None."""
+        """``MPI_Ireduce_scatter_block``, procgroup's algorithm from LARGE_ALL_REDUCE input bytes, or None."""
+        key = ("rs", group.gid, dtype, op)
+        try:
+            return self._plans[key]
+        except KeyError:
+            pass
         tm = self._reduction(dtype, op)
-        if tm is None:
-            return None
-        t, mop = tm
+        plan: Optional[Callable[..., None]] = None
+        if tm is not None:
+            t, mop = tm
+            run = self._run
+            kern = reducer(op, dtype)
 
-        def plan(c: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
-            if sendbuf.size > INT_MAX:
-                raise _too_big("reduce_scatter", sendbuf.size)
-            post = lambda m: m.Ireduce_scatter_block([sendbuf, t], [recvbuf, t], mop)  # noqa: E731
-            self._run(group, c, post, "MPI_Ireduce_scatter_block", sendbuf.nbytes)
+            def plan(c: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+                nbytes = sendbuf.nbytes
+                if nbytes >= LARGE_ALL_REDUCE:
+                    algorithms.reduce_scatter(c, sendbuf, recvbuf, kern)  # faster than libnbc's here
+                    return
+                post = lambda m: m.Ireduce_scatter_block([sendbuf, t], [recvbuf, t], mop)  # noqa: E731
+                run(group, c, post, "MPI_Ireduce_scatter_block", nbytes)
 
+        self._plans[key] = plan
         return plan
 
     def broadcast(self, group: Any, dtype: Any) -> Optional[Callable[..., None]]:
@@ -405,10 +418,10 @@ class MpiEngine(CollectiveEngine):
         return plan
 
     def barrier(self, group: Any) -> Optional[Callable[..., None]]:
-        """``MPI_Ibarrier``."""
+        """``MPI_Ibarrier``; with :attr:`check_calls`, the call check alone (an allreduce is a barrier too)."""
 
         def plan(c: Any) -> None:
-            self._run(group, c, lambda m: m.Ibarrier(), "MPI_Ibarrier", 0)
+            self._run(group, c, None if self.check_calls else _ibarrier, "MPI_Ibarrier", 0)
 
         return plan
 
@@ -448,6 +461,21 @@ class MpiEngine(CollectiveEngine):
         self._comms.clear()
         self._checks.clear()
         self._plans.clear()
+
+
+class _Done:
+    """A request that is complete: the operation of a call whose check is the whole operation (barrier)."""
+
+    @staticmethod
+    def Test() -> bool:  # noqa: N802 - MPI's spelling, as the requests it stands in for
+        return True
+
+
+_DONE = _Done()
+
+
+def _ibarrier(m: Any) -> Any:
+    return m.Ibarrier()
 
 
 def _fits(op: str, nbytes: int) -> None:
