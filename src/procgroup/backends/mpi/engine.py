@@ -436,7 +436,9 @@ class MpiEngine(CollectiveEngine):
         mtag = self._tag(group, tag)
         if mtag < 0:
             return None
-        self.live.check((dst,), f"send to rank {dst}")
+        live = self.live
+        if live.aborted is not None or live.closed or live.failed:
+            live.check((dst,), f"send to rank {dst}")
         try:
             req = self._p2p.Isend([buf, self.MPI.BYTE], dst, mtag)
         except self.MPI.Exception as e:
@@ -448,7 +450,9 @@ class MpiEngine(CollectiveEngine):
         mtag = self._tag(group, tag)
         if mtag < 0:
             return None
-        self.live.check((), f"recv from rank {src}")
+        live = self.live
+        if live.aborted is not None or live.closed:
+            live.check((), f"recv from rank {src}")
         source = self.MPI.ANY_SOURCE if src == ANY_SOURCE else src
         try:
             req = self._p2p.Irecv([out, self.MPI.BYTE], source, mtag)
