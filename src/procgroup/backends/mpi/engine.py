@@ -100,7 +100,8 @@ class MpiEngine(CollectiveEngine):
     """Collectives on MPI communicators, one per procgroup group (see the module docstring).
 
     ``world``: a communicator of all ranks in procgroup's rank order (group 0's); ``p2p``: another one for
-    the user's point-to-point; ``transport``: the world's MpiTransport (subgroup formation's barrier).
+    the user's point-to-point; ``live``: the waits' shared state (the transport's abort reaches them);
+    ``tag_ub``: MPI's largest tag.  Collective: every rank constructs it at init (it duplicates ``world``).
     """
 
     name = "mpi"
