@@ -7,12 +7,14 @@ Every test starts its ranks with Open MPI's ``mpirun`` and (where parametrized b
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 
 from procgroup.netutil import free_port
 
-from ..infra.launch import Launch
+from ..infra.launch import Launch, clean_env
 
 
 def _ok(r: Launch, n: int, pattern: str) -> None:
@@ -136,3 +138,42 @@ def test_mismatch_raises_on_every_member(flavour, kind):
     got = re.findall(r"rank (\d+): mismatch after ([\d.]+)s", r.stdout)
     assert sorted(int(q) for q, _ in got) == [0, 1], r.report()
     assert all(float(t) < 5.0 for _, t in got), r.report()
+
+
+_NO_LIBMPI = """
+import importlib.abc, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "mpi4py.MPI":
+            raise ImportError("libmpi.so.12: cannot open shared object file: No such file or directory")
+sys.meta_path.insert(0, Refuse())
+import procgroup as dist
+try:
+    dist.init_process_group("mpi", init_method="tcp://127.0.0.1:1", rank=0, world_size=1, timeout=5)
+except dist.ConfigError as e:
+    print("ConfigError:", e)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_an_mpi_library_that_cannot_load_is_a_config_error_before_the_store(ompi):
+    """mpi4py present, its MPI not loadable: init fails at once naming the library and the fix (port 1 is
+    never dialled: MPI is started before the store)."""
+    env = clean_env()
+    r = subprocess.run([sys.executable, "-c", _NO_LIBMPI], env=env, capture_output=True, text=True, timeout=50)
+    assert "ConfigError: backend='mpi' cannot import mpi4py's MPI (libmpi.so.12" in r.stdout, r.stdout + r.stderr
+    assert "MPI4PY_LIBMPI" in r.stdout and "apt-get install openmpi-bin" in r.stdout
+
+
+@pytest.mark.timeout(60)
+def test_singleton_without_a_launcher(ompi):
+    """World size 1 with explicit rank: MPI starts as a singleton and every op works."""
+    code = (
+        "import numpy as np, procgroup as dist\n"
+        f"dist.init_process_group('mpi', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n"
+        "x = np.arange(3.0); dist.all_reduce(x); dist.broadcast(x, src=0); dist.barrier()\n"
+        "print('singleton', dist.get_backend(), x.tolist())\n"
+        "dist.destroy_process_group()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True, timeout=50)
+    assert "singleton mpi [0.0, 1.0, 2.0]" in r.stdout, r.stdout + r.stderr

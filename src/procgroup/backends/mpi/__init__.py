@@ -11,7 +11,6 @@ world forms, never when procgroup is imported.  Details: ``docs/mpi.md``.
 from __future__ import annotations
 
 import importlib.util
-import sys
 from typing import Optional
 
 from ...process_group import World
@@ -25,24 +24,6 @@ INSTALL_HINT = (
 )
 
 
-def _libmpi_problem() -> Optional[str]:
-    """Why mpi4py cannot load an MPI library here (None when it can, or when that cannot be told without init)."""
-    if "mpi4py.MPI" in sys.modules:
-        return None
-    try:
-        from mpi4py import _mpiabi  # private, mpi4py >= 4: find and dlopen libmpi without initializing MPI
-    except ImportError:
-        return None
-    loader = getattr(_mpiabi, "_get_mpiabi", None)
-    if loader is None:
-        return None
-    try:
-        loader()
-    except (OSError, RuntimeError) as e:
-        return f"mpi4py cannot load an MPI library ({str(e).splitlines()[-1]})"
-    return None
-
-
 class MpiBackend(Backend):
     """Collectives of the MPI library under mpirun/srun, with procgroup's deadlines and failure reports."""
 
@@ -53,13 +34,14 @@ class MpiBackend(Backend):
         self._checked = False
 
     def unavailable_reason(self) -> Optional[str]:
-        """None when mpi4py and an MPI library are installed, else which is missing (checked once)."""
+        """None when mpi4py is installed, else why not (checked once, without starting MPI).
+
+        Whether mpi4py can load an MPI library shows only when it starts MPI: :meth:`prepare` raises
+        ConfigError naming the library and the fix when it cannot.
+        """
         if not self._checked:
             if importlib.util.find_spec("mpi4py") is None:
                 self._reason = "backend='mpi' needs mpi4py, which is not installed"
-            else:
-                why = _libmpi_problem()
-                self._reason = None if why is None else f"backend='mpi': {why}"
             self._checked = True
         return self._reason
 
