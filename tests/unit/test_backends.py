@@ -42,7 +42,10 @@ def test_unknown_backend_lists_available_and_install():
 
 
 def _mpi_missing() -> bool:
-    return backends.lookup.__globals__["_by_name"]["mpi"].unavailable_reason() is not None
+    """True where the registered mpi backend is unavailable (mpi4py not installed)."""
+    from procgroup.backends.mpi import MpiBackend
+
+    return MpiBackend().unavailable_reason() is not None
 
 
 def test_mpi_without_mpi4py_says_what_to_install(monkeypatch):
