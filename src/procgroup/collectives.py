@@ -94,9 +94,11 @@ def broadcast(
         return None
     root = _root(g, "broadcast", src, group_src, "src")
     f = as_flat(tensor, "broadcast tensor")
+    eng = g.world.engine
+    bcast = (eng.broadcast(g, f.dtype) if eng is not None else None) or alg.broadcast
     return g.run(
         "broadcast",
-        lambda c: alg.broadcast(c, f.array, root),
+        lambda c: bcast(c, f.array, root),
         async_op=async_op,
         timeout=timeout,
         signature=("broadcast", _dname(f.dtype), f.numel, f"root={root}"),
@@ -126,9 +128,14 @@ def all_reduce(
         if len(_AR_PLAN) < 256:
             _AR_PLAN[(dt, op)] = plan
     dname, opname, kern, avg = plan
+    eng = g.world.engine
+    fast = eng.all_reduce(g, dt, op) if eng is not None else None
 
     def run(c: Any) -> None:
-        alg.all_reduce(c, arr, kern)
+        if fast is None:
+            alg.all_reduce(c, arr, kern)
+        else:
+            fast(c, arr)
         if avg:
             finalize(op, arr, c.size, dt)
 
@@ -154,9 +161,14 @@ def reduce(
     op = _avg_or_none(op)
     f = as_flat(tensor, "reduce tensor")
     kern = reducer(op, f.dtype)
+    eng = g.world.engine
+    fast = eng.reduce(g, f.dtype, op) if eng is not None else None
 
     def run(c: Any) -> None:
-        alg.reduce(c, f.array, kern, root)
+        if fast is None:
+            alg.reduce(c, f.array, kern, root)
+        else:
+            fast(c, f.array, root)
         if c.rank == root:
             finalize(op, f.array, c.size, f.dtype)
 
@@ -182,11 +194,13 @@ def all_gather(
     outs = [as_flat(t, f"all_gather tensor_list[{i}]") for i, t in enumerate(tensor_list)]
     for i, o in enumerate(outs):
         _same("all_gather", src, o, "the input", f"tensor_list[{i}]")
+    eng = g.world.engine
+    gather_all = (eng.all_gather(g, src.dtype) if eng is not None else None) or alg.all_gather
 
     def run(c: Any) -> None:
         n = src.numel
         buf = c.scratch(n * c.size * src.array.itemsize, slot=API_SLOT_A).view(src.array.dtype)
-        alg.all_gather(c, src.array, buf)
+        gather_all(c, src.array, buf)
         for i, o in enumerate(outs):
             o.array[...] = buf[i * n : (i + 1) * n]
 
@@ -205,9 +219,11 @@ def all_gather_into_tensor(
     src = as_flat(input_tensor, "all_gather_into_tensor input", writable=False)
     out = as_flat(output_tensor, "all_gather_into_tensor output")
     _same("all_gather_into_tensor", src, out, "the input", "the output", g.size())
+    eng = g.world.engine
+    gather_all = (eng.all_gather(g, src.dtype) if eng is not None else None) or alg.all_gather
     return g.run(
         "all_gather_into_tensor",
-        lambda c: alg.all_gather(c, src.array, out.array),
+        lambda c: gather_all(c, src.array, out.array),
         async_op=async_op,
         timeout=timeout,
         signature=("all_gather", _dname(src.dtype), src.numel),
@@ -241,6 +257,8 @@ def gather(
             _same("gather", src, o, "the input", f"gather_list[{i}]")
     elif gather_list:
         raise ConfigError("gather: gather_list must be None or empty on ranks other than dst")
+    eng = g.world.engine
+    gather_to = (eng.gather(g, src.dtype) if eng is not None else None) or alg.gather
 
     def run(c: Any) -> None:
         n = src.numel
@@ -249,7 +267,7 @@ def gather(
             if c.rank == root
             else None
         )
-        alg.gather(c, src.array, buf, root)
+        gather_to(c, src.array, buf, root)
         if buf is not None:
             for i, o in enumerate(outs):
                 o.array[...] = buf[i * n : (i + 1) * n]
@@ -290,6 +308,8 @@ def scatter(
             _same("scatter", out, x, "the output", f"scatter_list[{i}]")
     elif scatter_list:
         raise ConfigError("scatter: scatter_list must be None or empty on ranks other than src")
+    eng = g.world.engine
+    scatter_from = (eng.scatter(g, out.dtype) if eng is not None else None) or alg.scatter
 
     def run(c: Any) -> None:
         n = out.numel
@@ -298,7 +318,7 @@ def scatter(
             buf = c.scratch(n * c.size * out.array.itemsize, slot=API_SLOT_A).view(out.array.dtype)
             for i, x in enumerate(ins):
                 buf[i * n : (i + 1) * n] = x.array
-        alg.scatter(c, buf, out.array, root)
+        scatter_from(c, buf, out.array, root)
 
     return g.run(
         "scatter",
@@ -331,13 +351,18 @@ def reduce_scatter(
     for i, x in enumerate(ins):
         _same("reduce_scatter", out, x, "the output", f"input_list[{i}]")
     kern = reducer(op, out.dtype)
+    eng = g.world.engine
+    fast = eng.reduce_scatter(g, out.dtype, op) if eng is not None else None
 
     def run(c: Any) -> None:
         n = out.numel
         buf = c.scratch(n * c.size * out.array.itemsize, slot=API_SLOT_A).view(out.array.dtype)
         for i, x in enumerate(ins):
             buf[i * n : (i + 1) * n] = x.array
-        alg.reduce_scatter(c, buf, out.array, kern)
+        if fast is None:
+            alg.reduce_scatter(c, buf, out.array, kern)
+        else:
+            fast(c, buf, out.array)
         finalize(op, out.array, c.size, out.dtype)
 
     return g.run(
@@ -361,9 +386,14 @@ def reduce_scatter_tensor(
     src = as_flat(input, "reduce_scatter_tensor input", writable=False)
     _same("reduce_scatter_tensor", out, src, "the output", "the input", g.size())
     kern = reducer(op, out.dtype)
+    eng = g.world.engine
+    fast = eng.reduce_scatter(g, out.dtype, op) if eng is not None else None
 
     def run(c: Any) -> None:
-        alg.reduce_scatter(c, src.array, out.array, kern)
+        if fast is None:
+            alg.reduce_scatter(c, src.array, out.array, kern)
+        else:
+            fast(c, src.array, out.array)
         finalize(op, out.array, c.size, out.dtype)
 
     return g.run(
@@ -400,6 +430,8 @@ def all_to_all(
             raise ConfigError(f"all_to_all: every tensor must have dtype {dt}; tensor {i} has {f.dtype}")
     scounts = [f.numel for f in ins]
     rcounts = [f.numel for f in outs]
+    eng = g.world.engine
+    a2a = (eng.all_to_all(g, dt) if eng is not None else None) or alg.all_to_all
 
     def run(c: Any) -> None:
         npdt = ins[0].array.dtype
@@ -409,7 +441,7 @@ def all_to_all(
         for f in ins:
             sbuf[pos : pos + f.numel] = f.array
             pos += f.numel
-        alg.all_to_all(c, sbuf, scounts, rbuf, rcounts)
+        a2a(c, sbuf, scounts, rbuf, rcounts)
         pos = 0
         for f in outs:
             f.array[...] = rbuf[pos : pos + f.numel]
@@ -455,9 +487,11 @@ def all_to_all_single(
         raise ConfigError(f"all_to_all_single: output dtype {out.dtype} differs from input dtype {src.dtype}")
     sc = _splits("all_to_all_single", src, input_split_sizes, g.size(), "input")
     rc = _splits("all_to_all_single", out, output_split_sizes, g.size(), "output")
+    eng = g.world.engine
+    a2a = (eng.all_to_all(g, src.dtype) if eng is not None else None) or alg.all_to_all
     return g.run(
         "all_to_all_single",
-        lambda c: alg.all_to_all(c, src.array, sc, out.array, rc),
+        lambda c: a2a(c, src.array, sc, out.array, rc),
         async_op=async_op,
         timeout=timeout,
         signature=("all_to_all", _dname(src.dtype)),
@@ -469,7 +503,9 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, t
     g = _group(group, "barrier")
     if g is None:
         return None
-    return g.run("barrier", alg.barrier, async_op=async_op, timeout=timeout, signature=("barrier",))
+    eng = g.world.engine
+    fn = (eng.barrier(g) if eng is not None else None) or alg.barrier
+    return g.run("barrier", fn, async_op=async_op, timeout=timeout, signature=("barrier",))
 
 
 # -- point-to-point --------------------------------------------------------------------------
@@ -482,7 +518,11 @@ def isend(
         return None
     peer = _peer(g, "send", dst, group_dst, "dst")
     f = as_flat(tensor, "send tensor", writable=False)
-    req = g.world.transport.isend(peer, p2p_tag(g.gid, tag), f.array)
+    ptag = p2p_tag(g.gid, tag)
+    eng = g.world.engine
+    req = eng.isend(g, peer, tag, f.array) if eng is not None else None
+    if req is None:
+        req = g.world.transport.isend(peer, ptag, f.array)
     return g.p2p("send", req, None, lambda st: None, f"to rank {peer}, tag {tag}, {f.describe()}")
 
 
@@ -495,7 +535,11 @@ def irecv(
         return None
     peer = _peer(g, "recv", src, group_src, "src", allow_any=True)
     f = as_flat(tensor, "recv tensor")
-    req = g.world.transport.irecv(peer, p2p_tag(g.gid, tag), f.array)
+    ptag = p2p_tag(g.gid, tag)
+    eng = g.world.engine
+    req = eng.irecv(g, peer, tag, f.array) if eng is not None else None
+    if req is None:
+        req = g.world.transport.irecv(peer, ptag, f.array)
     nbytes = f.array.nbytes
 
     def done(st: Any) -> int:

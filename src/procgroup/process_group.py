@@ -106,6 +106,9 @@ class World:
     timeout: float = 300.0
     #: global rank whose process hosts the store (None: the launcher or a file): if it is unreachable, it died
     store_host: Optional[int] = None
+    #: the backend's :class:`~procgroup.backends.base.CollectiveEngine`, asked first by every collective
+    #: (None: procgroup's own algorithms over ``transport``)
+    engine: Any = None
     on_close: List[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:

@@ -36,13 +36,31 @@ def test_unknown_backend_lists_available_and_install():
     msg = str(ei.value)
     assert "backend='carrier' is not one of 'cpu' (alias 'gloo'), 'mpi', 'nccl'" in msg
     assert "available here: 'cpu'" in msg and "'tcp_only'" in msg
-    assert "pip install mpi4py" in msg and "pip install torch" in msg
+    assert "pip install torch" in msg
+    if _mpi_missing():
+        assert "pip install 'procgroup[mpi]'" in msg
+
+
+def _mpi_missing() -> bool:
+    """True where the registered mpi backend is unavailable (mpi4py not installed)."""
+    from procgroup.backends.mpi import MpiBackend
+
+    return MpiBackend().unavailable_reason() is not None
+
+
+def test_mpi_without_mpi4py_says_what_to_install(monkeypatch):
+    """The mpi backend is registered; where mpi4py is missing, asking for it names the package and the MPI."""
+    from procgroup.backends.mpi import MpiBackend
+
+    b = MpiBackend()
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    assert b.unavailable_reason() == "backend='mpi' needs mpi4py, which is not installed"
+    assert "pip install 'procgroup[mpi]'" in b.install_hint() and "openmpi-bin" in b.install_hint()
 
 
 @pytest.mark.parametrize(
     "name, phrase",
     [
-        ("mpi", "backend='mpi' (through mpi4py) is not built yet"),
         ("nccl", "backend='nccl' needs CUDA devices and an NCCL binding"),
     ],
 )

@@ -7,19 +7,23 @@ make it available (:meth:`Backend.install_hint`).  Backends register under one o
 
 Adding a backend: one folder (a package) whose import calls :func:`register` with an instance of a
 :class:`Backend` subclass; see ``backends/cpu/`` and the test backend under ``tests/backends/``.
+
+A backend whose library has collectives of its own (MPI, NCCL) also sets ``World.engine`` to a
+:class:`CollectiveEngine`: the collectives ask it first, and run procgroup's own algorithms over the
+world's transport for whatever it declines (see ``backends/mpi/``).
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..config import Identity, RuntimeConfig
 from ..errors import ConfigError
 from ..process_group import World
 
-__all__ = ["Backend", "WorldSpec", "register", "lookup", "names", "describe_names"]
+__all__ = ["Backend", "CollectiveEngine", "WorldSpec", "register", "lookup", "names", "describe_names"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,14 @@ class Backend:
         """What to install or configure to make this backend available (empty when nothing is needed)."""
         return ""
 
+    def prepare(self) -> None:
+        """Get ready to form a world, before any rendezvous: :func:`lookup` calls it for the backend it returns.
+
+        A backend whose library must start before the ranks meet does it here: the mpi backend initializes
+        MPI (``MPI_Init`` waits for every rank, and must not run while rank 0's store is needed by the others).
+        Idempotent; raises :class:`~procgroup.errors.ConfigError` when the library cannot start.
+        """
+
     def create_world(self, spec: WorldSpec) -> World:
         """Collective: form the world of ``spec`` (every rank calls it); returns when the members are connected.
 
@@ -65,6 +77,82 @@ class Backend:
         :class:`~procgroup.errors.ConfigError` for a bad setting.
         """
         raise NotImplementedError(f"backend {self.names[0] if self.names else type(self).__name__} forms no world")
+
+
+class CollectiveEngine:
+    """A library's own collectives (MPI's, NCCL's) behind procgroup's API: ``World.engine``.
+
+    Each collective of :mod:`procgroup.collectives` asks the world's engine (when it has one) for an
+    implementation of that op for the group, dtype and reduce op of the call.  The engine answers with a
+    function of the same signature as the matching entry point of :mod:`procgroup.algorithms`, less the
+    reduce kernel (``all_reduce(comm, buf)`` rather than ``all_reduce(comm, buf, kernel)``), or with None
+    to decline; a declined call runs procgroup's own algorithm over the world's transport.  The answer must
+    depend only on values every member of the call shares (group, dtype, op), so that all members take the
+    same path.
+
+    The function runs inside :meth:`~procgroup.process_group.ProcessGroup.run`, so the call keeps its
+    sequence number, flight record and error context.  It must return only once the operation is complete,
+    and must honour ``comm.deadline`` (raise :class:`~procgroup.errors.DistTimeoutError`, the operation
+    left pending), the transport's ``abort`` (raise that error), and dead peers
+    (:class:`~procgroup.errors.PeerFailureError` naming the peer).  Reductions receive AVG as a sum: the
+    caller divides.  ``dtype`` is a numpy dtype or the string ``"bfloat16"`` (buffers are then uint16).
+
+    Point-to-point: :meth:`isend`/:meth:`irecv` return a :class:`~procgroup.transport.base.Request` (global
+    ranks, ``ANY_SOURCE`` allowed for receives, ``Status.source`` a global rank) or None to use the
+    transport; the choice must depend only on the group and the user's tag, so both sides agree.
+
+    Every method of this base class declines; a subclass overrides what its library does well.
+    """
+
+    #: shown in diagnostics
+    name: str = "engine"
+
+    def all_reduce(self, group: Any, dtype: Any, op: Any) -> Optional[Callable[..., None]]:
+        """``f(comm, buf)``: reduce ``buf`` in place over the group, or None."""
+        return None
+
+    def broadcast(self, group: Any, dtype: Any) -> Optional[Callable[..., None]]:
+        """``f(comm, buf, root)``: ``root``'s ``buf`` into every member's (group ranks), or None."""
+        return None
+
+    def reduce(self, group: Any, dtype: Any, op: Any) -> Optional[Callable[..., None]]:
+        """``f(comm, buf, root)``: the reduction into ``root``'s ``buf`` (others' may change), or None."""
+        return None
+
+    def all_gather(self, group: Any, dtype: Any) -> Optional[Callable[..., None]]:
+        """``f(comm, sendbuf, recvbuf)``: every member's ``sendbuf`` concatenated into ``recvbuf``, or None."""
+        return None
+
+    def gather(self, group: Any, dtype: Any) -> Optional[Callable[..., None]]:
+        """``f(comm, sendbuf, recvbuf_or_None, root)``: concatenated into ``root``'s ``recvbuf``, or None."""
+        return None
+
+    def scatter(self, group: Any, dtype: Any) -> Optional[Callable[..., None]]:
+        """``f(comm, sendbuf_or_None, recvbuf, root)``: block i of ``root``'s ``sendbuf`` to member i, or None."""
+        return None
+
+    def reduce_scatter(self, group: Any, dtype: Any, op: Any) -> Optional[Callable[..., None]]:
+        """``f(comm, sendbuf, recvbuf)``: block i of the reduction of ``sendbuf`` into member i's ``recvbuf``."""
+        return None
+
+    def all_to_all(self, group: Any, dtype: Any) -> Optional[Callable[..., None]]:
+        """``f(comm, sendbuf, sendcounts, recvbuf, recvcounts)`` (counts in elements, per member), or None."""
+        return None
+
+    def barrier(self, group: Any) -> Optional[Callable[..., None]]:
+        """``f(comm)``: return once every member has entered, or None."""
+        return None
+
+    def isend(self, group: Any, dst: int, tag: int, buf: Any) -> Any:
+        """Start sending ``buf`` to global rank ``dst`` with the user's ``tag``: a Request, or None."""
+        return None
+
+    def irecv(self, group: Any, src: int, tag: int, out: Any) -> Any:
+        """Start receiving into ``out`` from global rank ``src`` (or ANY_SOURCE): a Request, or None."""
+        return None
+
+    def close(self) -> None:
+        """Release the engine's resources (communicators); idempotent."""
 
 
 _lock = threading.Lock()
@@ -133,7 +221,7 @@ def _available_summary() -> str:
 
 
 def lookup(name: str, *, what: str = "backend") -> Backend:
-    """The available backend registered as ``name`` (case-insensitive).
+    """The available backend registered as ``name`` (case-insensitive), prepared (:meth:`Backend.prepare`).
 
     Raises :class:`ConfigError` for an unknown name (listing every registered backend and those available
     here) and for a registered but unavailable one (its reason, and what to install).
@@ -146,4 +234,5 @@ def lookup(name: str, *, what: str = "backend") -> Backend:
     if why is not None:
         hint = b.install_hint()
         raise ConfigError(f"{why}{'; ' + hint if hint else ''} ({_available_summary()})")
+    b.prepare()
     return b

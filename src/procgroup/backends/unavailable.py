@@ -34,14 +34,6 @@ class UnavailableBackend(Backend):
 
 register(
     UnavailableBackend(
-        ("mpi",),
-        "backend='mpi' (through mpi4py) is not built yet; under mpirun/mpiexec use backend='cpu' (the default): "
-        "it reads the rank and world size from Open MPI's and MPICH's variables",
-        "the mpi backend will need mpi4py (pip install mpi4py) built against the MPI that runs the job",
-    )
-)
-register(
-    UnavailableBackend(
         ("nccl",),
         "backend='nccl' needs CUDA devices and an NCCL binding, which this machine does not provide; "
         "use backend='cpu' (or 'gloo') for CPU tensors",

@@ -20,8 +20,11 @@ def worker_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--min-bytes", default="4")
     p.add_argument("--max-bytes", default="64M")
+    p.add_argument("--sizes", default=None, help="only these sizes (comma-separated), instead of the range")
     p.add_argument("--iters", default="auto")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any one collective may take")
+    p.add_argument("--backend", default="cpu", help="procgroup's backend (procgroup's worker only): cpu or mpi")
+    p.add_argument("--name", default="procgroup", help="the system name its records carry (procgroup's worker only)")
     p.add_argument(
         "--profile",
         default=None,
@@ -34,7 +37,11 @@ def worker_parser(prog: str) -> argparse.ArgumentParser:
 def cases_from(ns: argparse.Namespace, n: int) -> list[Case]:
     ops = [o for o in ns.ops.split(",") if o]
     iters = None if ns.iters == "auto" else int(ns.iters)
-    return plan(ops, sizes_between(parse_size(ns.min_bytes), parse_size(ns.max_bytes)), n, iters)
+    if ns.sizes:
+        sizes = sorted({parse_size(x) for x in ns.sizes.split(",") if x.strip()})
+    else:
+        sizes = sizes_between(parse_size(ns.min_bytes), parse_size(ns.max_bytes))
+    return plan(ops, sizes, n, iters)
 
 
 def versions() -> dict:

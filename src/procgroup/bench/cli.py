@@ -7,6 +7,11 @@ through its own launcher:
 * gloo:      the same launcher, ``-m procgroup.bench.torch_worker`` (torch.distributed, backend gloo)
 * MPI:       ``mpirun --allow-run-as-root --oversubscribe -np N python -m procgroup.bench.mpi_worker`` (mpi4py)
 
+``--backend mpi`` measures procgroup on its mpi backend instead, started by the same ``mpirun`` as the raw
+mpi4py worker; ``--compare cpu`` then adds procgroup's cpu backend (``procgroup run``) as a column, so
+``procgroup bench --backend mpi --compare cpu,mpi`` puts the cpu backend, the mpi backend and raw mpi4py
+side by side (ratios: mpi backend / other).
+
 Every system runs the same cases (:mod:`procgroup.bench.cases`); rank 0 of
 each run appends one JSON line per case to a file this process follows to
 show progress.  The runs are sequential, never concurrent.
@@ -38,13 +43,15 @@ __all__ = ["main", "build_parser"]
 
 #: the directory holding the procgroup package this process imported: the workers import the same one
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["procgroup"].__file__ or "")))
-COMPARE = ("gloo", "mpi")
+COMPARE = ("gloo", "mpi", "cpu")
+BACKENDS = ("cpu", "mpi")
 
 EPILOG = """\
 examples:
   procgroup bench --nproc 4                                  every op, 4 B .. 64 MiB, procgroup only
   procgroup bench --nproc 2 --compare gloo,mpi --json r.json --plot r.png --markdown r.md
   procgroup bench --nproc 4 --ops all_reduce,barrier --max-bytes 1M --iters 50
+  procgroup bench --nproc 2 --backend mpi --compare cpu,mpi  procgroup on MPI vs its cpu backend vs raw mpi4py
   procgroup bench --startup                                  wall time of a 4-process init + barrier job
   procgroup bench --store-clients 4096                       one StoreServer, 4096 clients rendezvous
 
@@ -66,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=2, help="world size: processes on this machine (default 2)")
     p.add_argument("--ops", default=None, help=f"comma-separated subset of {','.join(OPS)} (default all)")
     p.add_argument("--min-bytes", default=str(DEFAULT_MIN_BYTES), help="smallest size, e.g. 4, 1K (default 4)")
+    p.add_argument(
+        "--sizes",
+        default=None,
+        help="only these sizes of the series 4, 16, 64, ..., e.g. 4,64K,1M,64M (overrides the range)",
+    )
     p.add_argument("--max-bytes", default=fmt_size(DEFAULT_MAX_BYTES), help="largest size, e.g. 1K, 64M (default 64M)")
     p.add_argument(
         "--iters",
@@ -74,7 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(200 for small sizes down to 8 at 64 MiB, and at most about 1.5 s per case)",
     )
     p.add_argument(
-        "--compare", default="", help="also run the same cases through: gloo (torch.distributed), mpi (mpi4py + mpirun)"
+        "--compare",
+        default="",
+        help="also run the same cases through: gloo (torch.distributed), mpi (mpi4py + mpirun), "
+        "cpu (procgroup's cpu backend, with --backend mpi)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="cpu",
+        help="procgroup's backend under test: cpu (procgroup run, default) or mpi (mpirun, mpi4py)",
     )
     p.add_argument(
         "--transport",
@@ -268,14 +289,18 @@ def _mpirun(n: int, *exported: str) -> list[str]:
     return cmd
 
 
-def _commands(system: str, n: int, worker_args: list[str]) -> list[str]:
-    if system == "procgroup":
-        mod = "procgroup.bench.worker"
-    elif system == "gloo":
-        mod = "procgroup.bench.torch_worker"
-    else:
-        mpi_worker = [sys.executable, "-m", "procgroup.bench.mpi_worker", *worker_args]
-        return _mpirun(n, "OMP_NUM_THREADS", "PYTHONUNBUFFERED") + mpi_worker
+def _commands(system: str, n: int, worker_args: list[str], backend: str = "cpu") -> list[str]:
+    """The command line of one system's run (``backend``: procgroup's backend under test)."""
+    if system == "mpi" or (system == "procgroup" and backend == "mpi"):
+        if system == "mpi":
+            worker = [sys.executable, "-m", "procgroup.bench.mpi_worker", *worker_args]
+        else:
+            worker = [sys.executable, "-m", "procgroup.bench.worker", "--backend", "mpi", *worker_args]
+        return _mpirun(n, "OMP_NUM_THREADS", "PYTHONUNBUFFERED") + worker
+    if system == "gloo":
+        mod, extra = "procgroup.bench.torch_worker", []
+    else:  # procgroup on the cpu backend: the system under test, or the "cpu" column beside the mpi backend
+        mod, extra = "procgroup.bench.worker", ([] if system == "procgroup" else ["--name", system])
     return [
         sys.executable,
         "-m",
@@ -286,6 +311,7 @@ def _commands(system: str, n: int, worker_args: list[str]) -> list[str]:
         str(n),
         "-m",
         mod,
+        *extra,
         *worker_args,
     ]
 
@@ -343,11 +369,12 @@ def run_system(
     quiet: bool,
     tag: str = "",
     calm: Optional[tuple[float, float]] = None,
+    backend: str = "cpu",
 ) -> dict:
     """Run one system's sweep; returns {"status", "records", "header", "wall_s", "command", ...}."""
     out = workdir / f"{tag or system}.jsonl"
     log = workdir / f"{tag or system}.log"
-    cmd = _commands(system, n, ["--out", str(out), *worker_args])
+    cmd = _commands(system, n, ["--out", str(out), *worker_args], backend)
     env = child_env(env_extra)
     info: dict = {
         "command": cmd,
@@ -537,7 +564,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     bad = [c for c in compare if c not in COMPARE]
     if bad:
         p.error(f"--compare: unknown system(s) {bad}; choose from {','.join(COMPARE)}")
+    if "cpu" in compare and ns.backend == "cpu":
+        p.error("--compare cpu compares the cpu backend with another one: pass --backend mpi too")
     sizes = sizes_between(lo, hi)
+    if ns.sizes:
+        try:
+            sizes = sorted({parse_size(x) for x in ns.sizes.split(",") if x.strip()})
+        except ValueError as e:
+            p.error(f"--sizes: {e}")
+        series = sizes_between(4, max(sizes))
+        if any(x not in series for x in sizes):
+            p.error(f"--sizes: every size must be one of the series 4, 16, 64, ... (got {ns.sizes})")
     sweep = ns.sweep or ns.ops is not None or not (ns.startup or ns.store_clients)
     if sweep and not sizes and any(o != "barrier" for o in ops):
         p.error(f"no size of the series 4, 16, 64, ... lies in [{lo}, {hi}]")
@@ -555,12 +592,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "iters": ns.iters,
             "compare": compare,
             "transport": ns.transport,
+            "backend": ns.backend,
             "dtype": "float32",
         },
         "machine": machine_info(),
         "notes": [],
     }
     systems = ["procgroup"]
+    if ns.backend == "mpi":
+        why = mpi_unavailable()
+        if why:
+            p.error(f"--backend mpi needs Open MPI's mpirun and mpi4py: {why}")
     for c in compare:
         why = None
         if c == "gloo" and importlib.util.find_spec("torch") is None:
@@ -594,6 +636,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         ",".join(group),
                         "--min-bytes",
                         str(lo),
+                        *(["--sizes", ",".join(map(str, sizes))] if ns.sizes else []),
                         "--max-bytes",
                         str(hi),
                         "--iters",
@@ -602,7 +645,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     if ns.profile:
                         wargs += ["--profile", os.path.abspath(ns.profile)]
                     for s in systems:
-                        extra = {"PROCGROUP_TRANSPORT": ns.transport} if s == "procgroup" else {}
+                        extra = {"PROCGROUP_TRANSPORT": ns.transport} if s in ("procgroup", "cpu") else {}
                         r = run_system(
                             s,
                             ns.nproc,
@@ -613,6 +656,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             ns.quiet,
                             tag=f"{s}-{rnd}-{gi}",
                             calm=(ns.calm, ns.calm_wait) if ns.calm is not None else None,
+                            backend=ns.backend,
                         )
                         for rec in r["records"]:
                             rec["background_cpu"] = r.get("background_cpu")
@@ -642,7 +686,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 sys.stderr.write(f"procgroup bench: store rendezvous of {ns.store_clients} clients\n")
             result["store_scale"] = run_store_scale(ns.store_clients)
             out_text.append(format_result(result["store_scale"]))
-    verdicts = report.evaluate_targets(by_op, ns.nproc, result.get("startup"), result.get("store_scale"))
+    if ns.backend == "mpi":
+        verdicts = report.evaluate_mpi_backend_targets(by_op)
+    else:
+        verdicts = report.evaluate_targets(by_op, ns.nproc, result.get("startup"), result.get("store_scale"))
     result["targets"] = verdicts
     if verdicts:
         out_text.append(
@@ -738,7 +785,10 @@ def _markdown(result: dict, by_op: dict, systems: Sequence[str], n: int) -> str:
     if result.get("targets"):
         lines += ["#### targets", "", "| target | measured | status |", "|---|---:|---|"]
         for v in result["targets"]:
-            val = ("-" if v["ratio"] is None else f"{v['ratio']:.3f}x") if "ratio" in v else f"{v['value_s']:.3f} s"
+            if "value_us" in v:
+                val = f"{v['value_us']:+.1f} us"
+            else:
+                val = ("-" if v["ratio"] is None else f"{v['ratio']:.3f}x") if "ratio" in v else f"{v['value_s']:.3f} s"
             if v.get("ratio_rounds") and len(v["ratio_rounds"]) > 1:
                 val += f" (rounds {min(v['ratio_rounds']):.3f}-{max(v['ratio_rounds']):.3f})"
             lines.append(f"| {v['target']} | {val} | {v['status']} |")

@@ -7,10 +7,19 @@ from typing import Iterable, Optional, Sequence
 
 from .cases import OPS, fmt_size
 
-__all__ = ["SYSTEMS", "rows_by_op", "console_tables", "markdown", "evaluate_targets", "plot", "TARGETS"]
+__all__ = [
+    "SYSTEMS",
+    "rows_by_op",
+    "console_tables",
+    "markdown",
+    "evaluate_targets",
+    "evaluate_mpi_backend_targets",
+    "plot",
+    "TARGETS",
+]
 
-SYSTEMS = ("procgroup", "gloo", "mpi")
-LABEL = {"procgroup": "procgroup", "gloo": "gloo", "mpi": "MPI"}
+SYSTEMS = ("procgroup", "gloo", "mpi", "cpu")
+LABEL = {"procgroup": "procgroup", "gloo": "gloo", "mpi": "MPI", "cpu": "pg-cpu"}
 
 #: The goals of the performance issue, judged on ratios measured in the same run:
 #: (name, op, bytes or None for "smallest measured", other system, max ratio, world size or None for any)
@@ -266,10 +275,54 @@ def evaluate_targets(
     return out
 
 
+#: the mpi backend's goals (issue 13), against raw mpi4py in the same run: added microseconds at the smallest
+#: size, and bandwidth at 64 MiB as a fraction of raw mpi4py's (ratio of times <= 1 / 0.95)
+MPI_ADDED_US = 3.0
+MPI_BW_FRACTION = 0.95
+
+
+def evaluate_mpi_backend_targets(by_op: dict[str, list[dict]]) -> list[dict]:
+    """Verdicts of procgroup on backend="mpi" against raw mpi4py: <= 3 us added at 4 B, >= 0.95x at 64 MiB."""
+    out = []
+    for op, rows in by_op.items():
+        rows = [r for r in rows if r.get("procgroup") and r.get("mpi")]
+        if not rows:
+            continue
+        small = rows[0]
+        pg, raw = _med(small["procgroup"]), _med(small["mpi"])
+        if pg is not None and raw is not None and (small["bytes"] <= 4 or op == "barrier"):
+            added = (pg - raw) * 1e6
+            out.append(
+                {
+                    "target": f"{op} {_size(small['bytes'], op)}: <= {MPI_ADDED_US:.0f} us over raw mpi4py",
+                    "limit": MPI_ADDED_US,
+                    "value_us": added,
+                    "ratio": pg / raw if raw else None,
+                    "status": "met" if added <= MPI_ADDED_US else "missed",
+                }
+            )
+        big = [r for r in rows if r["bytes"] == 64 << 20]
+        if big:
+            pg, raw = _med(big[0]["procgroup"]), _med(big[0]["mpi"])
+            if pg and raw:
+                out.append(
+                    {
+                        "target": f"{op} 64M: >= {MPI_BW_FRACTION:.2f}x raw mpi4py bandwidth",
+                        "limit": 1 / MPI_BW_FRACTION,
+                        "ratio": pg / raw,
+                        "ratio_rounds": big[0].get("ratio_mpi_rounds"),
+                        "status": "met" if raw / pg >= MPI_BW_FRACTION else "missed",
+                    }
+                )
+    return out
+
+
 def format_targets(verdicts: Iterable[dict]) -> str:
     lines = []
     for v in verdicts:
-        if "ratio" in v:
+        if "value_us" in v:
+            val = f"{v['value_us']:+.1f} us"
+        elif "ratio" in v:
             val = "-" if v["ratio"] is None else f"{v['ratio']:.3f}x"
             if v.get("ratio_rounds") and len(v["ratio_rounds"]) > 1:
                 val += f" (rounds {min(v['ratio_rounds']):.3f}-{max(v['ratio_rounds']):.3f})"
@@ -305,7 +358,7 @@ def plot(
     nrows = max(1, math.ceil(panels / ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows), squeeze=False)
     flat = [ax for row in axes for ax in row]
-    colors = {"procgroup": "tab:blue", "gloo": "tab:orange", "mpi": "tab:green"}
+    colors = {"procgroup": "tab:blue", "gloo": "tab:orange", "mpi": "tab:green", "cpu": "tab:purple"}
     i = 0
     for op in sized:
         rows = by_op[op]

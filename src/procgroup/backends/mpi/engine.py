@@ -1,0 +1,497 @@
+"""MPI's own collectives behind procgroup's API: the mpi backend's :class:`CollectiveEngine`.
+
+Each procgroup group gets one MPI communicator whose rank order is the group's (the world's is made at
+init; a subgroup's by ``MPI_Comm_create_group`` on its first collective, after a procgroup barrier over the
+transport, so that creation never waits for a member that is not there).  A collective posts MPI's
+nonblocking form (``Iallreduce``, ``Ibcast``, ``Ireduce``, ``Iallgather``, ``Igather``, ``Iscatter``,
+``Ireduce_scatter_block``, ``Ialltoall(v)``, ``Ibarrier``) and polls it with ``Test`` under the call's
+deadline (:class:`~._waiting.Liveness`: spin, then back off), so the deadline, the watchdog's abort and
+dead peers end a wait as they do on the cpu backend.
+
+What MPI computes differently from procgroup is declined, so that procgroup's own algorithms (over the
+MPI transport) run it and every result equals the cpu backend's:
+
+* reductions of bool, float16 and bfloat16 (MPI has no such reduction types);
+* MIN and MAX of floating types (MPI's C MIN/MAX drop NaN where numpy, hence procgroup, propagates it).
+
+all_reduce, reduce and reduce_scatter of :data:`LARGE_ALL_REDUCE` bytes or more also run procgroup's
+algorithms over the transport, because they are faster there.  AVG runs as MPI's SUM; the caller divides.
+Data movement (broadcast, gathers, scatter, all-to-all) is typed as bytes, so every dtype takes MPI's path;
+beyond ``INT_MAX`` bytes it raises ConfigError (this MPI may lack the large-count calls).  Every collective
+is checked against the members' calls beside it (:meth:`MpiEngine._run`), so a mismatch raises.  After a
+collective of a group fails (deadline, dead peer, abort) its MPI operation stays pending, so the group's
+communicator is out of step: later collectives of that group raise BrokenError at once.
+
+Point-to-point of the user's API (send/recv/isend/irecv, batch_isend_irecv) goes straight to ``MPI_Isend``
+/ ``MPI_Irecv`` on a communicator of its own, with MPI tag ``gid << TAG_BITS | tag`` when both fit
+(the others take the transport); ``ANY_SOURCE`` is MPI's.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import numpy as np
+
+from ... import algorithms
+from ...errors import BrokenError, CollectiveMismatchError, ProcGroupError
+from ...ops import ReduceOp, reducer
+from ...transport.base import ANY_SOURCE, Request, Status
+from ..base import CollectiveEngine
+from ._waiting import Liveness
+
+__all__ = ["MpiEngine", "INT_MAX", "LARGE_ALL_REDUCE"]
+
+INT_MAX = (1 << 31) - 1
+#: all_reduce, reduce and reduce_scatter of at least this many (input) bytes run procgroup's own algorithms over
+#: the MPI transport: Open MPI's nonblocking reductions (libnbc) are 2-6x slower than its blocking ones at large
+#: sizes, and procgroup's ring / reduce-scatter over MPI point-to-point beats both (docs/mpi.md)
+LARGE_ALL_REDUCE = 2 << 20
+
+
+class _P2P(Request):
+    """An MPI point-to-point request as a procgroup Request (Status.source is a global rank)."""
+
+    __slots__ = ("eng", "req", "st", "peer", "nbytes", "recv", "status", "error")
+
+    def __init__(self, eng: "MpiEngine", req: Any, peer: int, nbytes: int, recv: bool) -> None:
+        self.eng = eng
+        self.req = req
+        self.peer = peer
+        self.nbytes = nbytes
+        self.recv = recv
+        self.st: Any = eng.MPI.Status() if recv else None
+        self.status: Optional[Status] = None
+        self.error: Optional[BaseException] = None
+
+    def test(self) -> bool:
+        if self.status is not None or self.error is not None:
+            return True
+        try:
+            done = self.req.Test(self.st)
+        except self.eng.MPI.Exception as e:
+            self.error = self.eng.mpi_error(e, self._what())
+            return True
+        if done:
+            if self.recv:
+                self.status = Status(self.st.Get_source(), self.st.Get_count(self.eng.MPI.BYTE))
+            else:
+                self.status = Status(self.peer, self.nbytes)
+        return done
+
+    def _what(self) -> str:
+        if self.recv:
+            src = "any rank" if self.peer == ANY_SOURCE else f"rank {self.peer}"
+            return f"MPI_Irecv from {src} ({self.nbytes} bytes)"
+        return f"MPI_Isend to rank {self.peer} ({self.nbytes} bytes)"
+
+    def wait(self, deadline: Any = None) -> Status:
+        if not self.test():
+            peers = None if self.peer == ANY_SOURCE else (self.peer,)  # any source: any dead rank fails it
+            self.eng.live.wait(self.test, deadline, self._what, peers, self.nbytes)
+        if self.error is not None:
+            raise self.error
+        assert self.status is not None
+        return self.status
+
+
+class MpiEngine(CollectiveEngine):
+    """Collectives on MPI communicators, one per procgroup group (see the module docstring).
+
+    ``world``: a communicator of all ranks in procgroup's rank order (group 0's); ``p2p``: another one for
+    the user's point-to-point; ``live``: the waits' shared state (the transport's abort reaches them);
+    ``tag_ub``: MPI's largest tag.  Collective: every rank constructs it at init (it duplicates ``world``).
+    """
+
+    name = "mpi"
+    #: check every collective's sequence number and fingerprint beside it (see :meth:`_run`); False saves
+    #: one tiny MPI_Iallreduce per call (~1-3 us) at the price of garbage instead of an error on a mismatch
+    check_calls = True
+
+    def __init__(self, MPI: Any, world: Any, p2p: Any, live: Liveness, tag_ub: int) -> None:
+        self.MPI = MPI
+        self.live = live
+        self._world = world
+        self._p2p = p2p
+        self._comms: Dict[int, Any] = {0: world}
+        self._checks: Dict[int, tuple] = {0: self._check_comm(world)}
+        self._broken: Dict[int, str] = {}
+        self._make_lock = threading.Lock()
+        self._plans: Dict[tuple, Optional[Callable[..., None]]] = {}
+        bits = max(15, int(tag_ub).bit_length())  # MPI guarantees TAG_UB >= 32767
+        self.gid_bits = 6 if bits >= 24 else 3
+        self.tag_bits = bits - self.gid_bits
+        self._types = self._type_table(MPI)
+        self._ops = {
+            ReduceOp.SUM: MPI.SUM,
+            ReduceOp.AVG: MPI.SUM,
+            ReduceOp.PRODUCT: MPI.PROD,
+            ReduceOp.MIN: MPI.MIN,
+            ReduceOp.MAX: MPI.MAX,
+            ReduceOp.BAND: MPI.BAND,
+            ReduceOp.BOR: MPI.BOR,
+            ReduceOp.BXOR: MPI.BXOR,
+        }
+
+    @staticmethod
+    def _type_table(MPI: Any) -> Dict[Any, Any]:
+        table = {
+            "int8": MPI.INT8_T,
+            "uint8": MPI.UINT8_T,
+            "int16": MPI.INT16_T,
+            "uint16": MPI.UINT16_T,
+            "int32": MPI.INT32_T,
+            "uint32": MPI.UINT32_T,
+            "int64": MPI.INT64_T,
+            "uint64": MPI.UINT64_T,
+            "float32": MPI.FLOAT,
+            "float64": MPI.DOUBLE,
+            "complex64": MPI.C_FLOAT_COMPLEX,
+            "complex128": MPI.C_DOUBLE_COMPLEX,
+        }
+        return {np.dtype(k): v for k, v in table.items() if v != MPI.DATATYPE_NULL}
+
+    # -- errors ------------------------------------------------------------------------------
+    def mpi_error(self, e: Any, what: str) -> ProcGroupError:
+        """An MPI error (returned, since the error handler is MPI_ERRORS_RETURN) as a procgroup BrokenError."""
+        try:
+            text = e.Get_error_string()
+        except Exception:  # noqa: BLE001 - the code alone still says something
+            text = str(e)
+        return BrokenError(f"rank {self.live.rank}: {what} failed in the MPI library: {text}")
+
+    # -- communicators -------------------------------------------------------------------------
+    def _comm(self, g: Any, c: Any) -> Any:
+        comm = self._comms.get(g.gid)
+        if comm is not None:
+            return comm
+        why = self._broken.get(g.gid)
+        if why is not None:
+            raise BrokenError(why)
+        from ...algorithms import barrier
+
+        barrier(c)  # every member is here (under the deadline) before the blocking MPI_Comm_create_group
+        with self._make_lock:
+            comm = self._comms.get(g.gid)
+            if comm is None:
+                grp = self._world.Get_group()
+                sub = grp.Incl(list(g.ranks))
+                try:
+                    comm = self._world.Create_group(sub, g.gid)
+                finally:
+                    sub.Free()
+                    grp.Free()
+                comm.Set_errhandler(self.MPI.ERRORS_RETURN)
+                self._checks[g.gid] = self._check_comm(comm)
+                self._comms[g.gid] = comm
+        return comm
+
+    def _check_comm(self, comm: Any) -> tuple:
+        """The communicator and buffer of a group's call checks (a Dup: its traffic never meets the data's)."""
+        dup = comm.Dup()
+        dup.Set_errhandler(self.MPI.ERRORS_RETURN)
+        chk = np.zeros(2, np.int64)
+        return dup, [chk, self.MPI.INT64_T], chk
+
+    def _run(self, g: Any, c: Any, post: Optional[Callable[[Any], Any]], what: str, nbytes: int) -> None:
+        """Post an MPI nonblocking collective on ``g``'s communicator and wait for it under ``c.deadline``.
+
+        ``post`` None: the check below is the whole operation (a barrier).
+        Beside it, an ``MPI_Iallreduce`` (MAX) of ``[w, -w]`` on the group's check communicator, where ``w``
+        is the call's sequence number and fingerprint (``Comm.check_word``): members that called different
+        collectives (op, dtype, count, root, reduce op) at the same point find ``max(w) != min(w)`` and
+        raise CollectiveMismatchError, even where MPI itself would return garbage or hang.
+        """
+        comm = self._comms.get(g.gid)
+        if comm is None:
+            comm = self._comm(g, c)
+        MPI = self.MPI
+        try:
+            if not self.check_calls:
+                assert post is not None, "without the call check every operation posts its own request"
+                req = post(comm)
+                if not req.Test():
+                    self.live.wait(req.Test, c.deadline, lambda: what, g.ranks, nbytes)
+                return
+            ccomm, chkspec, chk = self._checks[g.gid]
+            w = c.check_word()
+            chk[0] = w
+            chk[1] = -w
+            creq = ccomm.Iallreduce(MPI.IN_PLACE, chkspec, MPI.MAX)
+            req = post(comm) if post is not None else _DONE
+            if creq.Test():  # the common case: the check is done by the time the data is posted
+                if chk[0] != -chk[1]:
+                    raise self._mismatch(g, what, w, chk)
+                if not req.Test():
+                    self.live.wait(req.Test, c.deadline, lambda: what, g.ranks, nbytes)
+                return
+            checked = False
+
+            def done() -> bool:
+                nonlocal checked
+                if not checked:
+                    if not creq.Test():
+                        return False
+                    checked = True
+                    if chk[0] != -chk[1]:
+                        raise self._mismatch(g, what, w, chk)
+                return bool(req.Test())
+
+            self.live.wait(done, c.deadline, lambda: what, g.ranks, nbytes)
+        except MPI.Exception as e:
+            self._poison(g, f"{what} failed in the MPI library")
+            raise self.mpi_error(e, what) from None
+        except ProcGroupError as e:
+            self._poison(g, f"an earlier collective of this group ({what}) ended with {type(e).__name__}")
+            raise
+
+    def _mismatch(self, g: Any, what: str, w: int, chk: np.ndarray) -> ProcGroupError:
+        return CollectiveMismatchError(
+            f"{what}: the members of group {g.name} called different collectives at this point (sequence "
+            f"number and call fingerprint {w:#010x} here; {int(chk[0]):#010x} and {int(-chk[1]):#010x} are "
+            "the highest and lowest among the members): make every rank call the same collectives, in the same "
+            "order, with the same dtype, size, root and reduce op"
+        )
+
+    def _poison(self, g: Any, why: str) -> None:
+        self._comms.pop(g.gid, None)  # its pending operation may still complete; the communicator is not freed
+        self._broken[g.gid] = (
+            f"group {g.name}: {why}, so MPI's communicator of the group is out of step; destroy the group "
+            "(or the job) and create it again"
+        )
+
+    # -- plans ---------------------------------------------------------------------------------
+    def _reduction(self, dtype: Any, op: Any) -> Optional[tuple]:
+        if isinstance(dtype, str):
+            return None  # bfloat16
+        t = self._types.get(dtype)
+        if t is None:
+            return None  # bool, float16, ...
+        if op in (ReduceOp.MIN, ReduceOp.MAX) and dtype.kind in "fc":
+            return None  # NaN semantics differ
+        mop = self._ops.get(op)
+        return None if mop is None else (t, mop)
+
+    def all_reduce(self, group: Any, dtype: Any, op: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Iallreduce`` in place, or None for what MPI computes differently (see the module)."""
+        key = ("ar", group.gid, dtype, op)
+        try:
+            return self._plans[key]
+        except KeyError:
+            pass
+        tm = self._reduction(dtype, op)
+        plan: Optional[Callable[..., None]] = None
+        if tm is not None:
+            t, mop = tm
+            IN_PLACE = self.MPI.IN_PLACE
+            run = self._run
+            kern = reducer(op, dtype)
+
+            def plan(c: Any, buf: np.ndarray) -> None:
+                nbytes = buf.nbytes
+                if nbytes >= LARGE_ALL_REDUCE:
+                    algorithms.all_reduce(c, buf, kern)  # over the MPI transport: faster than MPI's here
+                    return
+                run(group, c, lambda m: m.Iallreduce(IN_PLACE, [buf, t], mop), "MPI_Iallreduce", nbytes)
+
+        self._plans[key] = plan
+        return plan
+
+    def reduce(self, group: Any, dtype: Any, op: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Ireduce`` (in place at the root), procgroup's algorithm from LARGE_ALL_REDUCE bytes, or None."""
+        key = ("rd", group.gid, dtype, op)
+        try:
+            return self._plans[key]
+        except KeyError:
+            pass
+        tm = self._reduction(dtype, op)
+        plan: Optional[Callable[..., None]] = None
+        if tm is not None:
+            t, mop = tm
+            IN_PLACE = self.MPI.IN_PLACE
+            run = self._run
+            kern = reducer(op, dtype)
+
+            def plan(c: Any, buf: np.ndarray, root: int) -> None:
+                nbytes = buf.nbytes
+                if nbytes >= LARGE_ALL_REDUCE:
+                    algorithms.reduce(c, buf, kern, root)  # as for all_reduce: faster than MPI_Ireduce here
+                    return
+                if c.rank == root:
+                    run(group, c, lambda m: m.Ireduce(IN_PLACE, [buf, t], mop, root), "MPI_Ireduce", nbytes)
+                else:
+                    run(group, c, lambda m: m.Ireduce([buf, t], None, mop, root), "MPI_Ireduce", nbytes)
+
+        self._plans[key] = plan
+        return plan
+
+    def reduce_scatter(self, group: Any, dtype: Any, op: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Ireduce_scatter_block``, procgroup's algorithm from LARGE_ALL_REDUCE input bytes, or None."""
+        key = ("rs", group.gid, dtype, op)
+        try:
+            return self._plans[key]
+        except KeyError:
+            pass
+        tm = self._reduction(dtype, op)
+        plan: Optional[Callable[..., None]] = None
+        if tm is not None:
+            t, mop = tm
+            run = self._run
+            kern = reducer(op, dtype)
+
+            def plan(c: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+                nbytes = sendbuf.nbytes
+                if nbytes >= LARGE_ALL_REDUCE:
+                    algorithms.reduce_scatter(c, sendbuf, recvbuf, kern)  # faster than libnbc's here
+                    return
+                post = lambda m: m.Ireduce_scatter_block([sendbuf, t], [recvbuf, t], mop)  # noqa: E731
+                run(group, c, post, "MPI_Ireduce_scatter_block", nbytes)
+
+        self._plans[key] = plan
+        return plan
+
+    def broadcast(self, group: Any, dtype: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Ibcast`` of the bytes."""
+        BYTE = self.MPI.BYTE
+
+        def plan(c: Any, buf: np.ndarray, root: int) -> None:
+            _fits("broadcast", buf.nbytes)
+            self._run(group, c, lambda m: m.Ibcast([buf, BYTE], root), "MPI_Ibcast", buf.nbytes)
+
+        return plan
+
+    def all_gather(self, group: Any, dtype: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Iallgather`` of the bytes."""
+        BYTE = self.MPI.BYTE
+
+        def plan(c: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+            _fits("all_gather", recvbuf.nbytes)
+            post = lambda m: m.Iallgather([sendbuf, BYTE], [recvbuf, BYTE])  # noqa: E731
+            self._run(group, c, post, "MPI_Iallgather", recvbuf.nbytes)
+
+        return plan
+
+    def gather(self, group: Any, dtype: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Igather`` of the bytes."""
+        BYTE = self.MPI.BYTE
+
+        def plan(c: Any, sendbuf: np.ndarray, recvbuf: Optional[np.ndarray], root: int) -> None:
+            _fits("gather", sendbuf.nbytes * c.size)
+            rb = [recvbuf, BYTE] if c.rank == root else None
+            post = lambda m: m.Igather([sendbuf, BYTE], rb, root)  # noqa: E731
+            self._run(group, c, post, "MPI_Igather", sendbuf.nbytes)
+
+        return plan
+
+    def scatter(self, group: Any, dtype: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Iscatter`` of the bytes."""
+        BYTE = self.MPI.BYTE
+
+        def plan(c: Any, sendbuf: Optional[np.ndarray], recvbuf: np.ndarray, root: int) -> None:
+            _fits("scatter", recvbuf.nbytes * c.size)
+            sb = [sendbuf, BYTE] if c.rank == root else None
+            post = lambda m: m.Iscatter(sb, [recvbuf, BYTE], root)  # noqa: E731
+            self._run(group, c, post, "MPI_Iscatter", recvbuf.nbytes)
+
+        return plan
+
+    def all_to_all(self, group: Any, dtype: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Ialltoall`` (equal blocks) or ``MPI_Ialltoallv``, of the bytes."""
+        BYTE = self.MPI.BYTE
+
+        def plan(
+            c: Any, sendbuf: np.ndarray, scounts: Sequence[int], recvbuf: np.ndarray, rcounts: Sequence[int]
+        ) -> None:
+            _fits("all_to_all", max(sendbuf.nbytes, recvbuf.nbytes))
+            item = sendbuf.itemsize
+            if len(set(scounts)) <= 1 and list(scounts) == list(rcounts):
+                post = lambda m: m.Ialltoall([sendbuf, BYTE], [recvbuf, BYTE])  # noqa: E731
+                self._run(group, c, post, "MPI_Ialltoall", sendbuf.nbytes)
+                return
+            sc = [k * item for k in scounts]
+            rc = [k * item for k in rcounts]
+            sd = [int(x) for x in np.cumsum([0] + sc[:-1])]
+            rd = [int(x) for x in np.cumsum([0] + rc[:-1])]
+            post = lambda m: m.Ialltoallv([sendbuf, (sc, sd), BYTE], [recvbuf, (rc, rd), BYTE])  # noqa: E731
+            self._run(group, c, post, "MPI_Ialltoallv", sendbuf.nbytes)
+
+        return plan
+
+    def barrier(self, group: Any) -> Optional[Callable[..., None]]:
+        """``MPI_Ibarrier``; with :attr:`check_calls`, the call check alone (an allreduce is a barrier too)."""
+
+        def plan(c: Any) -> None:
+            self._run(group, c, None if self.check_calls else _ibarrier, "MPI_Ibarrier", 0)
+
+        return plan
+
+    # -- point-to-point ------------------------------------------------------------------------
+    def _tag(self, group: Any, tag: int) -> int:
+        if group.gid >> self.gid_bits or tag >> self.tag_bits:
+            return -1
+        return (group.gid << self.tag_bits) | tag
+
+    def isend(self, group: Any, dst: int, tag: int, buf: Any) -> Optional[Request]:
+        """``MPI_Isend`` on the point-to-point communicator, or None when the (group, tag) does not fit."""
+        mtag = self._tag(group, tag)
+        if mtag < 0:
+            return None
+        live = self.live
+        if live.aborted is not None or live.closed or live.failed:
+            live.check((dst,), f"send to rank {dst}")
+        try:
+            req = self._p2p.Isend([buf, self.MPI.BYTE], dst, mtag)
+        except self.MPI.Exception as e:
+            raise self.mpi_error(e, f"MPI_Isend to rank {dst}") from None
+        return _P2P(self, req, dst, buf.nbytes, False)
+
+    def irecv(self, group: Any, src: int, tag: int, out: Any) -> Optional[Request]:
+        """``MPI_Irecv`` (``MPI_ANY_SOURCE`` for ANY_SOURCE), or None when the (group, tag) does not fit."""
+        mtag = self._tag(group, tag)
+        if mtag < 0:
+            return None
+        live = self.live
+        if live.aborted is not None or live.closed:
+            live.check((), f"recv from rank {src}")
+        source = self.MPI.ANY_SOURCE if src == ANY_SOURCE else src
+        try:
+            req = self._p2p.Irecv([out, self.MPI.BYTE], source, mtag)
+        except self.MPI.Exception as e:
+            raise self.mpi_error(e, f"MPI_Irecv from rank {src}") from None
+        return _P2P(self, req, src, out.nbytes, True)
+
+    def close(self) -> None:
+        """Forget the communicators (they are released by MPI_Finalize; freeing one may wait for peers)."""
+        self._comms.clear()
+        self._checks.clear()
+        self._plans.clear()
+
+
+class _Done:
+    """A request that is complete: the operation of a call whose check is the whole operation (barrier)."""
+
+    @staticmethod
+    def Test() -> bool:  # noqa: N802 - MPI's spelling, as the requests it stands in for
+        return True
+
+
+_DONE = _Done()
+
+
+def _ibarrier(m: Any) -> Any:
+    return m.Ibarrier()
+
+
+def _fits(op: str, nbytes: int) -> None:
+    if nbytes > INT_MAX:
+        raise _too_big(op, nbytes)
+
+
+def _too_big(op: str, count: int) -> ProcGroupError:
+    from ...errors import ConfigError
+
+    return ConfigError(
+        f"{op}: {count} elements/bytes exceed MPI's int count limit ({INT_MAX}); split the tensor into smaller "
+        "calls, or use backend='cpu'"
+    )

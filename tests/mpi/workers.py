@@ -1,0 +1,382 @@
+"""Worker programs of the mpi backend's tests: ``mpirun -np N python -m tests.mpi.workers NAME [args]``.
+
+The cpu backend's reference workers (``tests/integration/workers.py``: every collective x every root x
+dtypes x sizes 0, 1, 7, 1000 against closed forms, 64 MiB, any-source p2p, objects, subgroups) run here
+unchanged, with ``init_process_group()`` defaulting to backend="mpi".  The extra cases cover what MPI lacks
+(AVG, bfloat16, float16, bool, NaN under MIN/MAX), compared with the cpu backend's own reduction kernels.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import procgroup as dist
+from procgroup.ops import ReduceOp, bfloat16_to_float32, float32_to_bfloat16, reducer
+
+from ..integration import workers as ref
+
+_init = dist.init_process_group
+
+
+def _init_mpi(backend=None, *args, **kwargs):
+    """init_process_group with backend="mpi" unless another one is named."""
+    return _init("mpi" if backend is None else backend, *args, **kwargs)
+
+
+dist.init_process_group = _init_mpi  # the reference workers call dist.init_process_group()
+
+
+def _expected(op: ReduceOp, parts: list, dtype) -> np.ndarray:
+    """What the cpu backend computes: its kernel applied rank by rank, AVG divided once."""
+    acc = parts[0].copy()
+    k = reducer(op, dtype)
+    for p in parts[1:]:
+        k(acc, p)
+    if op is ReduceOp.AVG:
+        if dtype == "bfloat16":
+            acc = float32_to_bfloat16(bfloat16_to_float32(acc) / np.float32(len(parts)))
+        else:
+            acc = (acc / len(parts)).astype(acc.dtype)
+    return acc
+
+
+def _contrib(r: int, n: int, dtype):
+    base = (r + 1) * (np.arange(n) % 5 + 1)
+    if dtype == "bfloat16":
+        return float32_to_bfloat16(base.astype(np.float32))
+    if dtype == "bool":
+        return (base + r) % 3 == 0
+    return base.astype(dtype)
+
+
+def _tensor(a: np.ndarray, dtype):
+    """A copy of ``a``; for bfloat16 a torch bfloat16 tensor holding the bits (procgroup sees "bfloat16")."""
+    if dtype != "bfloat16":
+        return a.copy()
+    import torch
+
+    return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+
+
+def _bits(x, dtype) -> np.ndarray:
+    return x.view(__import__("torch").int16).numpy().view(np.uint16) if dtype == "bfloat16" else x
+
+
+def extras() -> None:
+    """AVG, PRODUCT, bool, float16, bfloat16 and NaN under MIN/MAX, in the world and in a subgroup."""
+    dist.init_process_group()
+    r, ws = dist.get_rank(), dist.get_world_size()
+    count = 0
+    cases = [
+        ("float32", ReduceOp.AVG),
+        ("float64", ReduceOp.AVG),
+        ("float16", ReduceOp.AVG),
+        ("float16", ReduceOp.SUM),
+        ("bfloat16", ReduceOp.SUM),
+        ("bfloat16", ReduceOp.AVG),
+        ("bfloat16", ReduceOp.MAX),
+        ("int32", ReduceOp.PRODUCT),
+        ("int64", ReduceOp.BAND),
+        ("uint8", ReduceOp.BOR),
+        ("bool", ReduceOp.SUM),
+        ("bool", ReduceOp.MIN),
+        ("complex64", ReduceOp.AVG),
+        ("float32", ReduceOp.MAX),
+    ]
+    groups = [None]
+    if ws > 2:
+        groups.append(dist.new_group(list(range(1, ws))))
+    for grp in groups:
+        members = list(range(ws)) if grp is None else list(range(1, ws))
+        if r not in members:
+            continue
+        for dtype, op in cases:
+            for n in (0, 1, 7, 1000):
+                parts = [_contrib(q, n, dtype) for q in members]
+                if dtype == "float32" and op is ReduceOp.MAX and n:
+                    parts[-1][0] = np.nan  # numpy (and the cpu backend) propagate NaN
+                x = _tensor(parts[members.index(r)], dtype)
+                dist.all_reduce(x, op=op, group=grp)
+                want = _expected(op, parts, dtype)
+                got = _bits(x, dtype)
+                ref.check(
+                    np.array_equal(got, want, equal_nan=True), f"all_reduce {op.name} {dtype} n={n}: {got} != {want}"
+                )
+                if dtype not in ("bfloat16", "bool"):
+                    y = parts[members.index(r)].copy()
+                    dist.reduce(y, dst=members[-1], op=op, group=grp)
+                    if r == members[-1]:
+                        ref.check(np.array_equal(y, want, equal_nan=True), f"reduce {op.name} {dtype} n={n}")
+                    out = np.zeros(n, parts[0].dtype)
+                    inp = [_contrib(q, n * len(members), dtype) for q in members]
+                    want_rs = _expected(op, inp, dtype)
+                    dist.reduce_scatter_tensor(out, inp[members.index(r)].copy(), op=op, group=grp)
+                    i = members.index(r)
+                    ref.check(
+                        np.array_equal(out, want_rs[i * n : (i + 1) * n], equal_nan=True),
+                        f"reduce_scatter {op.name} {dtype} n={n}",
+                    )
+                count += 1
+    # torch-style p2p in a subgroup and with tags beyond MPI's tag space (the transport's path)
+    if ws >= 2:
+        for tag in (0, 5, (1 << 39) + 3):
+            if r == 0:
+                dist.send(np.full(4, tag % 1000, np.int64), dst=1, tag=tag)
+            elif r == 1:
+                z = np.zeros(4, np.int64)
+                src = dist.recv(z, tag=tag)
+                ref.check(src == 0 and np.all(z == tag % 1000), f"p2p tag={tag}: {src} {z}")
+        count += 1
+    dist.barrier()
+    print(f"rank {r}: {count} extra checks passed", flush=True)
+    dist.destroy_process_group()
+
+
+def kill_mid(victim: str = "1") -> None:
+    """Every rank loops over 1 MiB all_reduces; the victim SIGKILLs itself in the middle of one.
+
+    Survivors must raise naming the victim; each prints 'survivor R: <seconds> <error>' and exits 7.
+    """
+    dist.init_process_group(timeout=20)
+    r = dist.get_rank()
+    v = int(victim)
+    x = np.ones(1 << 18, np.float32)
+    for _ in range(5):
+        dist.all_reduce(x)
+    t0 = time.monotonic()
+    try:
+        i = 0
+        while True:
+            if r == v and i == 3:
+                w = dist.all_reduce(x, async_op=True)  # the victim dies with the collective posted
+                time.sleep(0.05)
+                os.kill(os.getpid(), signal.SIGKILL)
+                w.wait()
+            t0 = time.monotonic()
+            dist.all_reduce(x)
+            i += 1
+    except dist.ProcGroupError as e:
+        print(f"survivor {r}: {time.monotonic() - t0:.2f}s {type(e).__name__}: {e}", flush=True)
+        sys.exit(7)
+
+
+def raise_mid(victim: str = "1") -> None:
+    """The victim raises an unhandled exception between collectives; the others must not hang."""
+    dist.init_process_group(timeout=60)
+    r = dist.get_rank()
+    x = np.ones(16, np.float32)
+    dist.all_reduce(x)
+    if r == int(victim):
+        raise RuntimeError("the victim's own bug")
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(x)
+    except dist.ProcGroupError as e:
+        print(f"survivor {r}: {time.monotonic() - t0:.2f}s {type(e).__name__}: {e}", flush=True)
+        sys.exit(7)
+
+
+def transport_conformance() -> None:
+    """The Transport semantics (tests/unit/test_transport_conformance.py), SPMD over the MPI transport.
+
+    That suite runs ranks as threads of one process, which MPI cannot; the same cases run here with one
+    MPI process per rank (3 or more), each against the world's MpiTransport.
+    """
+    import threading
+
+    from procgroup.deadline import Deadline
+    from procgroup.errors import ClosedError, DistTimeoutError, PeerFailureError, ProcGroupError
+    from procgroup.state import _state
+    from procgroup.transport.base import ANY_SOURCE
+
+    dist.init_process_group(timeout=60)
+    t = _state.default.world.transport
+    r, ws = t.rank, t.world_size
+    ref.check(t.kind == "mpi" and ws >= 3, f"transport {t.kind} at world size {ws}")
+
+    def dl(s: float = 30.0) -> Deadline:
+        return Deadline.after(s)
+
+    def sync() -> None:
+        dist.barrier()
+
+    tag = 77
+    # send/recv, every size around the eager limit and the 64 MiB case
+    for size in (0, 1, 3, 4095, 16 << 10, (16 << 10) + 1, 65537, (1 << 20) + 13, 64 << 20):
+        data = (np.arange(size) % 251).astype(np.uint8)
+        if r == 0:
+            t.send(1, tag, data, dl())
+        elif r == 1:
+            out = np.zeros(size + 7, np.uint8)
+            st = t.recv(0, tag, out, dl())
+            ref.check(st.source == 0 and st.nbytes == size and np.array_equal(out[:size], data), f"size {size}")
+    sync()
+    # non-overtaking, receives posted first and messages arriving first, eager and large mixed
+    for post_first in (True, False):
+        n = 40
+        sizes = [100 + i if i % 5 else (20 << 10) + i for i in range(n)]
+        if r == 1:
+            outs = [np.zeros(sizes[i] + 10, np.uint8) for i in range(n)]
+            if not post_first:
+                time.sleep(0.2)
+            reqs = [t.irecv(0, tag, o) for o in outs]
+            if post_first:
+                sync()
+            got = [(q.wait(dl()).nbytes, int(o[0])) for q, o in zip(reqs, outs)]
+            ref.check(got == [(sizes[i], i) for i in range(n)], f"non-overtaking post_first={post_first}")
+        else:
+            if post_first:
+                sync()
+            if r == 0:
+                reqs = [t.isend(1, tag, np.full(sizes[i], i, np.uint8)) for i in range(n)]
+                for q in reqs:
+                    q.wait(dl())
+        sync()
+    # tags are independent: B arrives although a large A was sent first and is received second
+    big = (np.arange(6 << 20) % 253).astype(np.uint8)
+    if r == 0:
+        ra, rb = t.isend(1, 1, big), t.isend(1, 2, b"B")
+        rb.wait(dl())
+        ra.wait(dl())
+    elif r == 1:
+        ob = bytearray(1)
+        t.recv(0, 2, ob, dl())
+        oa = np.zeros_like(big)
+        t.recv(0, 1, oa, dl())
+        ref.check(bytes(ob) == b"B" and np.array_equal(oa, big), "tags independent")
+    sync()
+    # any source returns the sender; it includes self
+    mine = t.isend(0, tag, np.full(8, r, np.uint8))
+    if r == 0:
+        got = []
+        for _ in range(ws):
+            out = np.zeros(8, np.uint8)
+            st = t.recv(ANY_SOURCE, tag, out, dl())
+            ref.check(bool((out == st.source).all()), "any-source payload")
+            got.append(st.source)
+        ref.check(sorted(got) == list(range(ws)), f"any-source senders {got}")
+    mine.wait(dl())
+    sync()
+    # a message too big for the buffer is an error naming both sizes, and is consumed (eager and large)
+    for size in (100, 100 << 10):
+        if r == 0:
+            t.send(1, tag, b"x" * size, dl())
+            t.send(1, tag, b"ok", dl())
+        elif r == 1:
+            try:
+                t.recv(0, tag, bytearray(10), dl())
+                ref.check(False, "oversize message accepted")
+            except DistTimeoutError:
+                ref.check(False, "oversize message timed out")
+            except ProcGroupError as e:
+                ref.check(str(size) in str(e) and "10" in str(e), f"oversize message error: {e}")
+            out = bytearray(10)
+            st = t.recv(0, tag, out, dl())
+            ref.check(bytes(out[: st.nbytes]) == b"ok", "transport works after an oversize message")
+        sync()
+    # timeout, then wait again
+    if r == 1:
+        out = bytearray(4)
+        req = t.irecv(0, tag, out)
+        t0 = time.monotonic()
+        try:
+            req.wait(Deadline.after(0.2))
+            ref.check(False, "no timeout")
+        except DistTimeoutError as e:
+            ref.check(0.15 <= time.monotonic() - t0 < 5 and "rank 0" in str(e), f"timeout: {e}")
+        ref.check(not req.test(), "still pending")
+        sync()
+        st = req.wait(dl())
+        ref.check(st.source == 0 and bytes(out) == b"late" and req.wait() == st, "late message")
+    else:
+        sync()
+        if r == 0:
+            t.send(1, tag, b"late", dl())
+    sync()
+    # self send (unexpected and posted), polling with test()
+    out = bytearray(6)
+    t.send(r, tag, b"before", dl())
+    ref.check(t.recv(r, tag, out, dl()).source == r and bytes(out) == b"before", "self send")
+    req = t.irecv(r, tag, out)
+    t.isend(r, tag, b"after!").wait(dl())
+    ref.check(req.wait(dl()).nbytes == 6 and bytes(out) == b"after!", "self send posted")
+    # two threads of one rank wait at once
+    if r in (0, 1):
+        peer = 1 - r
+        res: list = []
+
+        def side(k: int) -> None:
+            o = bytearray(1)
+            t.recv(peer, 1000 + k, o, dl())
+            res.append(o[0])
+
+        ths = [threading.Thread(target=side, args=(k,)) for k in range(2)]
+        for th in ths:
+            th.start()
+        for k in (1, 0):
+            t.send(peer, 1000 + k, bytes([k]), dl())
+        for th in ths:
+            th.join(30)
+        ref.check(sorted(res) == [0, 1], f"two threads {res}")
+    sync()
+    print(f"rank {r}: transport conformance ok", flush=True)
+    # the last two cases change the world for good (a peer marked dead, a closed transport): no collective after
+    # mark_peer_failed: receives from it (and any-source ones) fail, sends to it fail
+    if r == 2:
+        req = t.irecv(0, 4242, bytearray(4))
+        anyreq = t.irecv(ANY_SOURCE, 4243, bytearray(4))
+        t.mark_peer_failed(0, "declared dead by the test")
+        for q in (req, anyreq):
+            try:
+                q.wait(dl(5))
+                ref.check(False, "no peer failure")
+            except PeerFailureError as e:
+                ref.check(e.peer == 0 and "declared dead by the test" in str(e), f"peer failure: {e}")
+        try:
+            t.isend(0, tag, b"x").wait(dl(5))
+            ref.check(False, "send to a failed peer")
+        except PeerFailureError:
+            pass
+        print(f"rank {r}: mark_peer_failed ok", flush=True)
+    # close fails pending waits (rank 1, at the very end: its transport is gone afterwards)
+    if r == 1:
+        req = t.irecv(0, 999, bytearray(4))
+        errs: list = []
+
+        def waiter() -> None:
+            try:
+                req.wait(dl(10))
+            except BaseException as e:  # noqa: BLE001
+                errs.append(e)
+
+        th = threading.Thread(target=waiter)
+        th.start()
+        time.sleep(0.1)
+        t.close()
+        th.join(10)
+        ref.check(len(errs) == 1 and isinstance(errs[0], ClosedError), f"close: {errs}")
+        for fn in (lambda: t.isend(0, tag, b"x"), lambda: t.irecv(0, tag, bytearray(1))):
+            try:
+                fn()
+                ref.check(False, "usable after close")
+            except ClosedError:
+                pass
+        t.close()
+        print(f"rank {r}: close ok", flush=True)
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Barrier()  # every rank waits for rank 1's close test (its transport is gone now)
+    MPI.Finalize()
+    os._exit(0)  # skip destroy_process_group's exit handshake, which rank 1's closed transport cannot do
+
+
+if __name__ == "__main__":
+    # arguments starting with "pgtest-" are the test's tag (it finds leftover processes by it)
+    argv = [a for a in sys.argv[1:] if not a.startswith("pgtest-")]
+    fn = globals().get(argv[0]) or getattr(ref, argv[0])
+    fn(*argv[1:])
