@@ -270,6 +270,10 @@ class Identity:
     #: human-readable notes about values that were derived rather than read
     #: ("MASTER_ADDR=h1 derived from SLURM_STEP_NODELIST=h[1-3]"); logged at init.
     derived: tuple[str, ...] = field(default=())
+    #: no launcher said how many ranks share this node (no LOCAL_RANK/LOCAL_WORLD_SIZE): the local rank,
+    #: local world size and node rank above are placeholders that the group replaces with what it
+    #: measures at rendezvous
+    layout_measured: bool = False
 
 
 def env_str(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:

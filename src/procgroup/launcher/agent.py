@@ -100,11 +100,10 @@ if TYPE_CHECKING:  # pragma: no cover - the gang is imported where a job has sev
 
 __all__ = ["RunState", "LocalAgent", "run", "CTL_MARK", "is_local_address"]
 
+#: One line, printed once when several workers share a node and OMP_NUM_THREADS is not set.
 OMP_WARNING = (
-    "*****************************************\n"
-    "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your system "
-    "being overloaded, please further tune the variable for optimal performance in your application as needed. \n"
-    "*****************************************"
+    "procgroup run: OMP_NUM_THREADS=1 in each worker (several share this node); "
+    "export OMP_NUM_THREADS to use more threads per worker"
 )
 #: How long to wait for the last output of dead workers (pipes held by nobody).
 DRAIN_TIMEOUT = 2.0
