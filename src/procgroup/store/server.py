@@ -25,7 +25,7 @@ from ..config import ENV
 from ..errors import AuthenticationError, ClosedError, ConfigError, ProtocolError, StoreError
 from ..netutil import bind_listener, format_hostport
 from ..protocol import store_codec as sc
-from ..protocol.auth import MAC_LEN, REPLY_LEN, ServerHandshake
+from ..protocol.auth import MAC_LEN, REPLY_LEN, ServerHandshake, describe_secret
 from ..protocol.store_codec import CLOSED, NEED_DATA, StoreCodec
 from ..protocol.store_state import Park, StoreState, timeout_reply
 from .base import log
@@ -462,9 +462,11 @@ class StoreServer:
                 final = conn.hs.check(reply)
             except AuthenticationError as e:
                 log.warning(
-                    "store server: refused %s: %s (wrong %s? every rank must use the job's secret)",
+                    "store server: refused %s: client failed authentication (%s); secrets differ: this side uses "
+                    "%s (every rank must use the same %s or secret file)",
                     conn.peer,
                     e,
+                    describe_secret(self._secret),
                     ENV.SECRET,
                 )
                 self._refuse(conn, _FAIL)
