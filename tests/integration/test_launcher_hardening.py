@@ -7,12 +7,15 @@ import re
 
 import pytest
 
-from tests.integration.test_launcher import assert_gone, launch, script, workdir  # noqa: F401 - fixtures
+from tests.integration import test_launcher as _tl
+from tests.integration.test_launcher import assert_gone, script
+
+launch, workdir = _tl.launch, _tl.workdir  # the fixtures
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_root_cause_prefers_the_workers_own_error_over_the_teardown_signal(launch, workdir):  # type: ignore[no-untyped-def]  # noqa: F811
+def test_root_cause_is_the_workers_own_error_not_the_teardown_signal(launch, workdir):  # type: ignore[no-untyped-def]
     # rank 0 raises, then hangs while exiting; rank 1's exit makes the launcher SIGTERM it
     s = script(
         workdir,
@@ -39,7 +42,7 @@ def test_root_cause_prefers_the_workers_own_error_over_the_teardown_signal(launc
     assert_gone(ln.pids)
 
 
-def test_omp_banner_is_one_line_in_our_words(launch, workdir, monkeypatch):  # type: ignore[no-untyped-def]  # noqa: F811
+def test_omp_banner_is_one_line_in_our_words(launch, workdir, monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     s = script(workdir, "omp.py", "import os\nprint('omp=' + os.environ['OMP_NUM_THREADS'], flush=True)\n")
     ln = launch("--standalone", "--nproc-per-node", "2", s)
