@@ -3,14 +3,20 @@ signals during a slow spawn.  Reuses the ``Launch`` harness of :mod:`tests.integ
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import time
 
 import pytest
 
+from procgroup import procfs
 from tests.integration import test_launcher as _tl
 from tests.integration.test_launcher import assert_gone, script
 
 launch, workdir = _tl.launch, _tl.workdir  # the fixtures
+#: Python's and the launcher's own start-up, which the 1 s bound does not count (a loaded CI machine)
+_STARTUP_SLACK = 2.0
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -51,3 +57,49 @@ def test_omp_banner_is_one_line_in_our_words(launch, workdir, monkeypatch):  # t
     assert len(lines) == 1, ln.text()
     assert "export OMP_NUM_THREADS" in lines[0] and "*****" not in ln.text(), ln.text()
     assert "please further tune" not in ln.text()
+
+
+# --------------------------------------------------------------------------- absurd counts, signals while spawning
+
+
+def test_an_absurd_worker_count_is_refused_at_once(launch, workdir):  # type: ignore[no-untyped-def]
+    s = script(workdir, "never.py", "raise SystemExit('must not start')\n")
+    t0 = time.monotonic()
+    ln = launch("--standalone", "--nproc-per-node", "100000", s)
+    rc = ln.finish()
+    took = time.monotonic() - t0
+    assert rc != 0 and took < 1.0 + _STARTUP_SLACK, (took, ln.text())
+    err = ln.stderr
+    assert "--nproc-per-node 100000" in err and "--oversubscribe" in err, err
+    assert re.search(r"RLIMIT_NPROC|pid_max|workers per CPU", err), err
+    assert "must not start" not in ln.text()
+
+
+def _procs_with(marker: str) -> list[int]:
+    out = []
+    for pid in procfs.pids():
+        if marker in procfs.cmdline(pid) and procfs.pid_alive(pid):
+            out.append(pid)
+    return out
+
+
+def test_sigterm_while_spawning_ends_the_launcher_promptly(launch, workdir):  # type: ignore[no-untyped-def]
+    marker = f"61.{os.getpid()}"  # `sleep 61.<pid>`: finds any worker left behind
+    n = 300
+    ln = launch(
+        "--standalone", "--oversubscribe", "--no-python", "--nproc-per-node", str(n),
+        "sh", "-c", f"echo pid=$$; exec sleep {marker}",
+    )  # fmt: skip
+    ln.wait_lines(r"pid=(?P<pid>\d+)", 1)
+    t0 = time.monotonic()
+    os.kill(ln.proc.pid, signal.SIGTERM)
+    rc = ln.finish(timeout=60)
+    took = time.monotonic() - t0
+    assert rc == 128 + signal.SIGTERM, ln.text()
+    assert took < 3.0, f"the launcher took {took:.2f}s to stop after SIGTERM:\n{ln.text()}"
+    started = len(re.findall(r"terminated by launcher", ln.stderr))
+    assert started < n, f"every worker was spawned before the signal was honoured ({started})"
+    end = time.monotonic() + 3
+    while _procs_with(marker) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not _procs_with(marker), "workers left behind"

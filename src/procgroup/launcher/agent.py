@@ -495,7 +495,7 @@ class LocalAgent(SignalWaiter):
                     with open(s.log_file, "ab") as f:
                         f.write(f"===== procgroup: restart {restart} =====\n".encode())
         try:
-            att.group.start()
+            att.group.start(stop=lambda: bool(self._signals))  # a signal ends the spawn loop at once
         except OSError as e:
             att.spawn_error = f"{e.strerror or e} while starting {sys.executable} for {cfg.entrypoint!r}"
         self.state = RunState.HEALTHY if att.spawn_error is None else RunState.STOPPING
