@@ -103,3 +103,39 @@ def test_sigterm_while_spawning_ends_the_launcher_promptly(launch, workdir):  # 
     while _procs_with(marker) and time.monotonic() < end:
         time.sleep(0.05)
     assert not _procs_with(marker), "workers left behind"
+
+
+# --------------------------------------------------------------------------- per-node mode and the per-user secret
+
+
+def _two_agents(launch, workdir, cfg0: str, cfg1: str):  # type: ignore[no-untyped-def]
+    """Two `procgroup run --nnodes 2` agents on this host, with no PROCGROUP_SECRET and the given
+    XDG_CONFIG_HOME each (where the per-user secret file lives)."""
+    from procgroup.netutil import free_port
+
+    s = script(workdir, "mn.py", "import os\nprint('rank', os.environ['RANK'], flush=True)\n")
+    common = ("--nnodes", "2", "--nproc-per-node", "1", "--master-port", str(free_port()), "--join-timeout", "10")
+    n1 = launch(*common, "--node-rank", "1", s, env={"XDG_CONFIG_HOME": cfg1})
+    n0 = launch(*common, "--node-rank", "0", s, env={"XDG_CONFIG_HOME": cfg0})
+    return n0, n1
+
+
+def test_per_node_mode_agrees_via_the_user_secret_file(launch, workdir, tmp_path):  # type: ignore[no-untyped-def]
+    cfg = str(tmp_path / "cfg")
+    n0, n1 = _two_agents(launch, workdir, cfg, cfg)
+    assert n0.finish() == 0, n0.text()
+    assert n1.finish() == 0, n1.text()
+    assert "2 worker(s) on 2 nodes" in n0.stderr, n0.text()
+    f = tmp_path / "cfg" / "procgroup" / "secret"
+    assert (f.stat().st_mode & 0o777) == 0o600
+
+
+def test_per_node_mode_different_secret_files_named(launch, workdir, tmp_path):  # type: ignore[no-untyped-def]
+    n0, n1 = _two_agents(launch, workdir, str(tmp_path / "a"), str(tmp_path / "b"))
+    t0 = time.monotonic()
+    rc1 = n1.finish(timeout=30)
+    took = time.monotonic() - t0
+    n0.kill()
+    assert rc1 != 0, n1.text()
+    assert f"the per-user secret file {tmp_path / 'b' / 'procgroup' / 'secret'}" in n1.stderr, n1.text()
+    assert took < 10, took
