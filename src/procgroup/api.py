@@ -8,8 +8,10 @@ configuration once (:class:`~procgroup.config.RuntimeConfig`) and passes it down
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any, List, Optional, Tuple
@@ -19,7 +21,15 @@ from .backends import WorldSpec, lookup
 from .config import DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, Identity, RuntimeConfig, job_secret
 from .deadline import Deadline
 from .debug import install_signal_handler
-from .errors import ConfigError, ProcGroupError, RendezvousError, StoreTimeoutError
+from .errors import (
+    CollectiveMismatchError,
+    ConfigError,
+    DistTimeoutError,
+    PeerFailureError,
+    ProcGroupError,
+    RendezvousError,
+    StoreTimeoutError,
+)
 from .identity import detect_identity, resolve_master, torchelastic_launched
 from .netutil import is_literal_loopback
 from .process_group import ProcessGroup, World
@@ -283,11 +293,50 @@ def _install(world: World, group_name: str) -> None:
 
 
 def _atexit() -> None:
+    """At interpreter exit: tell the peers if an uncaught exception is ending this process, then destroy."""
     if _state.world is not None:
         try:
+            _publish_uncaught(_state.world)
             destroy_process_group()
         except Exception as e:  # noqa: BLE001 - at exit, report and go
             logger.warning("destroy_process_group at exit: %s", e)
+
+
+def _uncaught_exception() -> Optional[BaseException]:
+    """The exception ending this process, if any: Python's ``sys.last_exc`` (3.12+) or ``sys.last_value``,
+    which the interpreter -- and the launcher's bootstrap -- set after printing an uncaught traceback.
+    None for a normal exit or ``sys.exit()``."""
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if not isinstance(exc, BaseException) or isinstance(exc, SystemExit):
+        return None
+    return exc
+
+
+#: set at exit when this rank's uncaught exception is the job's first failure (then a launcher stops everyone,
+#: and a peer that finds this rank's store gone rightly blames it: no need to keep the store up)
+_exit_state = {"first_failure_is_mine": False}
+
+
+def _publish_uncaught(world: World) -> None:
+    """Exit handshake, failure side: when an uncaught exception ends this rank, record it as the job's failure
+    (first writer wins, as :func:`~procgroup.watchdog.first_failure`), so the peers' watchdogs fail their waits
+    within one watchdog interval, naming this rank, and :func:`_leave` lingers only until they have left
+    instead of waiting for a goodbye that never comes.  An uncaught PeerFailureError is an echo: it is recorded
+    naming the rank that failed; a mismatch or a deadline error, which every member raises itself, is not
+    recorded.  Store errors are logged and ignored (the store may be gone); nothing is raised."""
+    exc = _uncaught_exception()
+    st = _state.prefix_store
+    if exc is None or st is None or isinstance(exc, (CollectiveMismatchError, DistTimeoutError)):
+        return  # every member raises these itself (a mismatch is recorded already): nothing to tell
+    if isinstance(exc, PeerFailureError) and isinstance(exc.peer, int):  # an echo: name the rank that failed
+        rec = {"peer": exc.peer, "text": str(exc)}
+    else:
+        rec = {"peer": world.rank, "text": f"uncaught {type(exc).__name__}: {exc} (the process is exiting)"}
+    try:
+        first = st.compare_set(FAILURE_KEY, b"", json.dumps(rec).encode())
+        _exit_state["first_failure_is_mine"] = json.loads(first).get("peer") == world.rank
+    except Exception as e:  # noqa: BLE001 - any store (a user's too) may fail at exit; the handshake still runs
+        logger.info("rank %d: could not record its uncaught exception in the store: %s", world.rank, e)
 
 
 def _close_quietly(obj: Any) -> None:
@@ -332,8 +381,11 @@ def _leave(world: World) -> None:
             st.set("all_left", b"1")
         if st.check([FAILURE_KEY]) or st.check([abort_key(_state.default.gid if _state.default else 0)]):
             # a member died or the job aborted: nobody else is coming to say goodbye, but the survivors may
-            # still read the failure record from the store this rank hosts
-            if _state.store_server is not None:
+            # still read the failure record from the store this rank hosts -- unless a launcher is about to stop
+            # them all anyway because this rank failed first: then exit at once, with its own status
+            if _state.store_server is not None and not (
+                torchelastic_launched() and _exit_state["first_failure_is_mine"]
+            ):
                 _linger(_state.store_server, own=_OWN_STORE_CONNECTIONS)
             return
         if _state.store_server is not None or (_state.file_path and world.rank == 0):

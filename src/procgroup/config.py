@@ -112,6 +112,7 @@ class ENV:
     SHM_SPIN_US = "PROCGROUP_SHM_SPIN_US"  # how long a shm wait spins before sleeping on a futex
     SHM_SPLIT = "PROCGROUP_SHM_SPLIT"  # "0": one thread copies a large single-copy message, not two
     SHM_ARENA = "PROCGROUP_SHM_ARENA"  # "0": small collectives within a host use messages, not the shared slots
+    HEARTBEAT_TIMEOUT = "PROCGROUP_HEARTBEAT_TIMEOUT"  # seconds: a multi-node agent this silent is lost
     # -- secret policy and store admission (issue 11 items 12-14)
     SECRET_FILE = "PROCGROUP_SECRET_FILE"  # file holding the job secret; PROCGROUP_SECRET wins over it
     STORE_AUTH_TIMEOUT = "PROCGROUP_STORE_AUTH_TIMEOUT"  # seconds a store client has to prove the secret
@@ -151,6 +152,11 @@ _TABLE = (
     EnvVar(ENV.RUN_ID, "job id"),
     EnvVar(ENV.RESTART_COUNT, "restart generation of the gang"),
     EnvVar(ENV.HOSTNAME, "host label used in log prefixes and reports"),
+    EnvVar(
+        ENV.HEARTBEAT_TIMEOUT,
+        "launcher: seconds without a heartbeat before a node's agent is declared lost (default 2.5)",
+        "user",
+    ),
     EnvVar(ENV.LOG_LEVEL, "DEBUG|INFO|WARNING: procgroup's log level", "user"),
     EnvVar(ENV.PROGRESS_INTERVAL, "seconds between rendezvous progress lines", "user"),
     EnvVar(ENV.TTY, "path of the launcher's terminal; dist.breakpoint() runs pdb there"),

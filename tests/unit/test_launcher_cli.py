@@ -87,8 +87,12 @@ def test_bad_nproc_names_the_flag(bad):
 def test_nnodes_ranges():
     env = {ENV.SECRET: "s"}
     assert parse("--nnodes", "2:2", "x", env=env).nnodes == 2
+    c = parse("--nnodes", "1:4", "x", env=env)  # elastic membership (issue 15)
+    assert (c.min_nnodes, c.nnodes, c.node_rank, c.elastic) == (1, 4, None, True)
     with pytest.raises(ConfigError, match="elastic"):
-        parse("--nnodes", "1:4", "x")
+        parse("--nnodes", "1:4", "--node-rank", "0", "x", env=env)
+    with pytest.raises(ConfigError, match="MIN <= MAX"):
+        parse("--nnodes", "3:2", "x", env=env)
 
 
 def test_node_rank_out_of_range():

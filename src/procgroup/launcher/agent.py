@@ -16,8 +16,13 @@ is killed by pid and reaped, and the ones that survive even that are
 reported.  A second SIGINT/SIGTERM during the grace period skips to SIGKILL.
 
 SIGUSR1 is not a stop: the agent passes it on to every worker's process
-group (procgroup's workers then print their stacks and recent collectives);
-a head node passes it on to every host's agent.
+group (procgroup's workers then print their stacks and recent collectives),
+and through the store to every other node's agent (:mod:`.liveness`); a head
+node passes it on to every host's agent.
+
+Elastic membership (``--nnodes MIN:MAX``, :mod:`.elastic`): a node lost or
+arriving ends the generation like a failure does, and the agents re-form the
+job as the next generation (RESTARTING) with the nodes they have.
 
 Several nodes (``--nnodes M``, srun, or started by a head node): node 0's
 agent hosts the agents' store at ``--master-addr:--master-port`` and every
@@ -50,8 +55,9 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from enum import Enum
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from ..config import ENV, SHM_DIR, SHM_SEGMENT_PREFIX, env_str
 from ..deadline import Deadline
@@ -170,12 +176,17 @@ class LocalAgent(SignalWaiter):
         self._nonce: Optional[str] = None
         self._head_secret: Optional[str] = None
         self._stdin_closed = False
+        self._usr1_relayed = 0  # SIGUSR1s the head node relayed (every agent gets its own line)
         self._secret_file: Optional[str] = None  # srun mode, node 0: the file it wrote
         self._init_signals()
         self._tmpdir: Optional[str] = None
         self._subreaper = False
         self._reported_nodes: list[int] = []
         self._last_gen: Optional[int] = None  # the last generation started (its shm segments are checked)
+        self._gen = 0  # the generation the last rendezvous gave (elastic: an arrival starts at a later one)
+        self._membership: Optional[str] = None  # elastic: why the last generation's membership changed
+        self._lost: list[str] = []  # elastic: the nodes lost so far (named when fewer than MIN remain)
+        self._expect: Optional[int] = None  # elastic: how many agents should come back after a loss
 
     # ------------------------------------------------------------------ public
 
@@ -249,6 +260,8 @@ class LocalAgent(SignalWaiter):
                 result = self._aborted_result(str(e), restart)
                 self.state = RunState.INTERRUPTED if result.interrupted_by is not None else RunState.FAILED
                 return result
+            restart = self._gen
+            self._membership = None
             self._last_gen = restart
             if (
                 restart == 0
@@ -262,13 +275,22 @@ class LocalAgent(SignalWaiter):
             final = self._final_state(result, restart)
             if final is not None:
                 self.state = final
+                if final is RunState.FAILED and self._membership and not result.agent_errors:
+                    why = f"{self._membership}, but all --max-restarts {cfg.max_restarts} were used"
+                    result = replace(result, agent_errors=(why,))
                 return result
             self.state = RunState.RESTARTING
             self._announce_restart(result, restart)
             restart += 1
 
     def _final_state(self, result: RunResult, restart: int) -> Optional[RunState]:
-        """How the job ends after generation ``restart`` gave ``result``; None: restart the gang."""
+        """How the job ends after generation ``restart`` gave ``result``; None: restart the gang (elastic: also
+        when a node was lost or arrived)."""
+        finished = bool(result.workers) and all(w.returncode == 0 for w in result.workers) and self._expect is None
+        if self._membership is not None and result.interrupted_by is None and result.spawn_error is None:
+            if finished:  # a node arrived after every worker had succeeded: the job is done
+                return RunState.SUCCEEDED
+            return RunState.FAILED if restart >= self.cfg.max_restarts else None
         if not result.is_failed():
             return RunState.SUCCEEDED
         if result.interrupted_by is not None:
@@ -285,10 +307,16 @@ class LocalAgent(SignalWaiter):
         report = format_root_cause(result)
         if self._speaks_for_job():
             report = (report + "\n" if report else "") + format_summary(result, max_restarts=cfg.max_restarts)
-        if report:
+        if report and self._membership is None:
             self.sink.text(report)
         n = len(result.workers)
         where = f" on {result.nnodes} nodes" if result.nnodes > 1 else ""
+        if self._membership is not None:
+            self._say(
+                f"stopped all {n} workers{where}; re-forming the job (restart {restart + 1} of {cfg.max_restarts}) "
+                f"because {self._membership}"
+            )
+            return
         self._say(f"restarting all {n} workers{where} (restart {restart + 1} of max {cfg.max_restarts})")
 
     def _cleanup_shm(self, last_gen: Optional[int]) -> None:
@@ -326,7 +354,7 @@ class LocalAgent(SignalWaiter):
         a ``usr1`` line is the head passing on a SIGUSR1."""
 
         def usr1() -> None:
-            self._usr1 += 1
+            self._usr1_relayed += 1  # the head passes it on to every agent: pass it on here only
             self._poke()
 
         watch_stdin(self._stdin_fd, usr1)
@@ -348,19 +376,24 @@ class LocalAgent(SignalWaiter):
             interrupted=lambda: bool(self._signals),
             wakeup=self._poke,
             progress=self._say,
+            heartbeat_timeout=cfg.heartbeat_timeout,
         )
         if self._node0:
             assert secret is not None
             try:
                 port = self.gang.serve(secret)
             except PortInUseError as e:
-                if cfg.node_rank is None:
+                if cfg.elastic:  # another agent of this host hosts it (torchrun's c10d does the same)
+                    self._node0 = self.gang.node0 = False
+                elif cfg.node_rank is None:
                     raise PortInUseError(
                         f"{e}; if another agent of this job runs on this host, give each agent its --node-rank"
                     ) from None
-                raise
-            if cfg.from_head:
-                self._ctl(PortAnnounce(port=port))
+                else:
+                    raise
+            else:
+                if cfg.from_head:
+                    self._ctl(PortAnnounce(port=port))
         if secret is not None:
             fixed = secret
             self.gang.connect(lambda: fixed)
@@ -386,6 +419,7 @@ class LocalAgent(SignalWaiter):
     def _plan(self, restart: int) -> tuple[Placement, Optional[Assignment]]:
         """Where this node's workers sit in generation ``restart`` (the agents' rendezvous on several nodes)."""
         cfg = self.cfg
+        self._gen = restart  # elastic: the rendezvous may move it on
         if self.gang is None:
             if self.port is None:
                 self.port = pick_workers_port(cfg)
@@ -405,9 +439,20 @@ class LocalAgent(SignalWaiter):
             node_rank=self.node_rank,
             hosts_store=self._node0,
             worker_port=free_port("0.0.0.0") if self._node0 else None,
+            conn=self.gang.conn_address,
+            min_nodes=cfg.min_nnodes,
         )
         try:
-            assignment, node = self.gang.join(restart, me)
+            if cfg.elastic:
+                from .elastic import join_elastic  # noqa: PLC0415
+
+                assert cfg.min_nnodes is not None
+                assignment, node, self._gen = join_elastic(
+                    self.gang, restart, me, min_nodes=cfg.min_nnodes, max_nodes=cfg.nnodes,
+                    window=cfg.join_window, lost=self._lost, expect=self._expect, progress=self._say,
+                )  # fmt: skip
+            else:
+                assignment, node = self.gang.join(restart, me)
         except RendezvousError as e:  # the nodes' flags disagree, too many agents, a timeout: same on every node
             raise ConfigError(str(e)) from None
         self.node_rank = node
@@ -517,13 +562,18 @@ class LocalAgent(SignalWaiter):
 
     def _supervise(self, att: Attempt, restart: int, assignment: Optional[Assignment]) -> None:
         """Wait (event-driven) until a worker fails, all succeed, the agent is signalled or another node
-        stops the job; records in ``att`` why the generation ends.  Passes SIGUSR1 on to the workers."""
+        stops the job; records in ``att`` why the generation ends.  Passes SIGUSR1 on to the workers: one
+        sent to this agent also to every other node's (through the store), one relayed by the head or
+        counted by another agent only here."""
         gang = self.gang
         group = att.group
-        usr1 = self._usr1
+        usr1 = (self._usr1, self._usr1_relayed, 0)
         while att.spawn_error is None:
-            if self._usr1 != usr1:
-                usr1 = self._usr1
+            now = (self._usr1, self._usr1_relayed, att.watcher.usr1 if att.watcher is not None else 0)
+            if now != usr1:
+                if now[0] != usr1[0] and gang is not None:
+                    gang.publish_usr1()
+                usr1 = now
                 group.forward(signal.SIGUSR1)
             finished = group.poll()
             failed = [w for w in finished if w.failed]
@@ -560,16 +610,33 @@ class LocalAgent(SignalWaiter):
         if watcher.lost is not None:
             att.errors.append(watcher.lost)
         att.errors.extend(watcher.lost_nodes.values())
+        for why in att.errors:  # said now, with its time, not only in the final report
+            self._say(f"stopping this node's workers: {why}")
         rec = watcher.abort_record
+        if rec is not None and rec.get("membership"):
+            self._say(f"stopping this node's workers: {rec.get('reason')}")
+            return  # an arrival (elastic): not an error
         if rec is not None and "worker" not in rec and rec.get("node") != att.node:
             why = str(rec.get("reason") or "another agent stopped the job")
             if why not in att.errors:
                 att.errors.append(why)
 
+    def _note_membership(self, watcher: Any) -> None:
+        """Elastic: whether this generation ended because a node was lost or arrived (``_membership``); the
+        lost nodes are remembered for the error that names them when fewer than MIN remain."""
+        if watcher.lost is not None:
+            return  # the store itself is gone: nothing to re-form around
+        lost = [why for why in watcher.lost_nodes.values() if why not in self._lost]
+        self._lost.extend(lost)
+        self._expect = len(watcher.assignment.nodes) - len(watcher.lost_nodes) if lost else None
+        rec = watcher.abort_record or {}
+        if lost or rec.get("membership"):
+            self._membership = "; ".join(lost) or str(rec.get("reason"))
+
     def _print_mapping(self, att: Attempt, restart: int, assignment: Optional[Assignment]) -> None:
         """Node 0: once every node has published its pids, print the rank <-> host/pid table (once)."""
         assert self.gang is not None and assignment is not None
-        pids = self.gang.pids_if_ready(restart)
+        pids = self.gang.pids_if_ready(restart, len(assignment.nodes))
         if pids is not None:
             from .gang import format_mapping  # noqa: PLC0415
 
@@ -633,6 +700,8 @@ class LocalAgent(SignalWaiter):
         got, errors = gang.collect(gen, assignment, settle)
         if gang.watcher is not None:
             gang.watcher.stop()
+            if self.cfg.elastic:
+                self._note_membership(gang.watcher)
         if self._signals and local.interrupted_by is None:
             errors.append(
                 f"the agent on {self.hostname} received {signal_name(self._signals[0])} "

@@ -66,7 +66,7 @@ class Attempt:
     interrupted: Optional[int] = None
     first_signal: int = signal.SIGTERM
     errors: list[str] = field(default_factory=list)
-    watcher: Any = None  # a gang.AbortWatcher on several nodes
+    watcher: Any = None  # a liveness.Watcher on several nodes
     mapping_due: bool = False  # node 0 prints the rank <-> host/pid table once every node has its pids
 
 

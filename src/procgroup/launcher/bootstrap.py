@@ -277,6 +277,9 @@ def main(argv: Optional[list[str]] = None) -> None:
             sys.stderr.write(f"procgroup bootstrap: could not write the error file: {werr}\n")
         sys.stdout.flush()
         exc.__traceback__ = _trimmed_tb(exc)
+        # as the interpreter does for an uncaught exception: procgroup's exit handler reads it to tell the peers
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+        sys.last_exc = exc  # type: ignore[attr-defined]  # Python 3.12+ reads this name; harmless before
         sys.excepthook(type(exc), exc, exc.__traceback__)  # the user's hook if they installed one
         sys.stderr.flush()
         _force_exit_later(1, _EXIT_WATCHDOG_S)

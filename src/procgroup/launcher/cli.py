@@ -30,9 +30,11 @@ import os
 import re
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from ..config import ENV, KUBEFLOW, default_timeout, env_str
+from ..config import ENV, KUBEFLOW, default_timeout, env_float, env_str
 from ..errors import ConfigError
 from .config import (
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_JOIN_WINDOW,
     DEFAULT_MASTER_ADDR,
     DEFAULT_MASTER_PORT,
     DEFAULT_TERM_TIMEOUT,
@@ -116,9 +118,10 @@ def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
     g.add_argument(
         "--nnodes",
         dest="nnodes",
-        metavar="M",
+        metavar="M|MIN:MAX",
         default=None,
-        help=f"number of nodes, each running one `procgroup run` (default 1, or ${KUBEFLOW.NNODES})",
+        help="number of nodes, each running one `procgroup run`; MIN:MAX for elastic membership (nodes may "
+        f"come and go; see --join-window) (default 1, or ${KUBEFLOW.NNODES})",
     )
     g.add_argument(
         "--node-rank",
@@ -182,6 +185,15 @@ def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
         default=None,
         help=f"how long the nodes' agents wait for each other (default ${ENV.TIMEOUT} or 300)",
     )
+    g.add_argument(
+        "--join-window",
+        dest="join_window",
+        metavar="SECONDS",
+        type=float,
+        default=DEFAULT_JOIN_WINDOW,
+        help="elastic --nnodes MIN:MAX: once MIN nodes joined, wait this long for more (up to MAX) before "
+        f"starting (default {DEFAULT_JOIN_WINDOW:g})",
+    )
     p.add_argument("--from-head", dest="from_head", action="store_true", help=argparse.SUPPRESS)
 
     g = p.add_argument_group("head node (--hostfile)")
@@ -241,6 +253,15 @@ def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
         type=float,
         default=DEFAULT_TERM_TIMEOUT,
         help=f"grace period between SIGTERM and SIGKILL when stopping workers (default {DEFAULT_TERM_TIMEOUT:g})",
+    )
+    g.add_argument(
+        "--heartbeat-timeout",
+        dest="heartbeat_timeout",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="several nodes: declare a node lost after this long without its agent's heartbeat; a closed "
+        f"connection is noticed sooner (default ${ENV.HEARTBEAT_TIMEOUT} or {DEFAULT_HEARTBEAT_TIMEOUT:g})",
     )
 
     g = p.add_argument_group("output")
@@ -344,18 +365,25 @@ def _check_this_host(nproc: int, source: str) -> None:
 
 
 def parse_nnodes(value: object, source: str = "--nnodes") -> int:
-    """``--nnodes``: a whole number, or ``N:N``; an elastic range ``MIN:MAX`` raises ConfigError."""
+    """``--nnodes``: a whole number, or ``N:N``; an elastic range ``MIN:MAX`` raises ConfigError (see
+    :func:`parse_nnodes_range`, which the per-node mode uses)."""
+    lo, hi = parse_nnodes_range(value, source)
+    if lo != hi:
+        raise ConfigError(
+            f"--nnodes {value} (from {source}): an elastic range MIN:MAX needs one `procgroup run` per node"
+        )
+    return hi
+
+
+def parse_nnodes_range(value: object, source: str = "--nnodes") -> tuple[int, int]:
+    """``--nnodes``: ``N`` -> (N, N); ``MIN:MAX`` -> (MIN, MAX); raises ConfigError naming ``source``."""
     s = str(value).strip()
-    if ":" in s:
-        lo, _, hi = s.partition(":")
-        if lo.strip() == hi.strip():
-            s = lo
-        else:
-            raise ConfigError(
-                f"--nnodes {s} (from {source}): elastic node ranges MIN:MAX are not supported; "
-                "give a fixed number of nodes"
-            )
-    return _int("--nnodes", s, source)
+    lo, sep, hi = s.partition(":")
+    lo_n = _int("--nnodes", lo.strip(), source)
+    hi_n = _int("--nnodes", hi.strip(), source) if sep else lo_n
+    if sep and not 1 <= lo_n <= hi_n:
+        raise ConfigError(f"--nnodes {s} (from {source}): MIN:MAX needs 1 <= MIN <= MAX")
+    return lo_n, hi_n
 
 
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
@@ -422,7 +450,9 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
     if not getattr(ns, "oversubscribe", False) and not ns.from_head and ns.hostfile is None:
         _check_this_host(nproc, src)
     nnodes_v, src = _resolve(ns, "nnodes", environ, "1")
-    nnodes = parse_nnodes(nnodes_v, src)
+    min_nnodes, nnodes = parse_nnodes_range(nnodes_v, src) if ns.hostfile is None else (None, parse_nnodes(nnodes_v))
+    if min_nnodes == nnodes:
+        min_nnodes = None  # N or N:N: a fixed number of nodes
     node_rank_v, src = _resolve(ns, "node_rank", environ, None)
     node_rank = None if node_rank_v is None else _int("--node-rank", node_rank_v, src)
     if node_rank is None and nnodes == 1:
@@ -432,6 +462,8 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
         join_timeout = float(ns.join_timeout)
     else:
         join_timeout = default_timeout(environ)
+    hb = ns.heartbeat_timeout if ns.heartbeat_timeout is not None else env_float(ENV.HEARTBEAT_TIMEOUT, environ)
+    ns.heartbeat_timeout = DEFAULT_HEARTBEAT_TIMEOUT if hb is None else float(hb)
 
     if ns.hostfile is not None:
         return _head_config(
@@ -514,6 +546,9 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
         run_id=run_id,
         max_restarts=max_restarts,
         term_timeout=ns.term_timeout,
+        heartbeat_timeout=ns.heartbeat_timeout,
+        min_nnodes=min_nnodes,
+        join_window=ns.join_window,
         **io,
         join_timeout=join_timeout,
         from_head=bool(ns.from_head),
@@ -560,6 +595,7 @@ def _head_config(
         run_id=str(ns.run_id) if ns.run_id is not None else new_run_id(),
         max_restarts=_int("--max-restarts", ns.max_restarts if ns.max_restarts is not None else 0, "--max-restarts"),
         term_timeout=ns.term_timeout,
+        heartbeat_timeout=ns.heartbeat_timeout,
         **io,
         join_timeout=join_timeout,
         from_head=True,

@@ -26,6 +26,8 @@ __all__ = [
     "DEFAULT_MASTER_ADDR",
     "DEFAULT_MASTER_PORT",
     "DEFAULT_TERM_TIMEOUT",
+    "DEFAULT_HEARTBEAT_TIMEOUT",
+    "DEFAULT_JOIN_WINDOW",
     "PREFIX_FIELDS",
     "SINGLE_NODE_PREFIX",
     "MULTI_NODE_PREFIX",
@@ -37,6 +39,10 @@ __all__ = [
 ]
 
 DEFAULT_TERM_TIMEOUT = 3.0
+#: seconds without a heartbeat before a node's agent is declared lost (--heartbeat-timeout)
+DEFAULT_HEARTBEAT_TIMEOUT = 2.5
+#: elastic: seconds a membership round stays open for more nodes once MIN joined (torchrun's last call)
+DEFAULT_JOIN_WINDOW = 30.0
 ROLE_NAME = "default"
 
 #: Fields available to ``--prefix-format``.
@@ -118,6 +124,12 @@ class LaunchConfig:
     secret_file: Optional[str] = None
     #: how long the agents of a multi-node job wait for each other (seconds)
     join_timeout: float = 300.0
+    #: a multi-node agent whose heartbeat stops for this long is lost (seconds); a closed connection is sooner
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
+    #: elastic membership (--nnodes MIN:MAX): MIN, with ``nnodes`` the MAX; None: a fixed number of nodes
+    min_nnodes: Optional[int] = None
+    #: elastic: once MIN nodes joined, how long a round waits for more (up to MAX) before it closes (seconds)
+    join_window: float = DEFAULT_JOIN_WINDOW
     #: started by a head node over ssh (hidden --from-head): secret on stdin, stdin EOF = stop, JSON report
     from_head: bool = False
     #: "JOBID.STEPID" when the node rank, node count and master were derived from srun's variables
@@ -161,6 +173,13 @@ class LaunchConfig:
             )
         if not self.run_id or any(c in self.run_id for c in "/\0"):
             raise ConfigError(f"--run-id {self.run_id!r} must be non-empty and contain no '/'")
+        if self.min_nnodes is not None:
+            self._check_elastic()
+        if not self.heartbeat_timeout > 0:
+            raise ConfigError(
+                f"--heartbeat-timeout {self.heartbeat_timeout} must be > 0 seconds "
+                f"(or set {ENV.HEARTBEAT_TIMEOUT}; default {DEFAULT_HEARTBEAT_TIMEOUT:g})"
+            )
         if not self.join_timeout > 0:
             raise ConfigError(f"--join-timeout {self.join_timeout} must be > 0 seconds")
         if self.ranks_filter is not None and self.nnodes == 1:  # several nodes: checked after the rendezvous
@@ -171,6 +190,28 @@ class LaunchConfig:
                     f"(--nnodes {self.nnodes} x --nproc-per-node {self.nproc_per_node})"
                 )
         _check_prefix_format(self.prefix_format)
+
+    def _check_elastic(self) -> None:
+        spec = f"--nnodes {self.min_nnodes}:{self.nnodes}"
+        assert self.min_nnodes is not None
+        if not 1 <= self.min_nnodes <= self.nnodes:
+            raise ConfigError(f"{spec}: MIN must be 1..MAX")
+        if self.node_rank is not None:
+            raise ConfigError(
+                f"{spec} is elastic: node ranks are assigned at every rendezvous (node 0 is the agent on "
+                "--master-addr); drop --node-rank"
+            )
+        if self.standalone or self.from_head:
+            raise ConfigError(f"{spec}: elastic membership needs one `procgroup run` per node (no --standalone)")
+        if self.slurm_step is not None:
+            raise ConfigError(f"{spec}: elastic membership is not available inside an srun step")
+        if not self.join_window >= 0:
+            raise ConfigError(f"--join-window {self.join_window} must be >= 0 seconds")
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the membership may change (``--nnodes MIN:MAX`` with MIN < MAX, or any MIN:MAX range given)."""
+        return self.min_nnodes is not None
 
     @property
     def world_size(self) -> int:

@@ -2,9 +2,11 @@
 
 Every agent (node 0's included) opens two connections to the store at
 ``--master-addr:--master-port``: one for the main thread, one for a
-:class:`Watcher` thread that parks a ``wait`` on the generation's abort key
-(in one-second slices) and beats a heartbeat between slices.  Keys, all
-under ``launch/`` (the workers' keys are under ``pg/``)::
+:class:`~.liveness.Watcher` thread that parks a ``wait`` on the generation's
+abort key (in slices of at most 0.5 s) and beats a heartbeat between slices
+(node 0's also notices an agent's connection closing: :mod:`.liveness`).
+Keys, all under ``launch/`` (the workers' keys are under ``pg/``; elastic
+rounds add theirs, :mod:`.elastic`)::
 
     launch/g{G}/joined           counter: join order of generation G
     launch/g{G}/agent/{slot}     AgentInfo (JSON) of the agent that joined in that slot
@@ -13,7 +15,9 @@ under ``launch/`` (the workers' keys are under ``pg/``)::
     launch/g{G}/fail/{node}      that node's failure record (host, rank, pid, status, traceback tail, time)
     launch/g{G}/result/{node}    that node's RunResult (JSON) after its teardown
     launch/g{G}/bye/{node}       read everything; node 0 closes the store when all said bye
-    launch/hb/{node}             heartbeat counter (+1 a second)
+    launch/g{G}/lost/{node}      why that node was declared lost (collect() stops waiting for it)
+    launch/hb/{node}             heartbeat counter (+1 per slice)
+    launch/usr1                  SIGUSR1s the agents received (each passes the others' on to its workers)
 
 Rendezvous is decide-then-execute: :func:`assign` is a pure function of the
 joined agents' :class:`AgentInfo` records that returns the
@@ -30,25 +34,32 @@ ordered deterministically and are an error that says to pass --node-rank.
 
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from ..deadline import Deadline
 from ..errors import (
     AuthenticationError,
-    BrokenError,
-    ClosedError,
     ConnectError,
     ProcGroupError,
-    ProtocolError,
     RendezvousError,
     StoreTimeoutError,
 )
 from ..netutil import format_hostport
 from ..protocol.control import decode_pids, decode_record, encode_pids, encode_record
 from .config import Placement
+from .liveness import (
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    LOST_ERRORS,
+    USR1_KEY,
+    UsrOneRelay,
+    Watcher,
+    beat_interval,
+    hb_key,
+    key,
+    local_address,
+)
 from .report import RunResult, result_from_json, result_to_json, worker_from_dict
 
 if TYPE_CHECKING:  # imported lazily at run time: a one-node launch never loads the store
@@ -65,11 +76,10 @@ __all__ = [
     "LOST_AFTER",
 ]
 
-PREFIX = "launch"
-#: seconds per parked wait of the watcher (and between heartbeats)
-WATCH_SLICE = 1.0
-#: a node whose heartbeat has not moved for this long is declared lost
-LOST_AFTER = 10.0
+#: at most this many seconds per parked wait of the watcher (and between heartbeats)
+WATCH_SLICE = 0.5
+#: a node whose heartbeat has not moved for this long is declared lost (the default of --heartbeat-timeout)
+LOST_AFTER = DEFAULT_HEARTBEAT_TIMEOUT
 #: seconds per parked wait of the main thread (between checks for signals and aborts)
 MAIN_SLICE = 0.5
 #: how long node 0 keeps the store up for the others to read the results
@@ -77,7 +87,7 @@ BYE_TIMEOUT = 10.0
 #: seconds between "waiting for nodes" progress lines
 PROGRESS_EVERY = 10.0
 
-_LOST_ERRORS = (BrokenError, ConnectError, ClosedError, ProtocolError, AuthenticationError)
+_LOST_ERRORS = LOST_ERRORS
 
 
 class GangAborted(ProcGroupError):
@@ -97,6 +107,8 @@ class AgentInfo:
     node_rank: Optional[int]  # requested; None = assign one
     hosts_store: bool
     worker_port: Optional[int] = None  # node 0: the workers' MASTER_PORT for this generation
+    conn: Optional[str] = None  # host:port of this agent's watch connection, as the store server sees it
+    min_nodes: Optional[int] = None  # elastic (--nnodes MIN:MAX): MIN; nnodes is MAX
 
     def to_json(self) -> bytes:
         """This agent's join info as a store value (:func:`~procgroup.protocol.control.encode_record`)."""
@@ -120,6 +132,7 @@ class NodeSlot:
     pid: int
     nproc: int
     rank_offset: int
+    conn: Optional[str] = None  # the agent's watch connection (see AgentInfo.conn)
 
 
 @dataclass(frozen=True)
@@ -214,7 +227,9 @@ def assign(infos: Sequence[AgentInfo], nnodes: int) -> Assignment:
     for r in range(nnodes):
         s = next(s for s, rr in ranks.items() if rr == r)
         i = infos[s]
-        nodes.append(NodeSlot(node_rank=r, slot=s, host=i.host, pid=i.pid, nproc=i.nproc, rank_offset=offset))
+        nodes.append(
+            NodeSlot(node_rank=r, slot=s, host=i.host, pid=i.pid, nproc=i.nproc, rank_offset=offset, conn=i.conn)
+        )
         offset += i.nproc
     return Assignment(nodes=tuple(nodes), worker_port=int(port))
 
@@ -233,96 +248,8 @@ def format_mapping(assignment: Assignment, pids: dict[int, list[list[int]]], *, 
     return "\n".join(lines)
 
 
-def _k(gen: int, *parts: object) -> str:
-    return "/".join([PREFIX, f"g{gen}", *(str(p) for p in parts)])
-
-
-def _hb(node: int) -> str:
-    return f"{PREFIX}/hb/{node}"
-
-
-@dataclass
-class Watcher:
-    """Background thread: parks on the generation's abort key, beats the heartbeat, watches the others'."""
-
-    gang: "Gang"
-    gen: int
-    node_rank: int
-    assignment: Assignment
-    abort_record: Optional[dict] = None
-    lost: Optional[str] = None  # the store connection is gone
-    lost_nodes: dict[int, str] = field(default_factory=dict)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: Optional[threading.Thread] = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"procgroup-gang-watch-g{self.gen}", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(WATCH_SLICE * 2 + 1.0)
-
-    @property
-    def triggered(self) -> bool:
-        return self.abort_record is not None or self.lost is not None
-
-    def _run(self) -> None:
-        st = self.gang.watch_store
-        assert st is not None, "the watcher starts after the gang connected its watch store"
-        key = _k(self.gen, "abort")
-        others = [n for n in self.assignment.nodes if n.node_rank != self.node_rank]
-        seen: dict[int, tuple[int, float]] = {}
-        try:
-            st.add(_hb(self.node_rank), 1)
-            while not self._stop.is_set():
-                try:
-                    st.wait([key], timeout=WATCH_SLICE)
-                except StoreTimeoutError:
-                    pass
-                else:
-                    try:
-                        rec = decode_record(st.get(key))
-                    except ValueError:
-                        rec = {"reason": "another agent stopped the job"}
-                    if isinstance(rec.get("lost_node"), int):  # another agent found a node silent: so is it here
-                        self.lost_nodes.setdefault(rec["lost_node"], str(rec.get("reason")))
-                    self.abort_record = rec
-                    self.gang.wakeup()
-                    return
-                st.add(_hb(self.node_rank), 1)
-                if not others:
-                    continue
-                now = time.monotonic()
-                try:
-                    values = st.multi_get([_hb(n.node_rank) for n in others], timeout=WATCH_SLICE)
-                except StoreTimeoutError:
-                    continue  # a node that just joined has not created its key yet
-                for n, raw in zip(others, values):
-                    v = int(raw or b"0")
-                    if n.node_rank not in seen or seen[n.node_rank][0] != v:
-                        seen[n.node_rank] = (v, now)
-                    elif now - seen[n.node_rank][1] > LOST_AFTER and n.node_rank not in self.lost_nodes:
-                        if st.check([_k(self.gen, "result", n.node_rank)]):
-                            continue  # it finished and reported: silence is fine
-                        why = (
-                            f"node {n.node_rank} ({n.host}, agent pid {n.pid}) stopped answering: no heartbeat "
-                            f"for {LOST_AFTER:.0f}s (its agent was killed, or the network to it failed)"
-                        )
-                        self.lost_nodes[n.node_rank] = why
-                        self.gang.abort(
-                            self.gen,
-                            {"reason": why, "host": n.host, "lost_node": n.node_rank, "timestamp": time.time()},
-                            store=st,
-                        )
-        except StoreTimeoutError:
-            self.lost = f"the agents' store at {self.gang.where} stopped answering"
-            self.gang.wakeup()
-        except _LOST_ERRORS as e:
-            if not self._stop.is_set():
-                self.lost = f"lost the connection to the agents' store at {self.gang.where} ({e})"
-                self.gang.wakeup()
+_k = key
+_hb = hb_key
 
 
 class Gang:
@@ -340,8 +267,12 @@ class Gang:
         interrupted: Callable[[], bool],
         wakeup: Callable[[], None],
         progress: Callable[[str], None],
+        heartbeat_timeout: Optional[float] = None,
     ) -> None:
         self.host = host
+        self.heartbeat_timeout = heartbeat_timeout  # None: LOST_AFTER
+        self.usr1 = UsrOneRelay()
+        self.conns_at_join: set[int] = set()  # node 0: nodes whose watch connection was open at the rendezvous
         self.master_addr = master_addr
         self.port = port
         self.nnodes = nnodes
@@ -515,21 +446,46 @@ class Gang:
                 f"lost the connection to the agents' store at {self.where} during the rendezvous ({e})"
             ) from None
         a = assign(infos, self.nnodes)
+        return a, self.after_join(a, slot)
+
+    def after_join(self, a: Assignment, slot: int) -> int:
+        """The rendezvous gave ``a``: this agent's node rank (it joined in ``slot``); creates its heartbeat key,
+        notes which agents' connections are open (node 0) and starts counting SIGUSR1s.  Raises GangAborted."""
+        st = self.store
+        assert st is not None
         node = a.node_of_slot(slot).node_rank
+        if self.server is not None:  # node 0: whose watch connection is open now (the watcher checks them later)
+            live = self.server.peers()
+            self.conns_at_join = {n.node_rank for n in a.nodes if n.conn and n.conn in live}
         try:
             st.add(_hb(node), 0)
+            self.usr1.baseline(int(st.add(USR1_KEY, 0)))  # SIGUSR1s from now on reach this node's workers
         except _LOST_ERRORS as e:
             raise GangAborted(f"lost the connection to the agents' store at {self.where} ({e})") from None
-        return a, node
+        return node
 
     # ------------------------------------------------------------------ during a generation
 
     def watch(self, gen: int, node_rank: int, assignment: Assignment) -> Watcher:
+        """Start generation ``gen``'s :class:`~.liveness.Watcher` (stopping the previous one)."""
         if self.watcher is not None:
             self.watcher.stop()
-        self.watcher = Watcher(self, gen, node_rank, assignment)
+        timeout = self.heartbeat_timeout if self.heartbeat_timeout is not None else LOST_AFTER
+        self.watcher = Watcher(
+            self, gen, node_rank, assignment, heartbeat_timeout=timeout, slice_s=beat_interval(timeout, WATCH_SLICE)
+        )
         self.watcher.start()
         return self.watcher
+
+    def publish_usr1(self) -> None:
+        """This agent got a SIGUSR1 from outside: count it in the store, so every other agent passes it on."""
+        if self.store is not None:
+            self.usr1.publish(self.store)
+
+    @property
+    def conn_address(self) -> Optional[str]:
+        """``host:port`` of the watch connection (published in :class:`AgentInfo`, checked by node 0)."""
+        return local_address(self.watch_store)
 
     def publish_pids(self, gen: int, node_rank: int, rows: list[list[int]]) -> None:
         assert self.store is not None
@@ -538,9 +494,10 @@ class Gang:
         except _LOST_ERRORS:
             pass  # the watcher reports the lost store
 
-    def pids_if_ready(self, gen: int) -> Optional[dict[int, list[list[int]]]]:
+    def pids_if_ready(self, gen: int, nnodes: Optional[int] = None) -> Optional[dict[int, list[list[int]]]]:
+        """Every node's [[rank, local rank, pid], ...] of generation ``gen`` once all ``nnodes`` published them."""
         assert self.store is not None
-        keys = [_k(gen, "pids", n) for n in range(self.nnodes)]
+        keys = [_k(gen, "pids", n) for n in range(self.nnodes if nnodes is None else nnodes)]
         try:
             if not self.store.check(keys):
                 return None
@@ -589,7 +546,10 @@ class Gang:
             while True:
                 missing = [n for n in keys if n not in got and (w is None or n not in w.lost_nodes)]
                 for n in list(missing):
-                    if st.check([keys[n]]):
+                    if w is not None and st.check([_k(gen, "lost", n)]):  # another agent declared it lost
+                        w.lost_nodes.setdefault(n, st.get(_k(gen, "lost", n)).decode(errors="replace"))
+                        missing.remove(n)
+                    elif st.check([keys[n]]):
                         try:
                             got[n] = result_from_json(st.get(keys[n]))
                         except ValueError:

@@ -264,6 +264,8 @@ def agent_argv(
         repr(cfg.term_timeout),
         "--join-timeout",
         repr(cfg.join_timeout),
+        "--heartbeat-timeout",
+        repr(cfg.heartbeat_timeout),
     ]
     if cfg.log_dir is not None:
         a += ["--log-dir", cfg.log_dir]

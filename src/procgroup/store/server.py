@@ -172,6 +172,11 @@ class StoreServer:
         """Open client connections (authenticated or not)."""
         return len(self._conns)
 
+    def peers(self) -> set[str]:
+        """``host:port`` of every open client connection, as the clients' own ``local_address`` names it
+        (the launcher's node 0 finds a killed agent by its connection closing).  Safe from any thread."""
+        return {c.peer for c in list(self._conns.values()) if c.state != _DEAD}
+
     def start(self) -> int:
         """Bind (unless given a socket), start the serving thread, return the port."""
         with self._start_lock:

@@ -61,6 +61,13 @@ def _ms(deadline: Deadline) -> int:
     return min(NO_TIMEOUT - 1, int(math.ceil(rem * 1000)))
 
 
+def _peer_name(addr: object) -> str:
+    """A socket address as ``host:port`` (IPv6 in brackets), as :class:`~procgroup.store.StoreServer` names peers."""
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        return format_hostport(str(addr[0]), int(addr[1]))
+    return str(addr)
+
+
 class TCPStore(Store):
     """Client of a :class:`StoreServer`.
 
@@ -113,6 +120,15 @@ class TCPStore(Store):
 
     def _where(self) -> str:
         return f"the store at {self._hp}"
+
+    @property
+    def local_address(self) -> Optional[str]:
+        """``host:port`` of this end of the connection (what the server's ``peers()`` lists); None when closed."""
+        s = self._sock
+        try:
+            return _peer_name(s.getsockname()) if s is not None else None
+        except OSError:
+            return None
 
     # -- connection ------------------------------------------------------------------
 
