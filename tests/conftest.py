@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 import threading
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -9,6 +13,12 @@ import pytest
 
 from procgroup.process_group import ProcessGroup, World
 from procgroup.transport.memory import MemoryHub
+
+# The per-user secret file (procgroup.secretfile) is created on first use in $XDG_CONFIG_HOME/procgroup:
+# keep the tests (and every process they start, which inherits this) out of the real ~/.config.
+_CONFIG_HOME = tempfile.mkdtemp(prefix="procgroup-test-config-")
+os.environ["XDG_CONFIG_HOME"] = _CONFIG_HOME
+atexit.register(shutil.rmtree, _CONFIG_HOME, True)
 
 
 def run_ranks(n: int, fn: Callable[[int], Any], timeout: float = 30.0) -> List[Any]:

@@ -164,7 +164,7 @@ def _open_store(im: InitMethod, store: Any, ident: Identity, cfg: RuntimeConfig,
     host, port = _master_address(im, ident)
     where = f"{host}:{port}"
     job_id = cfg.run_id or ident.job_id or where
-    secret = job_secret(cfg, job_id)
+    secret = job_secret(cfg, job_id, loopback=is_literal_loopback(host))
     server = None
     if ident.rank == 0 and not cfg.store_hosted:
         server = store_mod.StoreServer("127.0.0.1" if is_literal_loopback(host) else "0.0.0.0", port, secret=secret)

@@ -44,6 +44,9 @@ __all__ = [
     "shm_options",
     "RuntimeConfig",
     "job_secret",
+    "user_secret_path",
+    "store_auth_timeout",
+    "DEFAULT_STORE_AUTH_TIMEOUT",
 ]
 
 #: Default deadline (seconds) for init, collectives and store waits.
@@ -110,6 +113,11 @@ class ENV:
     SHM_SPLIT = "PROCGROUP_SHM_SPLIT"  # "0": one thread copies a large single-copy message, not two
     SHM_ARENA = "PROCGROUP_SHM_ARENA"  # "0": small collectives within a host use messages, not the shared slots
     HEARTBEAT_TIMEOUT = "PROCGROUP_HEARTBEAT_TIMEOUT"  # seconds: a multi-node agent this silent is lost
+    # -- secret policy and store admission (issue 11 items 12-14)
+    SECRET_FILE = "PROCGROUP_SECRET_FILE"  # file holding the job secret; PROCGROUP_SECRET wins over it
+    STORE_AUTH_TIMEOUT = "PROCGROUP_STORE_AUTH_TIMEOUT"  # seconds a store client has to prove the secret
+    XDG_CONFIG_HOME = "XDG_CONFIG_HOME"  # where the per-user secret file lives (default ~/.config)
+    HOME = "HOME"
 
     @classmethod
     def table(cls) -> list[EnvVar]:
@@ -170,6 +178,15 @@ _TABLE = (
         "0 sends small collectives among the ranks of one host as messages instead of through shared slots (the arena)",
         "user",
     ),
+    # -- secret policy and store admission (issue 11 items 12-14)
+    EnvVar(
+        ENV.SECRET_FILE,
+        "file holding the job secret (PROCGROUP_SECRET wins); without either, $XDG_CONFIG_HOME/procgroup/secret",
+        "user",
+    ),
+    EnvVar(ENV.STORE_AUTH_TIMEOUT, "seconds a new store connection has to prove the job secret (default 5)", "user"),
+    EnvVar(ENV.XDG_CONFIG_HOME, "the per-user secret file is $XDG_CONFIG_HOME/procgroup/secret", "user"),
+    EnvVar(ENV.HOME, "without XDG_CONFIG_HOME, the per-user secret file is ~/.config/procgroup/secret", "user"),
 )
 
 
@@ -276,6 +293,10 @@ class Identity:
     #: human-readable notes about values that were derived rather than read
     #: ("MASTER_ADDR=h1 derived from SLURM_STEP_NODELIST=h[1-3]"); logged at init.
     derived: tuple[str, ...] = field(default=())
+    #: no launcher said how many ranks share this node (no LOCAL_RANK/LOCAL_WORLD_SIZE): the local rank,
+    #: local world size and node rank above are placeholders that the group replaces with what it
+    #: measures at rendezvous
+    layout_measured: bool = False
 
 
 def env_str(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
@@ -446,6 +467,11 @@ class RuntimeConfig:
     restart_count: int = 0
     tty: Optional[str] = None
     secret: Optional[str] = field(default=None, repr=False)
+    #: PROCGROUP_SECRET_FILE (used when PROCGROUP_SECRET is unset)
+    secret_file: Optional[str] = None
+    #: the per-user secret file, used (and created) when neither of the above is set; None: no such file
+    #: (a key derived from the job id, logged)
+    user_secret_file: Optional[str] = None
     shm: ShmOptions = field(default_factory=ShmOptions)
 
     @classmethod
@@ -473,6 +499,8 @@ class RuntimeConfig:
             restart_count=restart or 0,
             tty=env_str(ENV.TTY, env),
             secret=env_str(ENV.SECRET, env),
+            secret_file=env_str(ENV.SECRET_FILE, env),
+            user_secret_file=user_secret_path(env),
             shm=shm_options(env),
         )
 
@@ -480,15 +508,85 @@ class RuntimeConfig:
 _log = logging.getLogger("procgroup")
 
 
-def job_secret(cfg: RuntimeConfig, job_id: str) -> bytes:
-    """The per-job HMAC key of the store and the transports: PROCGROUP_SECRET, or else a key derived
-    from the job id (logged: it stops accidental cross-talk between jobs, not an attacker)."""
+# --------------------------------------------------------------------------- secret policy (issue 11 items 12-14)
+
+#: seconds a new store connection has to complete the HMAC handshake (PROCGROUP_STORE_AUTH_TIMEOUT)
+DEFAULT_STORE_AUTH_TIMEOUT = 5.0
+
+
+def store_auth_timeout(environ: Optional[Mapping[str, str]] = None) -> float:
+    """PROCGROUP_STORE_AUTH_TIMEOUT in seconds (> 0), else :data:`DEFAULT_STORE_AUTH_TIMEOUT`; ConfigError if bad."""
+    v = env_float(ENV.STORE_AUTH_TIMEOUT, environ)
+    if v is None:
+        return DEFAULT_STORE_AUTH_TIMEOUT
+    if not v > 0:
+        raise ConfigError(f"environment variable {ENV.STORE_AUTH_TIMEOUT}={v} must be a number of seconds > 0")
+    return v
+
+
+def user_secret_path(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """``$XDG_CONFIG_HOME/procgroup/secret``, else ``$HOME/.config/procgroup/secret``; None when neither is set."""
+    from .secretfile import USER_SECRET_RELPATH  # noqa: PLC0415 - file I/O helpers, needed only here
+
+    base = env_str(ENV.XDG_CONFIG_HOME, environ)
+    if base is None or not os.path.isabs(base):  # the XDG spec: a relative value is ignored
+        home = env_str(ENV.HOME, environ)
+        if home is None:
+            return None
+        base = os.path.join(home, ".config")
+    return os.path.join(base, USER_SECRET_RELPATH)
+
+
+def job_secret(cfg: RuntimeConfig, job_id: str, *, loopback: bool = False) -> bytes:
+    """The HMAC key of the store and the transports.
+
+    In order: PROCGROUP_SECRET; PROCGROUP_SECRET_FILE (ConfigError when missing or empty); the per-user
+    secret file (created on first use; ConfigError when it has group/other permissions); and only when
+    that can be neither read nor created (e.g. a read-only home), a key derived from ``job_id`` -- which
+    stops accidental cross-talk, not an attacker, so it is logged at WARNING unless the store is on a
+    loopback address (``loopback``).  Where the key came from is noted for authentication errors
+    (:func:`procgroup.secretfile.secret_source`).
+    """
+    from .secretfile import load_or_create_user_secret, note_secret_source  # noqa: PLC0415
+
     if cfg.secret is not None:
-        return cfg.secret.encode()
-    _log.info(
-        "%s is not set: the store and transport authenticate with a key derived from the job id %r, which stops "
-        "accidental cross-talk but not an attacker; `procgroup run` sets a random secret",
+        key = cfg.secret.encode()
+        note_secret_source(key, ENV.SECRET)
+        return key
+    if cfg.secret_file is not None:
+        from .secretfile import read_named_secret  # noqa: PLC0415
+
+        value = read_named_secret(cfg.secret_file, ENV.SECRET_FILE)
+        if value is None:
+            raise ConfigError(
+                f"{ENV.SECRET_FILE}={cfg.secret_file}: no such file; create it (e.g. python -c 'import secrets; "
+                f"print(secrets.token_hex(32))' > FILE; chmod 600 FILE) or unset {ENV.SECRET_FILE}"
+            )
+        key = value.encode()
+        note_secret_source(key, f"{ENV.SECRET_FILE}={cfg.secret_file}")
+        return key
+    why = f"no home directory to keep a per-user secret file in (set {ENV.HOME} or {ENV.XDG_CONFIG_HOME})"
+    if cfg.user_secret_file is not None:
+        try:
+            value, created = load_or_create_user_secret(cfg.user_secret_file)
+        except OSError as e:
+            why = f"the per-user secret file {cfg.user_secret_file} can be neither read nor created ({e.strerror or e})"
+        else:
+            if created:
+                _log.info("created the per-user secret file %s (mode 0600)", cfg.user_secret_file)
+            key = value.encode()
+            note_secret_source(key, f"the per-user secret file {cfg.user_secret_file}")
+            return key
+    (_log.info if loopback else _log.warning)(
+        "%s is not set and %s: the store and transport authenticate with a key derived from the job id %r, which "
+        "stops accidental cross-talk but not an attacker who can reach the port; set %s (`procgroup run` sets a "
+        "random one) or %s",
         ENV.SECRET,
+        why,
         job_id,
+        ENV.SECRET,
+        ENV.SECRET_FILE,
     )
-    return ("procgroup-derived:" + job_id).encode()
+    key = ("procgroup-derived:" + job_id).encode()
+    note_secret_source(key, f"a key derived from the job id {job_id!r} ({ENV.SECRET} is not set)")
+    return key

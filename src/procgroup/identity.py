@@ -135,6 +135,8 @@ class _Draft:
     master_port: Optional[int] = None
     job_id: Optional[str] = None
     derived: list[str] = dataclasses.field(default_factory=list)
+    #: the local rank, local world size and node rank are unknown here: the group measures them at rendezvous
+    layout_measured: bool = False
 
     def note(self, text: str) -> None:
         self.derived.append(text)
@@ -224,6 +226,7 @@ def _finish(d: _Draft, env: Mapping[str, str]) -> Identity:
         source=d.source,
         job_id=d.job_id,
         derived=tuple(d.derived),
+        layout_measured=d.layout_measured,
     )
 
 
@@ -293,7 +296,13 @@ def _from_explicit(env: Mapping[str, str]) -> _Draft:
         if mvar is None:
             d.num_nodes, d.num_nodes_var = world, f"{ENV.WORLD_SIZE} (one process per pod)"
     elif lr is None and lws is None:
-        d.note("LOCAL_RANK=0, LOCAL_WORLD_SIZE=1 (neither is set: assuming one process on this node)")
+        # two shells running `WORLD_SIZE=2 RANK=i python ...` on one host are two processes on one node:
+        # take the layout from where the ranks really are once they meet, not from a guess of one per node
+        d.layout_measured = True
+        d.note(
+            f"{ENV.LOCAL_RANK}=0, {ENV.LOCAL_WORLD_SIZE}=1 only until rendezvous counts the ranks on each host "
+            "(neither is set)"
+        )
     elif lr is not None and lws is not None:
         d.local_rank, d.local_world_size = lr, lws
     elif lr is not None:

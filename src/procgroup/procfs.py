@@ -23,6 +23,7 @@ __all__ = [
     "mem_total_gib",
     "namespace_inode",
     "pid_alive",
+    "pid_max",
     "pids",
     "pids_in_namespace",
     "port_holder_pid",
@@ -253,6 +254,15 @@ def pids_in_namespace(kind: str, inodes: Set[int]) -> Set[int]:
     if not inodes:
         return set()
     return {pid for pid in pids() if namespace_inode(kind, str(pid)) in inodes}
+
+
+def pid_max() -> Optional[int]:
+    """``/proc/sys/kernel/pid_max``: one more than the largest process id the kernel hands out; None if unreadable."""
+    try:
+        with open(f"{PROC}/sys/kernel/pid_max", "rb") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def loadavg() -> list[float]:

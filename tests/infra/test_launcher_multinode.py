@@ -340,10 +340,26 @@ def test_per_node_mode_needs_a_shared_secret(job: Job, tmp_path: Path):
             new_tag(),
         ),
     )
-    p = job.start(names[1], cmd, clean_env(), tmp_path)
+    # with a home directory the per-user secret file is shared (next test); without one there is no way:
+    env = {k: v for k, v in clean_env().items() if k not in ("HOME", "XDG_CONFIG_HOME")}
+    p = job.start(names[1], cmd, env, tmp_path)
     assert p.wait(60) == 1, p.text()
     assert "PROCGROUP_SECRET" in p.stderr and "--secret-file" in p.stderr, p.text()
     assert not job.leftovers()
+
+
+def test_per_node_mode_agrees_through_the_shared_per_user_secret(job: Job, tmp_path: Path):
+    """No PROCGROUP_SECRET, no --secret-file: hosts sharing a home directory (here one XDG_CONFIG_HOME) agree
+    through the per-user secret file, created 0600 by whichever node needs it first."""
+    names = job.hosts.names
+    tag = new_tag()
+    env = clean_env({"XDG_CONFIG_HOME": str(tmp_path / "cfg")})
+    t0 = time.monotonic()
+    _per_node(job, names, worker_args(tag, names), env, tmp_path, order=[2, 1, 0])
+    rcs = job.wait_all()
+    r = job.as_launch(rcs, time.monotonic() - t0)
+    check_world(r, len(names) * PER_NODE, PER_NODE, names)
+    assert ((tmp_path / "cfg" / "procgroup" / "secret").stat().st_mode & 0o777) == 0o600
 
 
 def test_failure_on_h2_stops_all_six_workers_within_5s(job: Job, tmp_path: Path):

@@ -65,7 +65,9 @@ def remote_agent(request, netns_hosts: NetnsHosts) -> str:
 
 
 def _openmpi_mpirun_cmd(hosts: NetnsHosts, agent: str, worker: list) -> list:
-    fwd = ["PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "PROCGROUP_TIMEOUT"]  # ssh starts a clean env
+    # ssh starts a clean env; XDG_CONFIG_HOME: the hosts share a home, so they share the per-user secret file
+    # (tests/conftest.py points it away from the real ~/.config)
+    fwd = ["PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "PROCGROUP_TIMEOUT", "XDG_CONFIG_HOME"]
     return hosts.cmd(
         hosts.names[0],
         "mpirun",

@@ -661,3 +661,12 @@ def test_resolve_master_mpi4py_of_another_mpi(fake_mpi) -> None:
     env["PMI_SIZE"] = "8"  # across hosts: nothing to fall back on
     with pytest.raises(ConfigError, match="built for a different MPI"):
         resolve_master(detect_identity(env), env)
+
+
+def test_rank_by_hand_leaves_the_local_layout_to_rendezvous() -> None:
+    ident = detect_identity({"RANK": "1", "WORLD_SIZE": "2"})
+    assert ident.layout_measured
+    assert not any("assuming one process" in n for n in ident.derived)
+    assert not detect_identity(
+        {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    ).layout_measured

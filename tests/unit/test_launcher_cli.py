@@ -286,6 +286,9 @@ def test_run_config_error_exit_2(capsys):
 
 def test_multi_node_needs_shared_secret(capsys, monkeypatch, tmp_path):
     monkeypatch.delenv(ENV.SECRET, raising=False)
+    # with a home directory the per-user secret file is the shared secret (test_secretfile.py); without one:
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
     prog = tmp_path / "train.py"
     prog.write_text("")
     assert main(["run", "--nnodes", "2", "--node-rank", "1", str(prog)]) == 1

@@ -106,11 +106,10 @@ if TYPE_CHECKING:  # pragma: no cover - the gang is imported where a job has sev
 
 __all__ = ["RunState", "LocalAgent", "run", "CTL_MARK", "is_local_address"]
 
+#: One line, printed once when several workers share a node and OMP_NUM_THREADS is not set.
 OMP_WARNING = (
-    "*****************************************\n"
-    "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your system "
-    "being overloaded, please further tune the variable for optimal performance in your application as needed. \n"
-    "*****************************************"
+    "procgroup run: OMP_NUM_THREADS=1 in each worker (several share this node); "
+    "export OMP_NUM_THREADS to use more threads per worker"
 )
 #: How long to wait for the last output of dead workers (pipes held by nobody).
 DRAIN_TIMEOUT = 2.0
@@ -541,7 +540,7 @@ class LocalAgent(SignalWaiter):
                     with open(s.log_file, "ab") as f:
                         f.write(f"===== procgroup: restart {restart} =====\n".encode())
         try:
-            att.group.start()
+            att.group.start(stop=lambda: bool(self._signals))  # a signal ends the spawn loop at once
         except OSError as e:
             att.spawn_error = f"{e.strerror or e} while starting {sys.executable} for {cfg.entrypoint!r}"
         self.state = RunState.HEALTHY if att.spawn_error is None else RunState.STOPPING

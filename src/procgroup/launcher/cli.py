@@ -45,6 +45,7 @@ from .config import (
     SINGLE_NODE_PREFIX,
     LaunchConfig,
     Placement,
+    check_worker_count,
     new_run_id,
     worker_env,
 )
@@ -108,6 +109,12 @@ def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
         help=f"workers on this node; 'auto' = number of CPUs (default 1, or ${KUBEFLOW.NPROC_PER_NODE})",
     )
     alias("--nproc_per_node", dest="nproc_per_node")
+    g.add_argument(
+        "--oversubscribe",
+        action="store_true",
+        help="start --nproc-per-node workers even beyond the CPUs (8 per CPU and 64 in all), the user's "
+        "process limit or half of pid_max (refused by default)",
+    )
     g.add_argument(
         "--nnodes",
         dest="nnodes",
@@ -336,6 +343,27 @@ def parse_nproc(value: object, source: str = "--nproc-per-node") -> int:
     return n
 
 
+def _check_this_host(nproc: int, source: str) -> None:
+    """:func:`check_worker_count` against this host's CPUs, RLIMIT_NPROC and pid_max; raises ConfigError."""
+    import resource  # noqa: PLC0415
+
+    from .. import procfs  # noqa: PLC0415
+
+    try:
+        cpus: Optional[int] = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count()
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    limit = None if soft == resource.RLIM_INFINITY or os.geteuid() == 0 else int(soft)  # root is not held to it
+    check_worker_count(
+        nproc,
+        cpus=cpus,
+        nproc_limit=limit,
+        pid_max=procfs.pid_max(),
+        source="--nproc-per-node" if source.startswith("--") else f"--nproc-per-node (from {source})",
+    )
+
+
 def parse_nnodes(value: object, source: str = "--nnodes") -> int:
     """``--nnodes``: a whole number, or ``N:N``; an elastic range ``MIN:MAX`` raises ConfigError (see
     :func:`parse_nnodes_range`, which the per-node mode uses)."""
@@ -419,6 +447,8 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
     :class:`LaunchConfig`, or a :class:`HeadConfig` with ``--hostfile``; raises ConfigError."""
     nproc_v, src = _resolve(ns, "nproc_per_node", environ, "1")
     nproc = parse_nproc(nproc_v, src)
+    if not getattr(ns, "oversubscribe", False) and not ns.from_head and ns.hostfile is None:
+        _check_this_host(nproc, src)
     nnodes_v, src = _resolve(ns, "nnodes", environ, "1")
     min_nnodes, nnodes = parse_nnodes_range(nnodes_v, src) if ns.hostfile is None else (None, parse_nnodes(nnodes_v))
     if min_nnodes == nnodes:

@@ -33,6 +33,9 @@ __all__ = [
     "MULTI_NODE_PREFIX",
     "OMP_NUM_THREADS",
     "PYTHONUNBUFFERED",
+    "OVERSUBSCRIBE_PER_CPU",
+    "OVERSUBSCRIBE_FLOOR",
+    "check_worker_count",
 ]
 
 DEFAULT_TERM_TIMEOUT = 3.0
@@ -50,6 +53,45 @@ MULTI_NODE_PREFIX = "[{host}:{rank}] "
 #: Not part of the contract table: OpenMP's and CPython's own variables.
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+
+
+#: ``--nproc-per-node`` above both this many workers per CPU and OVERSUBSCRIBE_FLOOR needs --oversubscribe
+OVERSUBSCRIBE_PER_CPU = 8
+OVERSUBSCRIBE_FLOOR = 64
+
+
+def check_worker_count(
+    n: int,
+    *,
+    cpus: Optional[int],
+    nproc_limit: Optional[int],
+    pid_max: Optional[int],
+    source: str = "--nproc-per-node",
+) -> None:
+    """Refuse ``n`` workers on this node when it is absurd for the machine (pure: the caller reads the limits).
+
+    Raises :class:`ConfigError` naming the limit and ``--oversubscribe`` when ``n`` exceeds the user's
+    process limit (``nproc_limit``, RLIMIT_NPROC's soft value; None: unlimited), half the kernel's
+    ``pid_max``, or ``max(OVERSUBSCRIBE_FLOOR, OVERSUBSCRIBE_PER_CPU * cpus)``.  Spawning that many
+    would take minutes and end in a failed fork or a machine too loaded to answer a signal.
+    """
+    fix = "pass --oversubscribe to start them anyway"
+    if nproc_limit is not None and n > nproc_limit:
+        raise ConfigError(
+            f"{source} {n}: more workers than this user may run processes (RLIMIT_NPROC, `ulimit -u`, is "
+            f"{nproc_limit}); lower {source}, raise the limit, or {fix}"
+        )
+    if pid_max is not None and n > pid_max // 2:
+        raise ConfigError(
+            f"{source} {n}: more than half the process ids this kernel hands out "
+            f"(/proc/sys/kernel/pid_max is {pid_max}); lower {source}, or {fix}"
+        )
+    if cpus is not None and cpus > 0 and n > max(OVERSUBSCRIBE_FLOOR, OVERSUBSCRIBE_PER_CPU * cpus):
+        raise ConfigError(
+            f"{source} {n}: {n / cpus:.0f} workers per CPU on this {cpus}-CPU host (more than "
+            f"{OVERSUBSCRIBE_PER_CPU} per CPU and {OVERSUBSCRIBE_FLOOR} in all); use --nproc-per-node auto for one "
+            f"per CPU, or {fix}"
+        )
 
 
 @dataclass(frozen=True)

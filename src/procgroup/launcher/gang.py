@@ -307,6 +307,7 @@ class Gang:
         authentication failure (srun mode: the secret file may have been
         stale); otherwise a rejected secret is an error at once.
         """
+        from ..protocol.auth import describe_secret  # noqa: PLC0415
         from ..store import TCPStore  # noqa: PLC0415
 
         addr = "127.0.0.1" if self.server is not None else self.master_addr
@@ -336,8 +337,9 @@ class Gang:
             if deadline.expired():
                 if isinstance(last, AuthenticationError):
                     raise RendezvousError(
-                        f"node 0's agent at {self.where} rejected this node's job secret: every node must use the "
-                        "same PROCGROUP_SECRET (or --secret-file)"
+                        f"node 0's agent at {self.where} rejected this node's job secret (this node uses "
+                        f"{describe_secret(secret.encode())}): every node must use the "
+                        "same PROCGROUP_SECRET (or --secret-file, or a shared ~/.config/procgroup/secret)"
                     ) from None
                 why = str(last)
                 if "last error: " in why:  # the store's message talks to workers (MASTER_ADDR...): keep the cause

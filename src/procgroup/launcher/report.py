@@ -105,9 +105,15 @@ class WorkerResult:
         return f"exit code {rc}"
 
     def own_failure_status(self) -> str:
-        """status() for a worker that failed on its own, noting a launcher signal that hit it while exiting."""
+        """status() for a worker that failed on its own, noting a launcher signal that hit it while exiting.
+
+        The worker's own error record wins over that signal: ``raised ValueError, then stopped while
+        exiting by the launcher's SIGTERM``, never a bare ``signal SIGTERM``.
+        """
         if self.signaled_by_agent is not None and self.returncode == -self.signaled_by_agent:
-            return f"raised, then stopped while exiting by the launcher's {signal_name(self.signaled_by_agent)}"
+            exc = str((self.error or {}).get("exc_type") or "")
+            what = f"raised {exc}" if exc else "raised"
+            return f"{what}, then stopped while exiting by the launcher's {signal_name(self.signaled_by_agent)}"
         return self.status()
 
     def who(self) -> str:
@@ -275,7 +281,7 @@ def format_root_cause(run: RunResult) -> str:
             )
         return "\n".join(lines)
 
-    lines.append(f"### Root cause: {root.who()}, {root.status()}")
+    lines.append(f"### Root cause: {root.who()}, {root.own_failure_status()}")
     t0 = root.start_time
     lines.append(f"    failed at {_ts(root.failure_time)} ({root.failure_time - t0:.2f}s after it started)")
     err = root.error

@@ -310,13 +310,18 @@ class WorkerGroup:
         self.pump = OutputPump(sink)
 
     # -- start
-    def start(self) -> None:
+    def start(self, stop: Optional[Callable[[], bool]] = None) -> bool:
         """Spawn every worker (from the calling thread: PR_SET_PDEATHSIG fires when *that thread* exits).
 
-        If one cannot be spawned, OSError propagates and the caller stops the ones already started.
+        ``stop()`` is asked before each spawn (the agent's "a signal arrived"): when it says so, the
+        loop ends there and returns False, leaving the caller to stop the workers already started;
+        True when every worker was started.  If one cannot be spawned, OSError propagates and the
+        caller stops the ones already started.
         """
         self.pump.start()
         for spec in self.specs:
+            if stop is not None and stop():
+                return False
             proc = subprocess.Popen(
                 list(spec.argv),
                 env=spec.env,
@@ -329,6 +334,7 @@ class WorkerGroup:
             w = Worker(spec=spec, proc=proc, start_time=time.time())
             self.workers.append(w)
             self.pump.add(w)
+        return True
 
     def close(self) -> None:
         """Release the pump and the pipes (after :meth:`OutputPump.drain`)."""

@@ -24,6 +24,7 @@ from typing import Mapping, Optional
 from ..config import ENV, env_str
 from ..deadline import Deadline
 from ..errors import AuthenticationError, BrokenError, ConfigError, DistTimeoutError
+from ..secretfile import secret_source
 
 __all__ = [
     "MAGIC",
@@ -35,6 +36,7 @@ __all__ = [
     "server_handshake",
     "client_handshake",
     "recv_exact",
+    "describe_secret",
 ]
 
 MAGIC = b"PGAUTH01"
@@ -103,11 +105,20 @@ class ClientHandshake:
         return _mac(self.secret, b"C", hello[len(MAGIC) :]) + self.nonce
 
     def verify(self, final: bytes) -> None:
+        """Check the server's proof; raises AuthenticationError naming where this side's secret came from."""
         if final == _FAIL or not hmac.compare_digest(final, _mac(self.secret, b"S", self.nonce)):
             raise AuthenticationError(
-                f"the server rejected our job secret (or could not prove its own): every rank must use the same "
-                f"{ENV.SECRET}; `procgroup run` sets it for all its workers"
+                f"the server rejected our job secret (or could not prove its own): secrets differ; this side uses "
+                f"{describe_secret(self.secret)}; every rank must use the same {ENV.SECRET} (or the same file: "
+                f"--secret-file, {ENV.SECRET_FILE}, or a shared ~/.config/procgroup/secret); `procgroup run` sets "
+                "it for all its workers"
             )
+
+
+def describe_secret(secret: bytes) -> str:
+    """Where this process got ``secret`` ("the per-user secret file /home/u/.config/procgroup/secret"), for
+    authentication errors; a generic phrase when nobody noted it (a secret passed in by the caller)."""
+    return secret_source(secret) or "the secret its caller passed in"
 
 
 def recv_exact(sock: socket.socket, n: int, deadline: Optional[Deadline] = None, what: str = "data") -> bytes:

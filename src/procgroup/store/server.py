@@ -15,17 +15,18 @@ from __future__ import annotations
 import errno
 import heapq
 import itertools
+import resource
 import selectors
 import socket
 import threading
 import time
 from typing import Optional, Union, cast
 
-from ..config import ENV
+from ..config import ENV, store_auth_timeout
 from ..errors import AuthenticationError, ClosedError, ConfigError, ProtocolError, StoreError
 from ..netutil import bind_listener, format_hostport
 from ..protocol import store_codec as sc
-from ..protocol.auth import MAC_LEN, REPLY_LEN, ServerHandshake
+from ..protocol.auth import MAC_LEN, REPLY_LEN, ServerHandshake, describe_secret
 from ..protocol.store_codec import CLOSED, NEED_DATA, StoreCodec
 from ..protocol.store_state import Park, StoreState, timeout_reply
 from .base import log
@@ -41,6 +42,21 @@ _OUT_HIGH = 1 << 20  # stop parsing requests while this much output is unsent
 _READ_PAUSE = 1 << 20  # stop reading from a connection that is parked with this much input buffered
 _LINGER_S = 2.0  # after refusing a client, how long we drain its input so it reads our reply
 _LINGER_MAX = 1 << 20
+#: connections that have not authenticated may hold at most this share of the open-files limit; beyond it
+#: (or when accept() finds no descriptor left) the oldest of them are closed to make room
+_UNAUTH_SHARE = 4
+_UNAUTH_MIN = 16
+
+
+def _unauth_cap() -> int:
+    """Most unauthenticated connections kept open at once: a quarter of RLIMIT_NOFILE's soft limit (>= 16)."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return 1 << 30
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return 1 << 30
+    return max(_UNAUTH_MIN, int(soft) // _UNAUTH_SHARE)
 
 
 def _peer_str(addr: object) -> str:
@@ -87,7 +103,10 @@ class StoreServer:
     picks a free port), starts the daemon thread and returns the port;
     :meth:`close` stops it and closes every socket.  Each accepted connection
     must pass the HMAC challenge of :mod:`procgroup.protocol.auth` within
-    ``auth_timeout`` seconds before any request is served.  A client that
+    ``auth_timeout`` seconds (default ``PROCGROUP_STORE_AUTH_TIMEOUT``, 5 s) before any request is
+    served.  Connections still authenticating may hold at most a quarter of the open-files limit, and
+    when ``accept`` runs out of descriptors the oldest of them are closed first, so idle strangers
+    cannot keep genuine clients out.  A client that
     fails it, sends malformed frames or an oversize length header is answered
     (the handshake's failure message or an ERROR frame) and disconnected; the
     refusal is logged at WARNING with its address.  Everyone else is unaffected.
@@ -103,7 +122,7 @@ class StoreServer:
         port: int = 0,
         *,
         secret: Union[bytes, str],
-        auth_timeout: float = 30.0,
+        auth_timeout: Optional[float] = None,
         backlog: int = 4096,
         sock: Optional[socket.socket] = None,
     ) -> None:
@@ -113,7 +132,12 @@ class StoreServer:
         self._requested_port = int(port)
         self._port: Optional[int] = None
         self._secret = secret.encode() if isinstance(secret, str) else bytes(secret)
-        self.auth_timeout = float(auth_timeout)
+        self.auth_timeout = float(auth_timeout) if auth_timeout is not None else store_auth_timeout()
+        #: connections still in the handshake, oldest first (dicts keep insertion order)
+        self._unauth: dict[int, _Conn] = {}
+        self._unauth_cap = _unauth_cap()
+        self._evicted = 0
+        self._last_evict_log = 0.0
         self._backlog = backlog
         self._lsock: Optional[socket.socket] = sock
         self._sel: Optional[selectors.BaseSelector] = None
@@ -321,6 +345,8 @@ class StoreServer:
                 return
             except OSError as e:
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    if e.errno in (errno.EMFILE, errno.ENFILE) and self._evict_unauth(1, "no file descriptor left"):
+                        continue  # one descriptor freed: accept the waiting client with it
                     now = time.monotonic()
                     if now - self._last_emfile_log > 10:
                         self._last_emfile_log = now
@@ -343,10 +369,34 @@ class StoreServer:
                 continue
             conn = _Conn(sock, _peer_str(addr), ServerHandshake(self._secret))
             self._conns[sock.fileno()] = conn
+            self._unauth[id(conn)] = conn
+            if len(self._unauth) > self._unauth_cap:
+                self._evict_unauth(len(self._unauth) - self._unauth_cap, "too many connections still authenticating")
             self._add_timer(time.monotonic() + self.auth_timeout, self._T_AUTH, conn)
             assert conn.hs is not None
             self._write(conn, conn.hs.hello())
             self._update_interest(conn)
+
+    def _evict_unauth(self, n: int, why: str) -> int:
+        """Close up to ``n`` connections that have not authenticated, oldest first; how many were closed."""
+        victims = list(itertools.islice(self._unauth.values(), n))
+        for conn in victims:
+            self._close_conn(conn)
+        self._evicted += len(victims)
+        now = time.monotonic()
+        if victims and now - self._last_evict_log > 10:
+            self._last_evict_log = now
+            log.warning(
+                "store server: %s; closed %d connection(s) that had not proven the job secret, oldest first "
+                "(%d so far; %d open; each has %.1fs to authenticate: %s)",
+                why,
+                len(victims),
+                self._evicted,
+                len(self._conns),
+                self.auth_timeout,
+                ENV.STORE_AUTH_TIMEOUT,
+            )
+        return len(victims)
 
     def _resume_accept(self) -> None:
         if self._accept_paused and self._sel is not None and self._lsock is not None:
@@ -401,6 +451,7 @@ class StoreServer:
         if conn.state == _DEAD:
             return
         conn.state = _DEAD
+        self._unauth.pop(id(conn), None)
         if conn.waiter is not None:
             self._cancel_wait(conn.waiter)
             conn.waiter = None
@@ -425,6 +476,7 @@ class StoreServer:
     def _refuse(self, conn: _Conn, reply: bytes) -> None:
         """Send ``reply``, then half-close and drain the peer for a moment so it can read it."""
         conn.state = _LINGER
+        self._unauth.pop(id(conn), None)
         if conn.waiter is not None:
             self._cancel_wait(conn.waiter)
             conn.waiter = None
@@ -467,14 +519,17 @@ class StoreServer:
                 final = conn.hs.check(reply)
             except AuthenticationError as e:
                 log.warning(
-                    "store server: refused %s: %s (wrong %s? every rank must use the job's secret)",
+                    "store server: refused %s: client failed authentication (%s); secrets differ: this side uses "
+                    "%s (every rank must use the same %s or secret file)",
                     conn.peer,
                     e,
+                    describe_secret(self._secret),
                     ENV.SECRET,
                 )
                 self._refuse(conn, _FAIL)
                 return
             conn.state = _READY
+            self._unauth.pop(id(conn), None)
             conn.hs = None
             conn.authbuf = bytearray()
             conn.codec = StoreCodec("server")

@@ -70,7 +70,7 @@ def build_world(spec: WorldSpec) -> World:
     hosts = [m.host_key for m in members]
     local = [m for m in members if m.host_key == me.host_key]
     # explicit ranks and MPI launchers give no reliable node layout: take it from where ranks really are
-    measured = identity.source in ("explicit", "openmpi", "mpich")
+    measured = identity.source in ("explicit", "openmpi", "mpich") or identity.layout_measured
     world = World(
         rank=identity.rank,
         size=identity.world_size,
