@@ -138,12 +138,24 @@ def _master_address(im: InitMethod, ident: Identity) -> Tuple[str, int]:
     return host, int(port)
 
 
+def _adapt_store(store: Any) -> Any:
+    """``store`` as a procgroup Store: a torch ``Store`` is wrapped (one port per job); TypeError otherwise."""
+    if isinstance(store, store_mod.Store):
+        return store
+    if type(store).__module__.split(".")[0] == "torch":
+        from .torch._store import TorchStoreAdapter
+
+        return TorchStoreAdapter(store)
+    raise TypeError(f"store= must be a procgroup or torch.distributed Store, got {type(store).__name__}")
+
+
 def _open_store(im: InitMethod, store: Any, ident: Identity, cfg: RuntimeConfig, deadline: Deadline) -> _Rendezvous:
     """The given store, a FileStore (file://), or a TCPStore (tcp://, env://) hosted by rank 0.
 
     Raises ConnectError/PortInUseError (and kin) when the TCP store cannot be reached or hosted.
     """
     if store is not None:
+        store = _adapt_store(store)
         job_id = cfg.run_id or ident.job_id or "default"
         return _Rendezvous(store, f"the given {type(store).__name__}", job_id, job_secret(cfg, job_id))
     if im.scheme == "file":
