@@ -118,3 +118,12 @@ def test_non_contiguous_inplace_is_refused_clearly() -> None:
 
     with pytest.raises(ConfigError, match="contiguous"):
         as_flat(np.ones((4, 4))[:, ::2])
+
+
+def test_ray_identity_source() -> None:
+    from procgroup.identity import detect_identity
+
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "RAY_JOB_ID": "01000000"}
+    ident = detect_identity(env)
+    assert ident.source == "ray" and ident.rank == 1 and ident.job_id is None
+    assert detect_identity({"RANK": "0", "WORLD_SIZE": "1"}).source == "torchrun"
