@@ -97,6 +97,23 @@ def __dir__() -> list[str]:
 
 
 _LAZY.update(DistBackendError="errors", DistError="errors")  # torch.distributed spellings
+_LAZY.update(reduce_op="ops", Future="futures")
+_LAZY.update(dict.fromkeys(["TCPStore", "FileStore", "HashStore", "PrefixStore", "Store"], "stores"))
+_LAZY.update(
+    dict.fromkeys(
+        [
+            "default_pg_timeout",
+            "get_default_backend_for_device",
+            "get_node_local_rank",
+            "get_pg_count",
+            "is_backend_available",
+            "is_ucc_available",
+            "is_xccl_available",
+            "supports_complex",
+        ],
+        "compat",
+    )
+)
 
 __version__ = "0.1.0"
 

@@ -148,12 +148,44 @@ def _master_address(im: InitMethod, ident: Identity) -> Tuple[str, int]:
     return host, int(port)
 
 
+def _adapt_store(store: Any) -> Any:
+    """``store`` as a procgroup Store: a torch ``Store`` is wrapped (one port per job); TypeError otherwise."""
+    if isinstance(store, store_mod.Store):
+        return store
+    if type(store).__module__.split(".")[0] == "torch":
+        from .torch._store import TorchStoreAdapter
+
+        return TorchStoreAdapter(store)
+    raise TypeError(f"store= must be a procgroup or torch.distributed Store, got {type(store).__name__}")
+
+
+def _torch_default_store() -> Any:
+    """torch's default group's store (adapted) when torch is imported and its default group exists, else None."""
+    if "torch.distributed" not in sys.modules:
+        return None
+    from .torch._store import default_torch_store
+
+    return default_torch_store()
+
+
+def _torch_agent_store(host: str, port: int, timeout: float) -> Any:
+    """Under torchrun, a client of the agent's torch store on MASTER_PORT (adapted), or None (no torch/agent store)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return None
+    from .torch._store import torch_agent_store
+
+    return torch_agent_store(host, port, timeout)
+
+
 def _open_store(im: InitMethod, store: Any, ident: Identity, cfg: RuntimeConfig, deadline: Deadline) -> _Rendezvous:
     """The given store, a FileStore (file://), or a TCPStore (tcp://, env://) hosted by rank 0.
 
     Raises ConnectError/PortInUseError (and kin) when the TCP store cannot be reached or hosted.
     """
     if store is not None:
+        store = _adapt_store(store)
         job_id = cfg.run_id or ident.job_id or "default"
         return _Rendezvous(store, f"the given {type(store).__name__}", job_id, job_secret(cfg, job_id))
     if im.scheme == "file":
@@ -163,6 +195,12 @@ def _open_store(im: InitMethod, store: Any, ident: Identity, cfg: RuntimeConfig,
         return _Rendezvous(fstore, str(im), job_id, job_secret(cfg, job_id), file_path=im.path)
     host, port = _master_address(im, ident)
     where = f"{host}:{port}"
+    shared = _torch_default_store() if im.scheme == "env" else None
+    if shared is None and im.scheme == "env" and torchelastic_launched() and not cfg.store_hosted:
+        shared = _torch_agent_store(host, port, deadline.remaining())
+    if shared is not None:  # torch's group already holds MASTER_PORT in this process: one store per job
+        job_id = cfg.run_id or ident.job_id or where
+        return _Rendezvous(shared, f"torch's default store at {where}", job_id, job_secret(cfg, job_id))
     job_id = cfg.run_id or ident.job_id or where
     secret = job_secret(cfg, job_id, loopback=is_literal_loopback(host))
     server = None

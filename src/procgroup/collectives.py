@@ -75,6 +75,10 @@ def _avg_or_none(op: Any) -> ReduceOp:
         try:
             op = ReduceOp[str(op).split(".")[-1].upper()]
         except KeyError:
+            try:  # a torch ReduceOp instance (options objects carry one)
+                return ReduceOp.coerce(op)
+            except ConfigError:
+                pass
             raise ConfigError(f"op={op!r} is not a ReduceOp (SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR, BXOR)") from None
     return op
 

@@ -11,7 +11,8 @@ Precedence (first match wins)
 1. ``RANK`` + ``WORLD_SIZE`` (torchrun, ``procgroup run``, Kubeflow, or set by
    hand).  ``source`` is ``"procgroup"`` when ``PROCGROUP_RUN_ID`` is set,
    ``"torchrun"`` when ``TORCHELASTIC_RUN_ID`` is set, ``"kubeflow"`` when
-   ``KUBERNETES_SERVICE_HOST`` or any ``PET_*`` variable is set, else
+   ``KUBERNETES_SERVICE_HOST`` or any ``PET_*`` variable is set, ``"ray"`` when
+   ``RAY_JOB_ID`` or ``RAY_RAYLET_PID`` is set (Ray Train's workers), else
    ``"torchrun"`` (the torchrun variable convention, set by hand).
 2. An MPI launcher that started this process *inside* a Slurm job: mpirun
    (``OMPI_COMM_WORLD_RANK`` plus ORTE's ``OMPI_MCA_orte_hnp_uri``) or Hydra
@@ -248,6 +249,8 @@ def _from_explicit(env: Mapping[str, str]) -> _Draft:
         source = "torchrun"
     elif _is_kubeflow(env):
         source = "kubeflow"
+    elif env_str("RAY_JOB_ID", env) is not None or env_str("RAY_RAYLET_PID", env) is not None:
+        source = "ray"  # Ray Train's workers: the torchrun variables plus Ray's own; job id = MASTER_ADDR:MASTER_PORT
     else:
         source = "torchrun"
     d = _Draft(

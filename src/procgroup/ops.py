@@ -84,7 +84,11 @@ class ReduceOp(enum.Enum):
             except ValueError:
                 pass
         else:
-            # torch.distributed.ReduceOp.SUM (a RedOpType) and similar enums carry a name
+            # torch.distributed.ReduceOp.SUM (a RedOpType) and similar enums carry a name; a torch
+            # ReduceOp instance (as in AllreduceOptions.reduceOp) carries its RedOpType as ``op``
+            inner = getattr(op, "op", None)
+            if inner is not None and inner is not op:
+                return cls.coerce(inner)
             name = getattr(op, "name", None)
             if isinstance(name, str) and name.upper() in cls.__members__:
                 return cls.__members__[name.upper()]
@@ -93,6 +97,10 @@ class ReduceOp(enum.Enum):
             + ", ".join(f"ReduceOp.{m}" for m in cls.__members__)
             + " (PREMUL_SUM is not supported)"
         )
+
+
+#: torch.distributed's deprecated alias of ReduceOp
+reduce_op = ReduceOp
 
 
 # ----------------------------------------------------------------------------- dtypes

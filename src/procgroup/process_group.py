@@ -171,6 +171,12 @@ class Work:
         """Wait for the operation (torch's spelling)."""
         self.wait()
 
+    def get_future(self) -> Any:
+        """A :class:`~procgroup.futures.Future` resolved when this Work finishes; its value is :meth:`result`."""
+        from .futures import Future
+
+        return Future(self)
+
 
 class _P2PWork(Work):
     """Work over transport requests (isend/irecv): no thread involved."""

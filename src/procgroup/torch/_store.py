@@ -148,3 +148,35 @@ class TorchStoreAdapter(Store):
 
     def _where(self) -> str:
         return f"torch's {type(self._store).__name__}"
+
+
+def default_torch_store() -> Optional[TorchStoreAdapter]:
+    """torch's default group's store, adapted, when torch's default group is initialized in this process.
+
+    ``procgroup.init_process_group()`` after ``torch.distributed.init_process_group(...)`` uses it instead of
+    hosting a second store on MASTER_PORT (which torch's store, or torchrun's agent store, already holds).
+    Returns None when torch's default group does not exist.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    from torch.distributed import distributed_c10d as c10d
+
+    return TorchStoreAdapter(dist.PrefixStore("procgroup", c10d._get_default_store()))
+
+
+def torch_agent_store(host: str, port: int, timeout: float) -> Optional[TorchStoreAdapter]:
+    """A torch TCPStore client of torchrun's agent store at ``host:port``, adapted; None when torchrun hosts none.
+
+    torchrun (TORCHELASTIC_USE_AGENT_STORE=True, its default) hosts a torch store on MASTER_PORT in the agent, so
+    procgroup joins that store instead of hosting its own on the same port.  Raises procgroup's BrokenError
+    when the agent's store cannot be reached within ``timeout`` seconds.
+    """
+    from ..config import env_str
+
+    if (env_str("TORCHELASTIC_USE_AGENT_STORE") or "").lower() not in ("true", "1"):
+        return None
+    try:
+        base = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=max(timeout, 1.0)))
+    except dist.DistError as e:
+        raise BrokenError(f"cannot reach torchrun's agent store at {host}:{port}: {e}; check MASTER_ADDR") from e
+    return TorchStoreAdapter(dist.PrefixStore("procgroup", base))
