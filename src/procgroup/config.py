@@ -44,6 +44,8 @@ __all__ = [
     "shm_options",
     "RuntimeConfig",
     "job_secret",
+    "top_interval",
+    "DEFAULT_TOP_INTERVAL",
 ]
 
 #: Default deadline (seconds) for init, collectives and store waits.
@@ -109,6 +111,8 @@ class ENV:
     SHM_SPIN_US = "PROCGROUP_SHM_SPIN_US"  # how long a shm wait spins before sleeping on a futex
     SHM_SPLIT = "PROCGROUP_SHM_SPLIT"  # "0": one thread copies a large single-copy message, not two
     SHM_ARENA = "PROCGROUP_SHM_ARENA"  # "0": small collectives within a host use messages, not the shared slots
+    TOP_INTERVAL = "PROCGROUP_TOP_INTERVAL"  # seconds between a rank's status records for `procgroup top`; 0: off
+    RUNTIME_DIR = "PROCGROUP_RUNTIME_DIR"  # where `procgroup run` leaves run-info files for `procgroup top`
 
     @classmethod
     def table(cls) -> list[EnvVar]:
@@ -162,6 +166,17 @@ _TABLE = (
     EnvVar(
         ENV.SHM_ARENA,
         "0 sends small collectives among the ranks of one host as messages instead of through shared slots (the arena)",
+        "user",
+    ),
+    EnvVar(
+        ENV.TOP_INTERVAL,
+        "seconds between the status records each rank publishes to the store for `procgroup top` (default 1; 0: off)",
+        "user",
+    ),
+    EnvVar(
+        ENV.RUNTIME_DIR,
+        "directory of the run-info files `procgroup run` writes and `procgroup top` reads "
+        "(default $XDG_RUNTIME_DIR/procgroup, else <tmp>/procgroup-<uid>)",
         "user",
     ),
 )
@@ -403,6 +418,24 @@ _LOG_LEVELS = {
 #: seconds between rendezvous progress lines when PROCGROUP_PROGRESS_INTERVAL is unset
 DEFAULT_PROGRESS_INTERVAL = 10.0
 
+#: seconds between a rank's status records for `procgroup top` when PROCGROUP_TOP_INTERVAL is unset
+DEFAULT_TOP_INTERVAL = 1.0
+
+
+def top_interval(environ: Optional[Mapping[str, str]] = None) -> float:
+    """PROCGROUP_TOP_INTERVAL (seconds >= 0; 0 turns the status records off), else DEFAULT_TOP_INTERVAL.
+
+    Raises ConfigError naming the variable for a value that is not a number >= 0.
+    """
+    v = _env_number(
+        ENV.TOP_INTERVAL,
+        environ,
+        f"is not a number of seconds; e.g. {ENV.TOP_INTERVAL}=1, or 0 to turn the status records off",
+        lambda x: x >= 0,
+        "must be >= 0 seconds (0 turns the status records off)",
+    )
+    return DEFAULT_TOP_INTERVAL if v is None else v
+
 
 def _log_level(environ: Optional[Mapping[str, str]]) -> Optional[int]:
     v = env_str(ENV.LOG_LEVEL, environ)
@@ -441,6 +474,8 @@ class RuntimeConfig:
     tty: Optional[str] = None
     secret: Optional[str] = field(default=None, repr=False)
     shm: ShmOptions = field(default_factory=ShmOptions)
+    #: seconds between this rank's status records for `procgroup top` (0: none are published)
+    top_interval: float = DEFAULT_TOP_INTERVAL
 
     @classmethod
     def load(cls, environ: Optional[Mapping[str, str]] = None, *, timeout: Any = None) -> "RuntimeConfig":
@@ -468,6 +503,7 @@ class RuntimeConfig:
             tty=env_str(ENV.TTY, env),
             secret=env_str(ENV.SECRET, env),
             shm=shm_options(env),
+            top_interval=top_interval(env),
         )
 
 

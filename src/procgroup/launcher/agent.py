@@ -86,6 +86,7 @@ from .report import (
     result_to_json,
     slim,
 )
+from .runinfo import publish_run, remove_run_info
 from .signals import SignalWaiter
 from .workers import (
     KILL_TIMEOUT,
@@ -177,6 +178,7 @@ class LocalAgent(SignalWaiter):
         self._subreaper = False
         self._reported_nodes: list[int] = []
         self._last_gen: Optional[int] = None  # the last generation started (its shm segments are checked)
+        self._runinfo: Optional[str] = None  # the run-info file `procgroup top RUN_ID` reads (runinfo.py)
 
     # ------------------------------------------------------------------ public
 
@@ -210,6 +212,7 @@ class LocalAgent(SignalWaiter):
             if self.gang is not None:
                 self.gang.close(self.node_rank, self._last_gen, self._reported_nodes)
             self._remove_secret_file()
+            remove_run_info(self._runinfo)
             self._restore_signals()
             if self._tmpdir is not None:
                 shutil.rmtree(self._tmpdir, ignore_errors=True)
@@ -251,6 +254,18 @@ class LocalAgent(SignalWaiter):
                 self.state = RunState.INTERRUPTED if result.interrupted_by is not None else RunState.FAILED
                 return result
             self._last_gen = restart
+            if self._speaks_for_job():
+                self._runinfo = publish_run(
+                    self._runinfo,
+                    cfg,
+                    placement,
+                    secret=secret,
+                    restart=restart,
+                    agent_pid=self.pid,
+                    host=self.hostname,
+                    environ=self.environ,
+                    warn=self._say,
+                )
             if (
                 restart == 0
                 and placement.local_world_size > 1
