@@ -432,8 +432,8 @@ class Reader:
 
 
 def live(reader: Reader, interval: float, stuck_after: float, out: IO[str], fd: int) -> int:
-    """Redraw the table every ``interval`` s on the terminal ``fd`` until ``q`` or Ctrl-C; 0, or 1 when the job's
-    store goes away (the job ended)."""
+    """Redraw the table every ``interval`` s on the terminal ``fd`` until ``q``, Ctrl-C or the end of the job (its
+    store goes away, which is said on stderr); returns 0."""
     import termios  # noqa: PLC0415 - POSIX terminals only
     import tty  # noqa: PLC0415
 
@@ -462,8 +462,7 @@ def live(reader: Reader, interval: float, stuck_after: float, out: IO[str], fd: 
         out.flush()
         termios.tcsetattr(fd, termios.TCSADRAIN, old)
     if ended is not None:
-        sys.stderr.write(f"procgroup top: the job's store went away (the job has ended?): {ended}\n")
-        return 1
+        sys.stderr.write(f"procgroup top: the job has ended (its store went away: {ended})\n")
     return 0
 
 
