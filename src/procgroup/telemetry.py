@@ -91,8 +91,8 @@ def build_record(
     ``t``.  Groups this rank is not a member of, and closed ones, are left out.
     """
     mine = [g for g in groups if g.member and not g.closed]
-    inflight = [g for g in mine if g.inflight is not None]
-    oldest = min(inflight, key=lambda g: g.inflight.start) if inflight else None  # type: ignore[union-attr]
+    inflight = [(g.inflight.start, i, g) for i, g in enumerate(mine) if g.inflight is not None]
+    oldest = min(inflight)[2] if inflight else None
     ended = [g.flight[-1] for g in mine if g.flight and g.flight[-1].end is not None]
     latest = max(ended, key=lambda r: r.end or 0.0) if ended else None
     default = next((g for g in mine if g.gid == 0), None)

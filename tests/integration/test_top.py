@@ -28,6 +28,7 @@ from procgroup import procfs
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 STALL = ROOT / "tests" / "integration" / "scripts" / "top_stall.py"
+RESTART = ROOT / "tests" / "integration" / "scripts" / "top_restart.py"
 STALLED_RANK = 2
 
 
@@ -42,14 +43,14 @@ def _env(runtime: Path, **extra: str) -> dict[str, str]:
 class Job:
     """A ``procgroup run`` of the stalling script, in a session of its own."""
 
-    def __init__(self, runtime: Path, log: Path) -> None:
+    def __init__(self, runtime: Path, log: Path, script: Path = STALL, *flags: str) -> None:
         self.run_id = "top-" + uuid.uuid4().hex[:8]
         self.pids: set[int] = set()  # the workers' pids, as procgroup top showed them
         self.runtime = runtime
         self.log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "procgroup", "run", "--standalone", "--nproc-per-node", "4"]
-            + ["--run-id", self.run_id, str(STALL)],
+            + ["--run-id", self.run_id, *flags, str(script)],
             env=_env(runtime, STALL_RANK=str(STALLED_RANK), STALL_SECS="120", PROCGROUP_TIMEOUT="180"),
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -209,6 +210,40 @@ def test_top_live_view_in_tmux(job: Job) -> None:
         assert "RANK" not in screen, f"q did not leave the live view:\n{screen}"
     finally:
         subprocess.run(t + ["kill-server"], capture_output=True)
+
+
+@pytest.mark.timeout(150)
+def test_top_follows_the_job_into_its_next_generation(tmp_path: Path) -> None:
+    from procgroup.launcher import top  # noqa: PLC0415
+
+    job = Job(tmp_path / "runtime", tmp_path / "job.log", RESTART, "--max-restarts", "1")
+    env = _env(job.runtime)
+    try:
+        job.info()
+        target = top.resolve_target(top.build_parser().parse_args([job.run_id]), env)
+        assert target.agent_pid == job.proc.pid
+        reader = top.Reader(target, 30.0)
+        first = reader.wait_complete(top.Deadline.after(30), 2.0)
+        gen0 = {r.pid for r in first.rows}
+        assert len(gen0) == 4 and None not in gen0, first
+        end = time.monotonic() + 60
+        with pytest.raises(top.ProcGroupError):  # generation 0 ends: its store goes away
+            while time.monotonic() < end:
+                reader.snapshot(2.0)
+                time.sleep(0.2)
+        reader.close()
+        nxt = top.reattach(target, env, 60.0)
+        assert nxt is not None, job.output()
+        try:
+            snap = nxt.wait_complete(top.Deadline.after(30), 2.0)
+            gen1 = {r.pid for r in snap.rows}
+            assert len(gen1) == 4 and not gen1 & gen0, (gen0, snap)
+        finally:
+            nxt.close()
+        job.pids |= gen0 | gen1
+    finally:
+        job.stop()
+    assert top.reattach(target, env, 5.0) is None  # the job is over: nothing to follow
 
 
 # ------------------------------------------------------------------------------------------------ --local-rank-arg

@@ -16,6 +16,7 @@ the I/O (one store connection); :func:`main` is the command line.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import select
@@ -23,13 +24,13 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass
-from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
+from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..config import ENV, env_str
 from ..deadline import Deadline
 from ..errors import ConfigError, ProcGroupError
 from ..telemetry import RECORD_VERSION, top_key
-from .runinfo import find_run, running_jobs
+from .runinfo import RunInfo, find_run, running_jobs
 
 __all__ = [
     "Target",
@@ -40,6 +41,8 @@ __all__ = [
     "render",
     "snapshot_json",
     "Reader",
+    "reattach",
+    "live",
     "build_parser",
     "main",
     "DEFAULT_STUCK_AFTER",
@@ -64,6 +67,8 @@ class Target:
     secret: str
     run_id: Optional[str] = None
     world_size: Optional[int] = None
+    #: the agent of a job found by its run-info file (its next generation can be found again)
+    agent_pid: Optional[int] = None
 
     @property
     def store(self) -> str:
@@ -431,9 +436,36 @@ class Reader:
             time.sleep(min(0.2, max(0.0, deadline.remaining())))
 
 
-def live(reader: Reader, interval: float, stuck_after: float, out: IO[str], fd: int) -> int:
+def reattach(target: Target, environ: Mapping[str, str], timeout: float) -> Optional[Reader]:
+    """After the store went away: a reader of the same job's next generation (``--max-restarts``: the agent starts
+    new workers, whose rank 0 opens a new store), or None when the job has ended (its run-info file is gone) or
+    no store came up within ``timeout`` seconds.  Only a job found by its run-info file can be followed."""
+    if target.agent_pid is None:
+        return None
+    deadline = Deadline.after(timeout)
+    while not deadline.expired():
+        try:
+            info = find_run(target.run_id, environ, agent_pid=target.agent_pid)
+        except ConfigError:
+            return None
+        try:
+            return Reader(_target_of(info), max(0.5, deadline.remaining()))
+        except ProcGroupError:
+            time.sleep(min(0.2, max(0.0, deadline.remaining())))
+    return None
+
+
+def live(
+    reader: Reader,
+    interval: float,
+    stuck_after: float,
+    out: IO[str],
+    fd: int,
+    follow: Optional[Callable[[], Optional[Reader]]] = None,
+) -> int:
     """Redraw the table every ``interval`` s on the terminal ``fd`` until ``q``, Ctrl-C or the end of the job (its
-    store goes away, which is said on stderr); returns 0."""
+    store goes away and ``follow()``, e.g. :func:`reattach`, finds no next generation; said on stderr); returns 0.
+    Readers that ``follow`` returns are closed here."""
     import termios  # noqa: PLC0415 - POSIX terminals only
     import tty  # noqa: PLC0415
 
@@ -441,13 +473,20 @@ def live(reader: Reader, interval: float, stuck_after: float, out: IO[str], fd: 
     tty.setcbreak(fd)
     out.write("\x1b[?1049h\x1b[?25l")
     ended: Optional[str] = None
+    opened: Optional[Reader] = None
     try:
         while True:
             try:
                 snap = reader.snapshot(stuck_after)
             except ProcGroupError as e:
-                ended = str(e)
-                break
+                nxt = follow() if follow is not None else None
+                if nxt is None:
+                    ended = str(e)
+                    break
+                if opened is not None:
+                    opened.close()
+                reader = opened = nxt
+                continue
             size = shutil.get_terminal_size()
             lines = render(snap, size.columns, color=True, footer=f"every {interval:g}s, q quits")[: size.lines]
             out.write("\x1b[H" + "".join(line + "\x1b[K\n" for line in lines[:-1]) + lines[-1] + "\x1b[K\x1b[J")
@@ -458,6 +497,8 @@ def live(reader: Reader, interval: float, stuck_after: float, out: IO[str], fd: 
     except KeyboardInterrupt:
         pass
     finally:
+        if opened is not None:
+            opened.close()
         out.write("\x1b[?25h\x1b[?1049l")
         out.flush()
         termios.tcsetattr(fd, termios.TCSADRAIN, old)
@@ -543,8 +584,18 @@ def resolve_target(ns: argparse.Namespace, environ: Mapping[str, str]) -> Target
         return Target(host, port, secret, run_id=ns.run_id)
     if ns.secret_file is not None:
         raise ConfigError("--secret-file goes with --store; a run id's run-info file carries the secret itself")
-    info = find_run(ns.run_id, environ, agent_pid=ns.agent_pid)
-    return Target(info.store_addr, info.store_port, info.secret, run_id=info.run_id, world_size=info.world_size)
+    return _target_of(find_run(ns.run_id, environ, agent_pid=ns.agent_pid))
+
+
+def _target_of(info: RunInfo) -> Target:
+    return Target(
+        info.store_addr,
+        info.store_port,
+        info.secret,
+        run_id=info.run_id,
+        world_size=info.world_size,
+        agent_pid=info.agent_pid,
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
@@ -577,7 +628,8 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         return 1
     try:
         if live_view:
-            return live(reader, ns.interval, ns.stuck_after, sys.stdout, sys.stdin.fileno())
+            follow = functools.partial(reattach, target, env, ns.timeout)
+            return live(reader, ns.interval, ns.stuck_after, sys.stdout, sys.stdin.fileno(), follow)
         snap = reader.wait_complete(Deadline.after(ns.timeout), ns.stuck_after)
         if ns.json:
             print(json.dumps(snapshot_json(snap), indent=1))
