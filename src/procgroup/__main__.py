@@ -1,4 +1,5 @@
-"""``procgroup`` command: ``procgroup run ...`` (the launcher), ``procgroup env``, ``procgroup bench``.
+"""``procgroup`` command: ``procgroup run ...`` (the launcher), ``procgroup top``, ``procgroup env``,
+``procgroup bench``.
 
 Also ``python -m procgroup ...``.  The launcher lives beside the library and
 the library never imports it.
@@ -17,6 +18,8 @@ usage: procgroup <command> [options]
 commands:
   run     start N workers of a Python program as one process group (the torchrun equivalent)
           e.g. procgroup run --nproc-per-node 4 train.py --epochs 3
+  top     live view of a running job: one row per rank (state, collective, time in it, bytes/s, RSS, CPU)
+          e.g. procgroup top RUN_ID, procgroup top --once
   env     list the environment variables procgroup's launcher sets and its library reads
   bench   benchmark collectives against torch gloo and Open MPI (see README)
 
@@ -65,6 +68,12 @@ def _env(argv: list[str]) -> int:
     return 0
 
 
+def _top(argv: list[str]) -> int:
+    from .launcher.top import main as top_main
+
+    return top_main(argv)
+
+
 def _bench(argv: list[str]) -> int:
     from .bench.cli import main as bench_main
 
@@ -74,7 +83,7 @@ def _bench(argv: list[str]) -> int:
         return 130
 
 
-COMMANDS = {"run": _run, "env": _env, "bench": _bench}
+COMMANDS = {"run": _run, "top": _top, "env": _env, "bench": _bench}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -36,6 +36,7 @@ from .process_group import ProcessGroup, World
 from .rendezvous import InitMethod, parse_init_method, setup_logging
 from .state import GroupMember, _state, default_group, group, resolve_group
 from .subgroups import new_group, new_subgroups, split_group
+from .telemetry import start_publisher
 from .watchdog import FAILURE_KEY, Watchdog, abort_key
 
 __all__ = [
@@ -308,10 +309,12 @@ def _linger(server: Any, grace: float = 5.0, own: int = 0) -> None:
 
 
 def _start_watchdog(world: World, rdv: _Rendezvous, cfg: RuntimeConfig) -> None:
-    """Mismatch detection and roll call (``procgroup.watchdog``), on a store connection of its own."""
+    """Mismatch detection and roll call (``procgroup.watchdog``), on a store connection of its own, which
+    the status records of ``procgroup top`` (``procgroup.telemetry``) share."""
     if isinstance(rdv.base, store_mod.TCPStore) and rdv.master is not None:
         conn = store_mod.TCPStore(rdv.master[0], rdv.master[1], secret=rdv.secret, timeout=cfg.timeout)
         world.on_close.append(conn.close)
+        start_publisher(conn, world, lambda: [g.status() for g in list(_state.groups)], cfg.top_interval)
         wstore = store_mod.PrefixStore(f"pg/{cfg.restart_count}", conn)
     else:
         wstore = world.store

@@ -47,6 +47,8 @@ __all__ = [
     "user_secret_path",
     "store_auth_timeout",
     "DEFAULT_STORE_AUTH_TIMEOUT",
+    "top_interval",
+    "DEFAULT_TOP_INTERVAL",
 ]
 
 #: Default deadline (seconds) for init, collectives and store waits.
@@ -118,6 +120,8 @@ class ENV:
     STORE_AUTH_TIMEOUT = "PROCGROUP_STORE_AUTH_TIMEOUT"  # seconds a store client has to prove the secret
     XDG_CONFIG_HOME = "XDG_CONFIG_HOME"  # where the per-user secret file lives (default ~/.config)
     HOME = "HOME"
+    TOP_INTERVAL = "PROCGROUP_TOP_INTERVAL"  # seconds between a rank's status records for `procgroup top`; 0: off
+    RUNTIME_DIR = "PROCGROUP_RUNTIME_DIR"  # where `procgroup run` leaves run-info files for `procgroup top`
 
     @classmethod
     def table(cls) -> list[EnvVar]:
@@ -187,6 +191,17 @@ _TABLE = (
     EnvVar(ENV.STORE_AUTH_TIMEOUT, "seconds a new store connection has to prove the job secret (default 5)", "user"),
     EnvVar(ENV.XDG_CONFIG_HOME, "the per-user secret file is $XDG_CONFIG_HOME/procgroup/secret", "user"),
     EnvVar(ENV.HOME, "without XDG_CONFIG_HOME, the per-user secret file is ~/.config/procgroup/secret", "user"),
+    EnvVar(
+        ENV.TOP_INTERVAL,
+        "seconds between the status records each rank publishes to the store for `procgroup top` (default 1; 0: off)",
+        "user",
+    ),
+    EnvVar(
+        ENV.RUNTIME_DIR,
+        "directory of the run-info files `procgroup run` writes and `procgroup top` reads "
+        "(default $XDG_RUNTIME_DIR/procgroup, else <tmp>/procgroup-<uid>)",
+        "user",
+    ),
 )
 
 
@@ -430,6 +445,24 @@ _LOG_LEVELS = {
 #: seconds between rendezvous progress lines when PROCGROUP_PROGRESS_INTERVAL is unset
 DEFAULT_PROGRESS_INTERVAL = 10.0
 
+#: seconds between a rank's status records for `procgroup top` when PROCGROUP_TOP_INTERVAL is unset
+DEFAULT_TOP_INTERVAL = 1.0
+
+
+def top_interval(environ: Optional[Mapping[str, str]] = None) -> float:
+    """PROCGROUP_TOP_INTERVAL (seconds >= 0; 0 turns the status records off), else DEFAULT_TOP_INTERVAL.
+
+    Raises ConfigError naming the variable for a value that is not a number >= 0.
+    """
+    v = _env_number(
+        ENV.TOP_INTERVAL,
+        environ,
+        f"is not a number of seconds; e.g. {ENV.TOP_INTERVAL}=1, or 0 to turn the status records off",
+        lambda x: x >= 0,
+        "must be >= 0 seconds (0 turns the status records off)",
+    )
+    return DEFAULT_TOP_INTERVAL if v is None else v
+
 
 def _log_level(environ: Optional[Mapping[str, str]]) -> Optional[int]:
     v = env_str(ENV.LOG_LEVEL, environ)
@@ -473,6 +506,8 @@ class RuntimeConfig:
     #: (a key derived from the job id, logged)
     user_secret_file: Optional[str] = None
     shm: ShmOptions = field(default_factory=ShmOptions)
+    #: seconds between this rank's status records for `procgroup top` (0: none are published)
+    top_interval: float = DEFAULT_TOP_INTERVAL
 
     @classmethod
     def load(cls, environ: Optional[Mapping[str, str]] = None, *, timeout: Any = None) -> "RuntimeConfig":
@@ -502,6 +537,7 @@ class RuntimeConfig:
             secret_file=env_str(ENV.SECRET_FILE, env),
             user_secret_file=user_secret_path(env),
             shm=shm_options(env),
+            top_interval=top_interval(env),
         )
 
 

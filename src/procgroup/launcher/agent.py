@@ -92,6 +92,7 @@ from .report import (
     result_to_json,
     slim,
 )
+from .runinfo import publish_run, remove_run_info
 from .signals import SignalWaiter
 from .workers import (
     KILL_TIMEOUT,
@@ -187,6 +188,7 @@ class LocalAgent(SignalWaiter):
         self._membership: Optional[str] = None  # elastic: why the last generation's membership changed
         self._lost: list[str] = []  # elastic: the nodes lost so far (named when fewer than MIN remain)
         self._expect: Optional[int] = None  # elastic: how many agents should come back after a loss
+        self._runinfo: Optional[str] = None  # the run-info file `procgroup top RUN_ID` reads (runinfo.py)
 
     # ------------------------------------------------------------------ public
 
@@ -220,6 +222,7 @@ class LocalAgent(SignalWaiter):
             if self.gang is not None:
                 self.gang.close(self.node_rank, self._last_gen, self._reported_nodes)
             self._remove_secret_file()
+            remove_run_info(self._runinfo)
             self._restore_signals()
             if self._tmpdir is not None:
                 shutil.rmtree(self._tmpdir, ignore_errors=True)
@@ -263,6 +266,18 @@ class LocalAgent(SignalWaiter):
             restart = self._gen
             self._membership = None
             self._last_gen = restart
+            if self._speaks_for_job():
+                self._runinfo = publish_run(
+                    self._runinfo,
+                    cfg,
+                    placement,
+                    secret=secret,
+                    restart=restart,
+                    agent_pid=self.pid,
+                    host=self.hostname,
+                    environ=self.environ,
+                    warn=self._say,
+                )
             if (
                 restart == 0
                 and placement.local_world_size > 1

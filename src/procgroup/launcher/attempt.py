@@ -152,7 +152,7 @@ def worker_specs(
             argv += ["--error-file", error_file, "--rank", str(rank), "--local-rank", str(local), "--host", hostname]
             if cfg.module:
                 argv += ["-m"]
-        argv += ["--", cfg.entrypoint, *cfg.args]
+        argv += ["--", cfg.entrypoint, *cfg.local_rank_argv(local), *cfg.args]
         specs.append(
             WorkerSpec(
                 rank=rank,

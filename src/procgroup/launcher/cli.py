@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from ..config import ENV, KUBEFLOW, default_timeout, env_float, env_str
@@ -38,6 +39,7 @@ from .config import (
     DEFAULT_MASTER_ADDR,
     DEFAULT_MASTER_PORT,
     DEFAULT_TERM_TIMEOUT,
+    LOCAL_RANK_ARG_FORMS,
     MULTI_NODE_PREFIX,
     OMP_NUM_THREADS,
     PREFIX_FIELDS,
@@ -307,6 +309,17 @@ def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
         help="run the program as an executable, without the Python interpreter",
     )
     alias("--no_python", dest="no_python", action="store_true")
+    g.add_argument(
+        "--local-rank-arg",
+        dest="local_rank_arg",
+        metavar="dash|underscore",
+        nargs="?",
+        const="dash",
+        default=None,
+        help="pass each worker --local-rank=N after the program, before its own arguments, as "
+        "torch.distributed.launch did (its scripts parse it from argv); --local-rank-arg=underscore passes "
+        "--local_rank=N (torch < 2.0's spelling)",
+    )
     p.add_argument("entrypoint", metavar="program", help="script path, module name (-m) or executable (--no-python)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the program unchanged")
     return p
@@ -415,8 +428,29 @@ def parse_args(
     values raise :class:`ConfigError` naming the flag, the value and its source.
     """
     env = os.environ if environ is None else environ
-    ns = build_parser().parse_args(argv)
+    p = build_parser()
+    ns = p.parse_args(_bare_local_rank_arg(p, list(sys.argv[1:] if argv is None else argv)))
     return config_from_namespace(ns, env)
+
+
+def _bare_local_rank_arg(p: argparse.ArgumentParser, args: list[str]) -> list[str]:
+    """``args`` with a bare ``--local-rank-arg`` before the program spelled ``--local-rank-arg=dash``.
+
+    Its value is optional, and argparse would otherwise take the program (``--local-rank-arg train.py``)
+    for it.  Tokens from the program on are the program's own and are left alone.
+    """
+    takes_value = {s for a in p._actions if a.nargs != 0 for s in a.option_strings}
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if tok == "--local-rank-arg":
+            if i + 1 < len(args) and args[i + 1] in LOCAL_RANK_ARG_FORMS:
+                return args  # the space-separated form: argparse reads it as is
+            return [*args[:i], "--local-rank-arg=dash", *args[i + 1 :]]
+        if tok == "--" or not tok.startswith("-") or tok == "-":
+            return args  # the program: the rest is its own
+        i += 2 if tok in takes_value else 1
+    return args
 
 
 def _explicit(ns: argparse.Namespace, environ: Mapping[str, str], dest: str) -> bool:
@@ -438,6 +472,7 @@ def _output_fields(ns: argparse.Namespace, default_prefix: str) -> dict:
         prefix_format="" if ns.no_prefix else (ns.prefix_format if ns.prefix_format is not None else default_prefix),
         module=bool(ns.module),
         no_python=bool(ns.no_python),
+        local_rank_arg=ns.local_rank_arg,
         secret_file=os.path.abspath(ns.secret_file) if ns.secret_file is not None else None,
     )
 

@@ -36,6 +36,7 @@ __all__ = [
     "OVERSUBSCRIBE_PER_CPU",
     "OVERSUBSCRIBE_FLOOR",
     "check_worker_count",
+    "LOCAL_RANK_ARG_FORMS",
 ]
 
 DEFAULT_TERM_TIMEOUT = 3.0
@@ -49,6 +50,10 @@ ROLE_NAME = "default"
 PREFIX_FIELDS = ("rank", "local_rank", "node_rank", "host", "world_size")
 SINGLE_NODE_PREFIX = "[{rank}] "
 MULTI_NODE_PREFIX = "[{host}:{rank}] "
+
+#: --local-rank-arg's forms -> the option each worker gets (torch.distributed.launch: --local-rank since
+#: torch 2.0, --local_rank before)
+LOCAL_RANK_ARG_FORMS = {"dash": "--local-rank", "underscore": "--local_rank"}
 
 #: Not part of the contract table: OpenMP's and CPython's own variables.
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
@@ -136,6 +141,9 @@ class LaunchConfig:
     slurm_step: Optional[str] = None
     #: how values were derived ("node rank 1 from SLURM_NODEID=1"), printed once by node 0
     notes: tuple[str, ...] = ()
+    #: --local-rank-arg: pass each worker --local-rank=N ("dash") or --local_rank=N ("underscore") after the
+    #: program, as torch.distributed.launch did; None: not at all (the environment carries LOCAL_RANK)
+    local_rank_arg: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not self.entrypoint:
@@ -190,6 +198,11 @@ class LaunchConfig:
                     f"(--nnodes {self.nnodes} x --nproc-per-node {self.nproc_per_node})"
                 )
         _check_prefix_format(self.prefix_format)
+        if self.local_rank_arg is not None and self.local_rank_arg not in LOCAL_RANK_ARG_FORMS:
+            raise ConfigError(
+                f"--local-rank-arg={self.local_rank_arg}: use --local-rank-arg (passes --local-rank=N) or "
+                "--local-rank-arg=underscore (passes --local_rank=N)"
+            )
 
     def _check_elastic(self) -> None:
         spec = f"--nnodes {self.min_nnodes}:{self.nnodes}"
@@ -234,6 +247,12 @@ class LaunchConfig:
             host=host,
             world_size=pl.world_size,
         )
+
+    def local_rank_argv(self, local_rank: int) -> tuple[str, ...]:
+        """The arguments --local-rank-arg puts between the program and its own arguments (empty without it)."""
+        if self.local_rank_arg is None:
+            return ()
+        return (f"{LOCAL_RANK_ARG_FORMS[self.local_rank_arg]}={local_rank}",)
 
     def shows_rank(self, rank: int) -> bool:
         """Whether ``rank``'s output goes to the console."""

@@ -281,6 +281,8 @@ def agent_argv(
         a += ["-m"]
     if cfg.no_python:
         a += ["--no-python"]
+    if cfg.local_rank_arg is not None:
+        a += [f"--local-rank-arg={cfg.local_rank_arg}"]
     a += [cfg.entrypoint, *cfg.args]
     return a
 

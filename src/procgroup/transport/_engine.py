@@ -223,6 +223,7 @@ class EngineTransport(Transport):
         reason = self._failed.get(dst)
         if reason is not None:
             raise PeerFailureError(f"rank {self.rank}: send to rank {dst} (tag {tag}) failed: {reason}", peer=dst)
+        self.bytes_sent += view.nbytes  # for `procgroup top` (procgroup.telemetry)
         return self._send_remote(dst, tag, view)
 
     def irecv(self, src: int, tag: int, out: Buffer) -> Request:

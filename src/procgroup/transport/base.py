@@ -121,6 +121,9 @@ class Transport(abc.ABC):
     kind: str = "abstract"
     rank: int
     world_size: int
+    #: payload bytes this rank has sent to other ranks (messages and arena slots), for `procgroup top`: a plain
+    #: increment on the send path, so concurrent sends from two threads may rarely lose one (a statistic, not a total)
+    bytes_sent: int = 0
 
     @abc.abstractmethod
     def isend(self, dst: int, tag: int, data: Buffer) -> Request: ...
@@ -140,6 +143,10 @@ class Transport(abc.ABC):
 
         Pending requests complete with :class:`~procgroup.errors.ClosedError`.
         """
+
+    def sent_bytes(self) -> int:
+        """Payload bytes sent to other ranks so far (:attr:`bytes_sent`; a router sums its sub-transports)."""
+        return self.bytes_sent
 
     def mark_peer_failed(self, peer: int, reason: str) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Tell the transport that ``peer`` is dead (learned out of band, e.g. via the store).

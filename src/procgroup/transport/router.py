@@ -247,6 +247,10 @@ class RouterTransport(Transport):
             return None
         return t.arena(key, members)
 
+    def sent_bytes(self) -> int:
+        """Payload bytes sent to other ranks so far, over every sub-transport."""
+        return sum(t.sent_bytes() for t in self._subs)
+
     def mark_peer_failed(self, peer: int, reason: str) -> None:
         """Record ``peer`` as failed (``reason``) on the sub-transport that reaches it."""
         t = self._per_peer.get(peer)

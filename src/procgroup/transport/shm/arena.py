@@ -42,6 +42,7 @@ class ArenaHost(Protocol):
     """What an arena reads of its shm transport (the transport's own state, read without its lock)."""
 
     rank: int
+    bytes_sent: int
     _aborted: Optional[BaseException]
     _closed: bool
     _failed: Dict[int, str]
@@ -125,6 +126,7 @@ class ShmArena(Arena):
                 raise ConfigError(f"arena exchange of {n} bytes exceeds the slot size {ARENA_BYTES}")
             if n:
                 views[me][:n] = data
+                t.bytes_sent += n  # for `procgroup top` (procgroup.telemetry)
         w, c = self._slots[k][me]
         w[c + 1] = check
         w[c] = val  # last: publishes the payload and the check (stores stay in order on x86)
