@@ -48,6 +48,7 @@ __all__ = [
     "store_auth_timeout",
     "DEFAULT_STORE_AUTH_TIMEOUT",
     "top_interval",
+    "torch_agent_store_in_use",
     "DEFAULT_TOP_INTERVAL",
 ]
 
@@ -95,6 +96,7 @@ class ENV:
     TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
     TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
     TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+    TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
     # procgroup's own
     SECRET = "PROCGROUP_SECRET"  # per-job secret (hex); HMAC key for store + transport
@@ -146,6 +148,7 @@ _TABLE = (
     EnvVar(ENV.TORCHELASTIC_RESTART_COUNT, "how many times the gang was restarted"),
     EnvVar(ENV.TORCHELASTIC_MAX_RESTARTS, "--max-restarts"),
     EnvVar(ENV.TORCHELASTIC_ERROR_FILE, "where the worker writes its error (torchrun compatibility)"),
+    EnvVar(ENV.TORCHELASTIC_USE_AGENT_STORE, "torchrun hosts a torch store on MASTER_PORT in its agent (true/1)"),
     EnvVar(ENV.SECRET, "per-job secret proven by HMAC on every store and transport connection", "launcher/user"),
     EnvVar(ENV.TIMEOUT, "default deadline in seconds for every blocking call", "user"),
     EnvVar(ENV.SOCKET_IFNAME, "network interface whose address this rank advertises", "user"),
@@ -447,6 +450,11 @@ DEFAULT_PROGRESS_INTERVAL = 10.0
 
 #: seconds between a rank's status records for `procgroup top` when PROCGROUP_TOP_INTERVAL is unset
 DEFAULT_TOP_INTERVAL = 1.0
+
+
+def torch_agent_store_in_use(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether torchrun said it hosts a torch store in its agent (TORCHELASTIC_USE_AGENT_STORE true or 1)."""
+    return (env_str(ENV.TORCHELASTIC_USE_AGENT_STORE, environ) or "").lower() in ("true", "1")
 
 
 def top_interval(environ: Optional[Mapping[str, str]] = None) -> float:

@@ -171,9 +171,9 @@ def torch_agent_store(host: str, port: int, timeout: float) -> Optional[TorchSto
     procgroup joins that store instead of hosting its own on the same port.  Raises procgroup's BrokenError
     when the agent's store cannot be reached within ``timeout`` seconds.
     """
-    from ..config import env_str
+    from ..config import torch_agent_store_in_use
 
-    if (env_str("TORCHELASTIC_USE_AGENT_STORE") or "").lower() not in ("true", "1"):
+    if not torch_agent_store_in_use():
         return None
     try:
         base = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=max(timeout, 1.0)))
