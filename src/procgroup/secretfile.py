@@ -58,23 +58,25 @@ def secret_source(secret: bytes) -> Optional[str]:
     return _SOURCES.get(_key(secret))
 
 
-def read_named_secret(path: str, what: str) -> Optional[str]:
+def read_named_secret(path: str, what: str, *, label: Optional[str] = None) -> Optional[str]:
     """The secret in a file the user named (``what``: the flag or variable); None when it does not exist.
 
-    Raises :class:`ConfigError` when it cannot be read or is empty.  Its permissions are the user's
-    business (a file shared on a cluster filesystem may be group-readable on purpose).
+    ``label`` heads the error messages (default ``what=path``).  Raises :class:`ConfigError` when the file
+    cannot be read or is empty.  Its permissions are the user's business (a file shared on a cluster
+    filesystem may be group-readable on purpose).
     """
+    head = label if label is not None else f"{what}={path}"
     try:
         with open(path, encoding="utf-8") as f:
             data = f.read()
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise ConfigError(f"{what}={path}: cannot read it ({e.strerror or e})") from e
+        raise ConfigError(f"{head}: cannot read it ({e.strerror or e})") from e
     value = data.strip()
     if not value:
         raise ConfigError(
-            f"{what}={path} is empty; put the job secret in it, e.g. "
+            f"{head} is empty; put the job secret in it, e.g. "
             "python -c 'import secrets; print(secrets.token_hex(32))' > FILE"
         )
     return value

@@ -40,6 +40,7 @@ from ..config import SLURM, env_int, env_str
 from ..deadline import Deadline
 from ..errors import ConfigError, DistTimeoutError
 from ..identity import derive_port, expand_hostlist, parse_tasks_per_node
+from ..secretfile import read_named_secret
 
 __all__ = ["SrunStep", "detect_srun_step", "secret_path", "write_secret_file", "read_secret_file", "wait_secret_file"]
 
@@ -155,20 +156,7 @@ def write_secret_file(path: str, secret: Optional[str] = None) -> str:
 
 def read_secret_file(path: str, what: str = "--secret-file") -> Optional[str]:
     """The secret in ``path``; None when the file does not exist (yet); ConfigError when unreadable or empty."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise ConfigError(f"{what} {path!r}: cannot read it ({e.strerror or e})") from e
-    value = data.strip()
-    if not value:
-        raise ConfigError(
-            f"{what} {path!r} is empty; put the job secret in it, e.g. "
-            "python -c 'import secrets; print(secrets.token_hex(32))' > FILE"
-        )
-    return value
+    return read_named_secret(path, what, label=f"{what} {path!r}")
 
 
 def wait_secret_file(
