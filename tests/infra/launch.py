@@ -123,6 +123,11 @@ def reap(
             os.kill(p, signal.SIGKILL)
         except OSError:
             pass
+    # SIGKILL is delivered asynchronously: wait (bounded) until the killed processes are gone, so a
+    # caller that checks right after sees what is really left (a loaded machine takes a moment)
+    gone_by = time.monotonic() + 10.0
+    while any(alive(p) for p in left) and time.monotonic() < gone_by:
+        time.sleep(0.05)
     return described
 
 
