@@ -14,6 +14,16 @@ import pytest
 from procgroup.process_group import ProcessGroup, World
 from procgroup.transport.memory import MemoryHub
 
+# The real-infrastructure session fixtures live here, at the root, so that tests/infra and tests/mpi share one
+# definition: two definitions would mean two session instances, and the second waits on the first's lock.
+from .infra.fixtures import (  # noqa: F401 - pytest fixtures and hook
+    infra_guard,
+    netns_hosts,
+    pytest_terminal_summary,
+    slurm_cluster,
+    sshd_hosts,
+)
+
 # The per-user secret file (procgroup.secretfile) is created on first use in $XDG_CONFIG_HOME/procgroup:
 # keep the tests (and every process they start, which inherits this) out of the real ~/.config.
 _CONFIG_HOME = tempfile.mkdtemp(prefix="procgroup-test-config-")

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from .conftest import SshHosts
+from .fixtures import SshHosts
 from .launch import alive, clean_env, netns_inodes, pids_in_netns
 from .test_launcher_multinode import PER_NODE, Job, Proc, _collect_pids, _gone_after, _head, _per_node, job
 

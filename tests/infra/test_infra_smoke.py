@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from .conftest import NetnsHosts, SlurmCluster, SshHosts
+from .fixtures import NetnsHosts, SlurmCluster, SshHosts
 from .launch import SCRIPTS, clean_env, launch, new_tag, related_pids
 
 pytestmark = [pytest.mark.infra, pytest.mark.timeout(120, method="signal")]

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Sequence
 
 import pytest
 
-from .conftest import NetnsHosts, SlurmCluster, SshHosts, python_for_hosts
+from .fixtures import NetnsHosts, SlurmCluster, SshHosts, python_for_hosts
 from .launch import WORKER, Launch, alive, check_world, clean_env, netns_inodes, new_tag, pids_in_netns
 
 pytestmark = [pytest.mark.infra, pytest.mark.timeout(240, method="signal")]

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from .conftest import NetnsHosts, require_binaries
+from .fixtures import NetnsHosts, require_binaries
 from .launch import REPO, clean_env, mpi4py_library, netns_inodes, pids_in_netns
 
 pytestmark = [pytest.mark.infra, pytest.mark.timeout(120, method="signal")]

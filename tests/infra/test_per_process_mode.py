@@ -1,6 +1,6 @@
 """Per-process mode across 3 hosts: one launcher process per rank, ``init_process_group()`` with no arguments.
 
-The hosts are network namespaces h1..h3 (see tests/infra/conftest.py) on which a host's own name
+The hosts are network namespaces h1..h3 (see tests/infra/fixtures.py) on which a host's own name
 resolves to 127.0.1.1, the configuration that breaks torch's gloo.  Each test starts
 tests/infra/scripts/allreduce_worker.py as 6 ranks, 2 per host, with a real launcher:
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import NetnsHosts, SlurmCluster, SshHosts, host_list, python_for_hosts, require_binaries
+from .fixtures import NetnsHosts, SlurmCluster, SshHosts, host_list, python_for_hosts, require_binaries
 from .launch import INFRA, check_world, clean_env, launch, mpi4py_library, new_tag, worker_cmd
 
 pytestmark = [pytest.mark.infra, pytest.mark.timeout(240, method="signal")]

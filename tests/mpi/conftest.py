@@ -98,5 +98,5 @@ def ompi() -> Flavour:
     return f
 
 
-# the network-namespace hosts of tests/infra (h1..h3, each name resolving to 127.0.1.1 on its own host)
-from ..infra.conftest import infra_guard, netns_hosts, slurm_cluster  # noqa: E402,F401 - for test_mpi_multihost.py
+# the network-namespace hosts (infra_guard, netns_hosts, slurm_cluster) come from tests/conftest.py, one
+# definition for tests/infra and tests/mpi, so one pytest session brings them up once and holds the lock once

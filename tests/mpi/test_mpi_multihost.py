@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from ..infra.conftest import NetnsHosts, SlurmCluster, host_list, require_binaries
+from ..infra.fixtures import NetnsHosts, SlurmCluster, host_list, require_binaries
 from ..infra.launch import INFRA, REPO, clean_env, launch, new_tag
 
 pytestmark = [pytest.mark.infra, pytest.mark.timeout(300, method="signal")]

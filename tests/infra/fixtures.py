@@ -1,4 +1,4 @@
-"""Session fixtures that bring up real test infrastructure with the scripts in infra/.
+"""Session fixtures that bring up real test infrastructure with the scripts in infra/ (registered in tests/conftest.py).
 
 * ``netns_hosts``   3 hosts h1..h3 (network + UTS namespaces, 10.77.0.1-3, own name -> 127.0.1.1)
 * ``slurm_cluster`` slurmctld on h1 and one slurmd per host (CPUs=2 each: srun -N3 -n6 -> 2 per node)
