@@ -49,6 +49,7 @@ __all__ = [
     "describe",
     "format_ranks",
     "ObjectPicklingError",
+    "UnsafeObjectError",
 ]
 
 
@@ -201,3 +202,14 @@ class ObjectPicklingError(ProcGroupError, TypeError, pickle.PicklingError):
     def __init__(self, message: str, *, ranks: Iterable[int] = ()) -> None:
         super().__init__(message)
         self.ranks = sorted(ranks)
+
+
+class UnsafeObjectError(ProcGroupError, pickle.UnpicklingError):
+    """Safe mode refused to unpickle a peer's object: it names a class outside the allow-list.
+
+    ``name``: the refused global as ``"module.Qualname"``; the message says how to allow it.
+    """
+
+    def __init__(self, message: str, *, name: str = "") -> None:
+        super().__init__(message)
+        self.name = name

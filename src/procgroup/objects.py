@@ -3,11 +3,20 @@
 Arrays inside objects are not copied into the pickle body (see
 ``protocol/payload.py``); point-to-point sends go segment by segment, so a
 large array is sent straight from its own memory.
+
+Every call pickles before it takes a sequence number; a member whose object cannot be pickled still
+takes part, and every member raises :class:`~procgroup.errors.ObjectPicklingError` (issue 11 item 7).
+
+Safe mode (issue 11 item 17).  Every call that unpickles a peer's objects takes ``safe=`` (True/False
+wins over ``PROCGROUP_SAFE_OBJECTS``) and ``allowed=`` (``"module.Qualname"`` or ``"module.*"`` entries
+added to ``PROCGROUP_SAFE_OBJECTS_ALLOW``; giving it without ``safe=`` turns safe mode on).  Safe mode
+unpickles with :class:`~procgroup.protocol.safe_pickle.RestrictedUnpickler`: builtins, numpy arrays,
+torch tensors and the allow-list, and :class:`~procgroup.errors.UnsafeObjectError` for anything else.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, FrozenSet, Iterable, List, Optional
 
 import numpy as np
 
@@ -16,9 +25,10 @@ from .arguments import API_SLOT_C
 from .arguments import member_group as _group
 from .arguments import peer_rank as _peer
 from .arguments import root_rank as _root
-from .errors import ConfigError, ObjectPicklingError
+from .errors import ConfigError, ObjectPicklingError, UnsafeObjectError
 from .process_group import p2p_tag
 from .protocol import payload
+from .protocol.safe_pickle import allow_list
 
 __all__ = [
     "broadcast_object_list",
@@ -66,8 +76,22 @@ def _encode(obj: Any) -> np.ndarray:
     return np.frombuffer(payload.join(segs, total), dtype=np.uint8)
 
 
-def _decode(buf: np.ndarray) -> Any:
-    return payload.loads(buf)
+def _decode(buf: np.ndarray, allowed: Optional[FrozenSet[str]] = None, sender: Optional[int] = None) -> Any:
+    """Unpickle one payload; ``allowed`` not None: safe mode with that extra allow-list (see _safe_mode)."""
+    try:
+        return payload.loads(buf, allowed=allowed)
+    except UnsafeObjectError as e:
+        raise UnsafeObjectError(f"the object from rank {sender}: {e}", name=e.name) from None
+
+
+def _safe_mode(g: Any, safe: Optional[bool], allowed: Optional[Iterable[str]]) -> Optional[FrozenSet[str]]:
+    """None: plain pickle; else safe mode's extra allow-list (PROCGROUP_SAFE_OBJECTS_ALLOW and ``allowed``).
+
+    ``safe`` (True/False) wins over PROCGROUP_SAFE_OBJECTS; ``allowed`` without ``safe`` turns safe mode on.
+    """
+    env = g.world.safe_objects
+    on = safe if safe is not None else (env.enabled or allowed is not None)
+    return allow_list(env.allowed) | allow_list(allowed) if on else None
 
 
 def _why(what: str, obj: Any, e: BaseException) -> bytes:
@@ -132,6 +156,9 @@ def broadcast_object_list(
     group: Any = None,
     device: Any = None,
     group_src: Optional[int] = None,
+    *,
+    safe: Optional[bool] = None,
+    allowed: Optional[Iterable[str]] = None,
 ) -> None:
     """Root's ``object_list`` entries replace every other rank's, in place (same length everywhere)."""
     g = _group(group, "broadcast_object_list")
@@ -142,6 +169,8 @@ def broadcast_object_list(
     enc = _try_encode(list(object_list), "object_list") if g.rank() == root else None
     if enc is not None and enc.exc is not None:
         enc.why = _culprit("object_list", list(object_list), enc.exc)
+
+    mode = _safe_mode(g, safe, allowed)
 
     def run(c: Any) -> None:
         n = np.zeros(1, _I64)
@@ -157,7 +186,7 @@ def broadcast_object_list(
         assert data is not None
         alg.broadcast(c, data, root)
         if c.rank != root:
-            got = _decode(data)
+            got = _decode(data, mode, c.ranks[root])
             if len(got) != len(object_list):
                 raise ConfigError(
                     f"broadcast_object_list: the source sent {len(got)} objects but this rank's list has "
@@ -193,7 +222,14 @@ def _gatherv(c: Any, mine: _Encoded, root: Optional[int]) -> Optional[List[np.nd
     return [out[offs[i] : offs[i + 1]] for i in range(c.size)]
 
 
-def all_gather_object(object_list: List[Any], obj: Any, group: Any = None) -> None:
+def all_gather_object(
+    object_list: List[Any],
+    obj: Any,
+    group: Any = None,
+    *,
+    safe: Optional[bool] = None,
+    allowed: Optional[Iterable[str]] = None,
+) -> None:
     """Every member's ``obj`` into ``object_list`` (length = group size), on every member."""
     g = _group(group, "all_gather_object")
     if g is None:
@@ -205,12 +241,13 @@ def all_gather_object(object_list: List[Any], obj: Any, group: Any = None) -> No
         )
 
     enc = _try_encode(obj)  # before the call takes a sequence number
+    mode = _safe_mode(g, safe, allowed)
 
     def run(c: Any) -> None:
         parts = _gatherv(c, enc, None)
         assert parts is not None
         for i, p in enumerate(parts):
-            object_list[i] = _decode(p)
+            object_list[i] = _decode(p, mode, c.ranks[i])
 
     g.run("all_gather_object", run, signature=("all_gather_object",))
 
@@ -221,6 +258,9 @@ def gather_object(
     dst: Optional[int] = None,
     group: Any = None,
     group_dst: Optional[int] = None,
+    *,
+    safe: Optional[bool] = None,
+    allowed: Optional[Iterable[str]] = None,
 ) -> None:
     """Every member's ``obj`` into ``object_gather_list`` on ``dst``."""
     g = _group(group, "gather_object")
@@ -231,12 +271,13 @@ def gather_object(
         raise ConfigError(f"gather_object: the destination rank needs object_gather_list of length {g.size()}")
 
     enc = _try_encode(obj)  # before the call takes a sequence number
+    mode = _safe_mode(g, safe, allowed)
 
     def run(c: Any) -> None:
         parts = _gatherv(c, enc, root)
         if parts is not None and object_gather_list is not None:
             for i, p in enumerate(parts):
-                object_gather_list[i] = _decode(p)
+                object_gather_list[i] = _decode(p, mode, c.ranks[i])
 
     g.run("gather_object", run, signature=("gather_object", f"root={root}"))
 
@@ -247,6 +288,9 @@ def scatter_object_list(
     src: Optional[int] = None,
     group: Any = None,
     group_src: Optional[int] = None,
+    *,
+    safe: Optional[bool] = None,
+    allowed: Optional[Iterable[str]] = None,
 ) -> None:
     """Rank i gets ``scatter_object_input_list[i]`` (from the source) in ``scatter_object_output_list[0]``."""
     g = _group(group, "scatter_object_list")
@@ -269,6 +313,7 @@ def scatter_object_list(
             for i, o in enumerate(scatter_object_input_list)
         ]
         why = b"; ".join(e.why for e in encs if e is not None and e.data is None)[:_WHY_LIMIT]
+    mode = _safe_mode(g, safe, allowed)
     first_bad = next((e for e in encs if e is not None and e.data is None), None)
 
     def run(c: Any) -> None:
@@ -299,7 +344,7 @@ def scatter_object_list(
             c.recv(root, data, step=1)
             if n[0] < 0:
                 raise _pickling_error([(c.ranks[root], data.tobytes())])
-            scatter_object_output_list[0] = _decode(data)
+            scatter_object_output_list[0] = _decode(data, mode, c.ranks[root])
 
     g.run("scatter_object_list", run, signature=("scatter_object_list", f"root={root}"))
 
@@ -341,6 +386,9 @@ def recv_object_list(
     group: Any = None,
     device: Any = None,
     group_src: Optional[int] = None,
+    *,
+    safe: Optional[bool] = None,
+    allowed: Optional[Iterable[str]] = None,
 ) -> int:
     """Fill ``object_list`` in place from ``src`` (any rank when None); returns the sender's global rank."""
     g = _group(group, "recv_object_list")
@@ -370,7 +418,10 @@ def recv_object_list(
     for ln in lens:
         t.recv(sender, tag, buf[pos : pos + ln], dl)
         pos += ln
-    got = _decode(buf)
+    try:
+        got = _decode(buf, _safe_mode(g, safe, allowed), sender)
+    except UnsafeObjectError as e:
+        raise UnsafeObjectError(f"recv_object_list on rank {g.world.rank}: {e}", name=e.name) from None
     if len(got) != len(object_list):
         raise ConfigError(
             f"recv_object_list: rank {sender} sent {len(got)} objects but object_list has {len(object_list)} "

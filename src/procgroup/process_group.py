@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .algorithms.comm import STEP_BITS, Comm, ScratchPool
+from .config import SafeObjects, safe_objects
 from .deadline import Deadline, wait_seconds
 from .errors import (
     BrokenError,
@@ -110,6 +111,8 @@ class World:
     #: (None: procgroup's own algorithms over ``transport``)
     engine: Any = None
     on_close: List[Callable[[], None]] = field(default_factory=list)
+    #: safe mode of the object collectives, read from the environment once per init (a call's safe= wins)
+    safe_objects: SafeObjects = field(default_factory=safe_objects)
 
     def close(self) -> None:
         """Run the on_close callbacks (transport, store connections, watchdog) in reverse order; idempotent."""

@@ -157,3 +157,76 @@ def test_unpicklable_object_raises_on_every_member_and_group_stays_in_step(tmp_p
                 assert "rank 1" in x["msg"] or x["case"] in ("scatter_object_list", "send_object_list"), where
         coll = {x["case"]: x["msg"] for x in rs}
         assert "(seq " in coll["all_gather_object"] and "all_gather_object" in coll["all_gather_object"]
+
+
+# -- item 17: safe mode ------------------------------------------------------------------------------------
+SAFE = """
+import json, os, sys, time
+import numpy as np
+import procgroup as dist
+
+MARK = sys.argv[1] if len(sys.argv) > 1 else os.environ["MARK"]
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, (f"touch {MARK}.{dist.get_rank()}",))
+
+dist.init_process_group("cpu")
+r, n = dist.get_rank(), dist.get_world_size()
+
+def case(name, fn):
+    t0 = time.monotonic()
+    err, msg, res = None, "", None
+    try:
+        res = fn()
+    except Exception as e:
+        err, msg = type(e).__name__, str(e)
+    dt = time.monotonic() - t0
+    x = np.ones(2, np.int64)
+    dist.all_reduce(x)
+    print(json.dumps({"case": name, "err": err, "msg": msg, "s": dt, "sum": x.tolist(), "res": res}), flush=True)
+
+def env_mode():  # PROCGROUP_SAFE_OBJECTS=1: the attacker's object is refused everywhere
+    out = [None] * n
+    dist.all_gather_object(out, Evil() if r == 1 else np.arange(3, dtype=np.float32))
+
+def arrays_pass():  # numpy arrays and builtins go through safe mode
+    out = [None] * n
+    dist.all_gather_object(out, {"rank": r, "a": np.full(2, r, np.float64)})
+    return [[o["rank"], o["a"].tolist()] for o in out]
+
+def per_call():  # safe=True on one call, the environment turned off with safe=False elsewhere
+    if r == 1:
+        dist.send_object_list([Evil()], dst=0)
+    elif r == 0:
+        dist.recv_object_list([None], src=1, safe=True)
+
+for name in os.environ["CASES"].split(","):
+    case(name, globals()[name])
+dist.destroy_process_group()
+"""
+
+
+def test_safe_mode_refuses_code_and_admits_arrays(tmp_path: Path) -> None:
+    mark = tmp_path / "pwned"
+    env = {"PROCGROUP_SAFE_OBJECTS": "1", "MARK": str(mark), "CASES": "env_mode,arrays_pass,per_call"}
+    recs = _records(_run_ranks(tmp_path, SAFE, 2, env))
+    assert not list(tmp_path.glob("pwned*")), "the attacker's command ran"
+    for rank, rs in enumerate(recs):
+        by = {x["case"]: x for x in rs}
+        env_mode = by["env_mode"]
+        assert env_mode["err"] == "UnsafeObjectError", env_mode
+        assert "system" in env_mode["msg"] and "from rank 1" in env_mode["msg"] and "(seq " in env_mode["msg"]
+        assert env_mode["s"] < 5.0 and env_mode["sum"] == [2, 2], env_mode  # at once; the group stays in step
+        assert by["arrays_pass"]["err"] is None and by["arrays_pass"]["res"] == [[0, [0.0, 0.0]], [1, [1.0, 1.0]]]
+        assert by["per_call"]["err"] == ("UnsafeObjectError" if rank == 0 else None), by["per_call"]
+
+
+def test_safe_mode_per_call_without_the_environment(tmp_path: Path) -> None:
+    mark = tmp_path / "pwned"
+    recs = _records(_run_ranks(tmp_path, SAFE, 2, {"MARK": str(mark), "CASES": "per_call,arrays_pass"}))
+    assert not list(tmp_path.glob("pwned*")), "the attacker's command ran"
+    x = recs[0][0]
+    assert x["err"] == "UnsafeObjectError", x
+    assert "recv_object_list on rank 0" in x["msg"] and "from rank 1" in x["msg"] and "system" in x["msg"], x
+    assert all(r[1]["err"] is None and r[1]["sum"] == [2, 2] for r in recs), recs
