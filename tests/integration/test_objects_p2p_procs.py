@@ -43,8 +43,8 @@ def _run_ranks(
             PYTHONUNBUFFERED="1",
             OMP_NUM_THREADS="1",
             TORCH_DEVICE_BACKEND_AUTOLOAD="0",
-            **(extra or {}),
         )
+        env.update(extra or {})
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(path)],
@@ -230,3 +230,54 @@ def test_safe_mode_per_call_without_the_environment(tmp_path: Path) -> None:
     assert x["err"] == "UnsafeObjectError", x
     assert "recv_object_list on rank 0" in x["msg"] and "from rank 1" in x["msg"] and "system" in x["msg"], x
     assert all(r[1]["err"] is None and r[1]["sum"] == [2, 2] for r in recs), recs
+
+
+# -- item 15: point-to-point between tensors of different dtypes -------------------------------------------
+DTYPE_P2P = """
+import json, time
+import numpy as np
+import procgroup as dist
+
+DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+          "float16", "float32", "float64", "complex64", "complex128"]
+PAIRS = [(a, b) for a in DTYPES for b in DTYPES]
+
+dist.init_process_group("cpu")
+r = dist.get_rank()
+if r == 0:
+    keep = [np.ones(4, a) for a, _ in PAIRS]
+    works = [dist.isend(x, dst=1, tag=i) for i, x in enumerate(keep)]
+    for w in works:
+        w.wait()
+elif r == 1:
+    for i, (a, b) in enumerate(PAIRS):
+        out = np.zeros(4, b)
+        t0 = time.monotonic()
+        try:
+            dist.recv(out, src=0, tag=i)
+            err, msg = None, ""
+        except Exception as e:
+            err, msg = type(e).__name__, str(e)
+        named = f"as {a}" in msg and f"({b})" in msg and "rank 0" in msg and f"tag {i}" in msg
+        print(json.dumps({"send": a, "recv": b, "err": err, "named": named, "s": round(time.monotonic() - t0, 5),
+                          "ones": bool((out == 1).all()), "msg": msg if i == 1 else ""}), flush=True)
+x = np.ones(2, np.int64)
+dist.all_reduce(x)
+print(json.dumps({"sum": x.tolist()}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_p2p_dtype_mismatch_is_an_error_on_the_receiver(tmp_path: Path, transport: str) -> None:
+    recs = _records(_run_ranks(tmp_path, DTYPE_P2P, 2, {"PROCGROUP_TRANSPORT": transport}))
+    assert recs[0][-1]["sum"] == [2, 2] and recs[1][-1]["sum"] == [2, 2]
+    rows = recs[1][:-1]
+    assert len(rows) == 14 * 14
+    for x in rows:
+        if x["send"] == x["recv"]:
+            assert x["err"] is None and x["ones"], x
+        else:
+            assert x["err"] == "ConfigError" and x["named"], x  # names both dtypes, the sender and the tag
+            assert x["s"] < 2.0, x  # a few milliseconds, not the 10 s deadline
+    assert "recv" in rows[1]["msg"] and "dtype mismatch" in rows[1]["msg"], rows[1]
