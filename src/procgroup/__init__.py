@@ -98,6 +98,7 @@ def __dir__() -> list[str]:
 
 _LAZY.update(DistBackendError="errors", DistError="errors")  # torch.distributed spellings
 _LAZY.update(reduce_op="ops", Future="futures")
+_LAZY.update(ObjectPicklingError="errors", UnsafeObjectError="errors")  # issue 11 items 7, 17
 _LAZY.update(dict.fromkeys(["TCPStore", "FileStore", "HashStore", "PrefixStore", "Store"], "stores"))
 _LAZY.update(
     dict.fromkeys(

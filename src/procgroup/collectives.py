@@ -19,7 +19,7 @@ from .arguments import root_rank as _root
 from .data import Flat, as_flat
 from .errors import ConfigError
 from .ops import ReduceOp, finalize, reducer
-from .process_group import Work, p2p_tag
+from .process_group import P2P_CODE_MASK, P2P_CODE_SHIFT, Work, dtype_code, dtype_of_code, p2p_tag
 from .transport.base import ANY_SOURCE
 
 __all__ = [
@@ -522,9 +522,10 @@ def isend(
         return None
     peer = _peer(g, "send", dst, group_dst, "dst")
     f = as_flat(tensor, "send tensor", writable=False)
-    ptag = p2p_tag(g.gid, tag)
+    code = dtype_code(f.dtype)
+    ptag = p2p_tag(g.gid, tag, code)
     eng = g.world.engine
-    req = eng.isend(g, peer, tag, f.array) if eng is not None else None
+    req = eng.isend(g, peer, tag, f.array, code) if eng is not None else None
     if req is None:
         req = g.world.transport.isend(peer, ptag, f.array)
     return g.p2p("send", req, None, lambda st: None, f"to rank {peer}, tag {tag}, {f.describe()}")
@@ -539,11 +540,27 @@ def irecv(
         return None
     peer = _peer(g, "recv", src, group_src, "src", allow_any=True)
     f = as_flat(tensor, "recv tensor")
-    ptag = p2p_tag(g.gid, tag)
+    code = dtype_code(f.dtype)
+    ptag = p2p_tag(g.gid, tag, code)
     eng = g.world.engine
-    req = eng.irecv(g, peer, tag, f.array) if eng is not None else None
-    if req is None:
-        req = g.world.transport.irecv(peer, ptag, f.array)
+    req = eng.irecv(g, peer, tag, f.array, code) if eng is not None else None
+    if req is not None:
+        ask = getattr(eng, "unmatched", None)
+
+        def probe() -> Optional[BaseException]:
+            hit = ask(g, peer, tag, code) if ask is not None else None
+            return None if hit is None else _dtype_mismatch(g, hit[0], hit[1], tag, f)
+
+    else:
+        t = g.world.transport
+        req = t.irecv(peer, ptag, f.array)
+
+        def probe() -> Optional[BaseException]:
+            hit = t.unmatched(peer, ptag, P2P_CODE_MASK)
+            return (
+                None if hit is None else _dtype_mismatch(g, hit[0], (hit[1] & P2P_CODE_MASK) >> P2P_CODE_SHIFT, tag, f)
+            )
+
     nbytes = f.array.nbytes
 
     def done(st: Any) -> int:
@@ -552,8 +569,18 @@ def irecv(
         return st.source
 
     src_desc = "any rank" if peer == ANY_SOURCE else f"rank {peer}"
-    w = g.p2p("recv", req, None, done, f"from {src_desc}, tag {tag}, {f.describe()}")
+    w = g.p2p("recv", req, None, done, f"from {src_desc}, tag {tag}, {f.describe()}", probe)
     return w
+
+
+def _dtype_mismatch(g: Any, src: int, their_code: int, tag: int, f: Any) -> ConfigError:
+    """The error of a receive whose sender sent the same tag with another dtype (the sender may still wait)."""
+    return ConfigError(
+        f"dtype mismatch: rank {src} sent tag {tag} as {dtype_of_code(their_code)}, but rank {g.world.rank} "
+        f"receives it into {f.describe()} ({dtype_of_code(dtype_code(f.dtype))}); the bytes would be reinterpreted. "
+        "Send and receive tensors of the same dtype (convert with .astype()/.to() on one side). The sender's send "
+        "may wait until its deadline for a matching receive"
+    )
 
 
 def send(

@@ -124,6 +124,9 @@ class ENV:
     HOME = "HOME"
     TOP_INTERVAL = "PROCGROUP_TOP_INTERVAL"  # seconds between a rank's status records for `procgroup top`; 0: off
     RUNTIME_DIR = "PROCGROUP_RUNTIME_DIR"  # where `procgroup run` leaves run-info files for `procgroup top`
+    # -- safe mode of the object collectives (issue 11 item 17)
+    SAFE_OBJECTS = "PROCGROUP_SAFE_OBJECTS"  # "1": object collectives unpickle with the restricted unpickler
+    SAFE_OBJECTS_ALLOW = "PROCGROUP_SAFE_OBJECTS_ALLOW"  # "mod.Cls,mod2.*": more classes safe mode admits
 
     @classmethod
     def table(cls) -> list[EnvVar]:
@@ -203,6 +206,18 @@ _TABLE = (
         ENV.RUNTIME_DIR,
         "directory of the run-info files `procgroup run` writes and `procgroup top` reads "
         "(default $XDG_RUNTIME_DIR/procgroup, else <tmp>/procgroup-<uid>)",
+        "user",
+    ),
+    # -- safe mode of the object collectives (issue 11 item 17)
+    EnvVar(
+        ENV.SAFE_OBJECTS,
+        "1: object collectives unpickle peers' objects with a restricted unpickler (builtins, numpy, torch "
+        "tensors and the allow-list; anything else is refused); a call's safe= wins",
+        "user",
+    ),
+    EnvVar(
+        ENV.SAFE_OBJECTS_ALLOW,
+        "comma-separated module.Qualname (or module.*) entries safe mode admits besides the built-in list",
         "user",
     ),
 )
@@ -450,6 +465,30 @@ DEFAULT_PROGRESS_INTERVAL = 10.0
 
 #: seconds between a rank's status records for `procgroup top` when PROCGROUP_TOP_INTERVAL is unset
 DEFAULT_TOP_INTERVAL = 1.0
+
+
+@dataclass(frozen=True)
+class SafeObjects:
+    """Safe mode of the object collectives: on or off, and the classes it admits besides its own list."""
+
+    enabled: bool = False
+    allowed: "tuple[str, ...]" = ()
+
+
+def safe_objects(environ: Optional[Mapping[str, str]] = None) -> SafeObjects:
+    """:class:`SafeObjects` from PROCGROUP_SAFE_OBJECTS and PROCGROUP_SAFE_OBJECTS_ALLOW.
+
+    Raises ConfigError naming the variable for a value that is not a boolean, or an allow-list entry
+    that is not ``module.Qualname`` / ``module.*``.
+    """
+    allowed = tuple(x.strip() for x in (env_str(ENV.SAFE_OBJECTS_ALLOW, environ) or "").split(",") if x.strip())
+    for a in allowed:
+        if "." not in a or a.startswith(".") or a.endswith("."):
+            raise ConfigError(
+                f"environment variable {ENV.SAFE_OBJECTS_ALLOW} has the entry {a!r}, which is not module.Qualname; "
+                f"write e.g. {ENV.SAFE_OBJECTS_ALLOW}=mypkg.Point,otherpkg.*"
+            )
+    return SafeObjects(env_bool(ENV.SAFE_OBJECTS, environ), allowed)
 
 
 def torch_agent_store_in_use(environ: Optional[Mapping[str, str]] = None) -> bool:

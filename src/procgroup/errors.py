@@ -25,6 +25,7 @@ fault (rank / peer / host:port), and what to do about it.  Use
 
 from __future__ import annotations
 
+import pickle
 from typing import Any, Iterable, Optional
 
 __all__ = [
@@ -47,6 +48,8 @@ __all__ = [
     "CollectiveMismatchError",
     "describe",
     "format_ranks",
+    "ObjectPicklingError",
+    "UnsafeObjectError",
 ]
 
 
@@ -185,3 +188,28 @@ def describe(
 #: torch.distributed's names for the errors a backend raises
 DistBackendError = ProcGroupError
 DistError = ProcGroupError
+
+
+# -- issue 11 items 7, 15, 17: object collectives and point-to-point hardening
+class ObjectPicklingError(ProcGroupError, TypeError, pickle.PicklingError):
+    """An object collective could not pickle a member's object; every member of the call raises it.
+
+    The failing member still takes part in the call (it sends a marker instead of its object), so the
+    group stays in step.  ``ranks``: the global ranks whose object could not be pickled.  Also a
+    ``TypeError`` and a ``pickle.PicklingError``, as plain pickling would raise.
+    """
+
+    def __init__(self, message: str, *, ranks: Iterable[int] = ()) -> None:
+        super().__init__(message)
+        self.ranks = sorted(ranks)
+
+
+class UnsafeObjectError(ProcGroupError, pickle.UnpicklingError):
+    """Safe mode refused to unpickle a peer's object: it names a class outside the allow-list.
+
+    ``name``: the refused global as ``"module.Qualname"``; the message says how to allow it.
+    """
+
+    def __init__(self, message: str, *, name: str = "") -> None:
+        super().__init__(message)
+        self.name = name

@@ -10,7 +10,12 @@ Tags.  Every message of a collective carries the transport tag
 ``algorithms.comm``), and every point-to-point message
 ``2**62 | gid << 40 | user_tag``, so collectives of different groups,
 successive collectives of one group, and p2p traffic never match each
-other's receives.  The 16-bit *fingerprint* hashes what every member must
+other's receives.  A p2p tag also carries a 5-bit code of the tensor's dtype at
+bit ``P2P_CODE_SHIFT`` (``2**62 | code << 54 | gid << 40 | user_tag``), so a
+float32 send never lands in an int32 receive: the receive waits, and after a
+few milliseconds asks the transport for an unmatched message that differs
+from it in the code bits only (:meth:`Transport.unmatched`), and raises a
+ConfigError naming both dtypes (issue 11 item 15).  The 16-bit *fingerprint* hashes what every member must
 agree on (op, dtype, element count, root, reduce op): ranks that call
 different collectives at the same sequence number never exchange a byte, so
 a mismatch cannot return garbage; it stalls, and the watchdog
@@ -38,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .algorithms.comm import STEP_BITS, Comm, ScratchPool
+from .config import SafeObjects, safe_objects
 from .deadline import Deadline, wait_seconds
 from .errors import (
     BrokenError,
@@ -53,13 +59,43 @@ from .flight import FLIGHT_RECORDS, FlightRecord, describe_signature
 from .transport.base import Request, Transport
 from .watchdog import GroupStatus, describe_roll_call, first_failure, recorded_abort, roll_call
 
-__all__ = ["World", "ProcessGroup", "Work", "GID_LIMIT", "P2P_TAG_LIMIT", "p2p_tag"]
+__all__ = ["World", "ProcessGroup", "Work", "GID_LIMIT", "P2P_TAG_LIMIT", "P2P_CODE_MASK", "p2p_tag", "dtype_code"]
 
 GID_LIMIT = 1 << 14
 SEQ_MASK = (1 << 16) - 1
 FP_MASK = (1 << 16) - 1
 P2P_TAG_LIMIT = 1 << 40
 _P2P_BIT = 1 << 62
+#: the dtype code of a p2p tag: 5 bits above the group id (gid < 2**14 ends at bit 53) and below _P2P_BIT
+P2P_CODE_SHIFT = 54
+P2P_CODE_MASK = 31 << P2P_CODE_SHIFT
+#: dtype names by code (0: a dtype without its own code; such dtypes are not told apart)
+_DTYPE_NAMES = (
+    "",
+    "bool",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
+    "float128",
+    "complex256",
+)
+_DTYPE_CODES = {n: i for i, n in enumerate(_DTYPE_NAMES) if n}
+_CODE_CACHE: Dict[Any, int] = {}
+#: a receive that has not completed asks the transport about a dtype mismatch after this many seconds, then
+#: at doubling intervals up to _PROBE_MAX (never on the fast path: a receive that completes in time)
+_PROBE_FIRST = 0.002
+_PROBE_MAX = 0.05
 CHAIN_WINDOW = 4096
 
 
@@ -82,11 +118,28 @@ def collective_tag(gid: int, seq: int, fp: int) -> int:
     return (gid << 32) | ((seq & SEQ_MASK) << 16) | (fp & FP_MASK)
 
 
-def p2p_tag(gid: int, tag: int) -> int:
-    """The transport tag of a point-to-point message of group ``gid``; ConfigError outside [0, 2**40)."""
+def p2p_tag(gid: int, tag: int, code: int = 0) -> int:
+    """The transport tag of a point-to-point message of group ``gid`` with dtype ``code``; ConfigError outside
+    [0, 2**40)."""
     if not 0 <= tag < P2P_TAG_LIMIT:
         raise ConfigError(f"tag={tag} is outside [0, 2**40)")
-    return _P2P_BIT | (gid << 40) | tag
+    return _P2P_BIT | (code << P2P_CODE_SHIFT) | (gid << 40) | tag
+
+
+def dtype_code(dtype: Any) -> int:
+    """The 5-bit code of a numpy dtype (or "bfloat16") in p2p tags; 0 for a dtype without its own code."""
+    c = _CODE_CACHE.get(dtype)
+    if c is None:
+        c = _DTYPE_CODES.get(dtype if isinstance(dtype, str) else getattr(dtype, "name", str(dtype)), 0)
+        if len(_CODE_CACHE) < 256:
+            _CODE_CACHE[dtype] = c
+    return c
+
+
+def dtype_of_code(code: int) -> str:
+    """The dtype name of a p2p dtype code (for messages)."""
+    name = _DTYPE_NAMES[code] if 0 <= code < len(_DTYPE_NAMES) else ""
+    return name or "a dtype without its own code"
 
 
 @dataclass
@@ -110,6 +163,8 @@ class World:
     #: (None: procgroup's own algorithms over ``transport``)
     engine: Any = None
     on_close: List[Callable[[], None]] = field(default_factory=list)
+    #: safe mode of the object collectives, read from the environment once per init (a call's safe= wins)
+    safe_objects: SafeObjects = field(default_factory=safe_objects)
 
     def close(self) -> None:
         """Run the on_close callbacks (transport, store connections, watchdog) in reverse order; idempotent."""
@@ -182,10 +237,18 @@ class _P2PWork(Work):
     """Work over transport requests (isend/irecv): no thread involved."""
 
     def __init__(
-        self, op: str, group: "ProcessGroup", req: Request, deadline: Deadline, finish: Callable[[Any], Any], ctx: str
+        self,
+        op: str,
+        group: "ProcessGroup",
+        req: Request,
+        deadline: Deadline,
+        finish: Callable[[Any], Any],
+        ctx: str,
+        probe: Optional[Callable[[], Optional[BaseException]]] = None,
     ) -> None:
         super().__init__(op, group)
         self._req = req
+        self._probe = probe
         self._deadline = deadline
         self._finish_fn = finish
         self._ctx = ctx
@@ -206,7 +269,7 @@ class _P2PWork(Work):
                 timeout = wait_seconds(timeout)
                 dl = self._deadline if timeout is None else self._deadline.sooner(timeout)
                 try:
-                    st = self._req.wait(dl)
+                    st = self._req.wait(dl) if self._probe is None or self._req.test() else self._wait_probing(dl)
                 except DistTimeoutError as e:
                     if timeout is not None and not self._deadline.expired():
                         raise  # the caller's short wait; the op itself is still pending
@@ -218,6 +281,20 @@ class _P2PWork(Work):
         if self._exc is not None:
             raise self._exc
         return True
+
+    def _wait_probing(self, dl: Deadline) -> Any:
+        """Wait for the request; while it waits, ask ``probe`` for an error (first after _PROBE_FIRST)."""
+        step = _PROBE_FIRST
+        while True:
+            try:
+                return self._req.wait(dl.sooner(step))
+            except DistTimeoutError:
+                if dl.expired():
+                    raise
+            err = self._probe() if self._probe is not None else None
+            if err is not None:
+                raise err
+            step = min(step * 2, _PROBE_MAX)
 
 
 _STOP = object()
@@ -460,9 +537,20 @@ class ProcessGroup:
                 work._finish(exc=e)
 
     # -- point-to-point ------------------------------------------------------------------
-    def p2p(self, op: str, req: Request, timeout: Optional[float], finish: Callable[[Any], Any], ctx: str) -> _P2PWork:
-        """A Work over a transport request of a point-to-point op, with the group's deadline and error context."""
-        return _P2PWork(op, self, req, self._deadline(timeout), finish, ctx)
+    def p2p(
+        self,
+        op: str,
+        req: Request,
+        timeout: Optional[float],
+        finish: Callable[[Any], Any],
+        ctx: str,
+        probe: Optional[Callable[[], Optional[BaseException]]] = None,
+    ) -> _P2PWork:
+        """A Work over a transport request of a point-to-point op, with the group's deadline and error context.
+
+        ``probe``: asked while a wait lasts (see _P2PWork._wait_probing); an error it returns fails the op.
+        """
+        return _P2PWork(op, self, req, self._deadline(timeout), finish, ctx, probe)
 
     def close(self) -> None:
         """Stop the group's worker thread and release its scratch memory (idempotent)."""

@@ -156,7 +156,7 @@ def split_group(
             raise ConfigError("split_group needs split_ranks=[[...], ...] or color= (and optionally key=)")
         mine = (int(color), int(key if key is not None else parent.rank()), parent.world.rank)
         got: List[Any] = [None] * parent.size()
-        all_gather_object(got, mine, group=parent)
+        all_gather_object(got, mine, group=parent, safe=True)  # three ints: never needs more
         colors = sorted({c for c, _, _ in got if c >= 0})
         blocks = [[g for _, _, g in sorted(t for t in got if t[0] == c)] for c in colors]
     result: Any = GroupMember.NON_GROUP_MEMBER

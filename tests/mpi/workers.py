@@ -375,6 +375,35 @@ def transport_conformance() -> None:
     os._exit(0)  # skip destroy_process_group's exit handshake, which rank 1's closed transport cannot do
 
 
+def p2p_dtype() -> None:
+    """Issue 11 item 15 under MPI: float32 sent, int32 received is a ConfigError on the receiver, through the
+    engine's MPI tags (small user tag) and through the transport's envelopes (a tag too big for MPI's)."""
+    dist.init_process_group()
+    r = dist.get_rank()
+    for tag in (3, 2**30 + 3):
+        if r == 0:
+            dist.send(np.arange(4, dtype=np.float32), dst=1, tag=tag)
+            dist.send(np.arange(4, dtype=np.int32), dst=1, tag=tag + 1)
+        elif r == 1:
+            out = np.zeros(4, np.int32)
+            t0 = time.monotonic()
+            try:
+                dist.recv(out, src=0, tag=tag)
+            except dist.ConfigError as e:
+                assert "as float32" in str(e) and "(int32)" in str(e) and "rank 0" in str(e), e
+            else:
+                raise AssertionError(f"float32 received into int32 without an error: {out}")
+            dt = time.monotonic() - t0
+            dist.recv(out, src=0, tag=tag + 1)  # the same dtype on both sides still works, same values
+            assert out.tolist() == [0, 1, 2, 3], out
+            print(f"rank 1: tag {tag}: mismatch raised in {dt * 1000:.1f} ms", flush=True)
+    x = np.ones(2, np.int64)
+    dist.all_reduce(x)
+    assert x.tolist() == [dist.get_world_size()] * 2, x
+    print(f"rank {r}: p2p dtype ok", flush=True)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     # arguments starting with "pgtest-" are the test's tag (it finds leftover processes by it)
     argv = [a for a in sys.argv[1:] if not a.startswith("pgtest-")]

@@ -143,11 +143,14 @@ class CollectiveEngine:
         """``f(comm)``: return once every member has entered, or None."""
         return None
 
-    def isend(self, group: Any, dst: int, tag: int, buf: Any) -> Any:
-        """Start sending ``buf`` to global rank ``dst`` with the user's ``tag``: a Request, or None."""
+    def isend(self, group: Any, dst: int, tag: int, buf: Any, code: int = 0) -> Any:
+        """Start sending ``buf`` to global rank ``dst`` with the user's ``tag``: a Request, or None.
+
+        ``code``: the dtype code (``process_group.dtype_code``); a receive must match it as well as the tag.
+        """
         return None
 
-    def irecv(self, group: Any, src: int, tag: int, out: Any) -> Any:
+    def irecv(self, group: Any, src: int, tag: int, out: Any, code: int = 0) -> Any:
         """Start receiving into ``out`` from global rank ``src`` (or ANY_SOURCE): a Request, or None."""
         return None
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import pickle
 import struct
-from typing import Any, List, Tuple
+from typing import Any, Iterable, List, Optional, Tuple
 
 from ..errors import ProtocolError
+from .safe_pickle import safe_loads
 
 __all__ = ["dumps", "loads", "join", "MAX_BUFFERS"]
 
@@ -46,6 +47,7 @@ def dumps(obj: Any) -> Tuple[int, List[memoryview]]:
 
 
 def join(segs: List[memoryview], total: int) -> bytearray:
+    """The segments of :func:`dumps` in one contiguous buffer of ``total`` bytes."""
     out = bytearray(total)
     pos = 0
     for s in segs:
@@ -54,7 +56,8 @@ def join(segs: List[memoryview], total: int) -> bytearray:
     return out
 
 
-def loads(data: Any) -> Any:
+def loads(data: Any, *, allowed: Optional[Iterable[str]] = None) -> Any:
+    """Decode one payload; ``allowed`` not None: safe mode (see ``safe_pickle``) with that extra allow-list."""
     mv = memoryview(data).cast("B")
     n = mv.nbytes
     if n < 16:
@@ -75,4 +78,6 @@ def loads(data: Any) -> Any:
     for ln in lens[1:]:
         buffers.append(mv[pos : pos + ln])
         pos += ln
+    if allowed is not None:
+        return safe_loads(body, allowed=allowed, buffers=buffers)
     return pickle.loads(body, buffers=buffers)

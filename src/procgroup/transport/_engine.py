@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Callable, Deque, Dict, FrozenSet, Iterable, List, Optional
+from typing import Callable, Deque, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from ..deadline import Deadline, as_deadline
 from ..errors import ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError
@@ -234,6 +234,17 @@ class EngineTransport(Transport):
         req = self._irecv(src, tag, out, None)
         assert req is not None, "a receive outside a claim group is always posted"
         return req
+
+    def unmatched(self, src: int, tag: int, mask: int) -> Optional[Tuple[int, int]]:
+        """An unexpected message from ``src`` whose tag differs from ``tag`` in ``mask`` only (see Transport)."""
+        want = tag & ~mask
+        with self._lock:
+            for t, q in self._unexpected.items():
+                if t != tag and t & ~mask == want:
+                    for e in q:
+                        if src == ANY_SOURCE or e.src == src:
+                            return e.src, t
+        return None
 
     def mark_peer_failed(self, peer: int, reason: str) -> None:
         with self._lock:

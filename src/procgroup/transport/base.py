@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence, Tuple, Union
 
 from ..deadline import Deadline
 
@@ -163,6 +163,15 @@ class Transport(abc.ABC):
         waits return at once with that error instead of at their deadline.
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement abort()")
+
+    def unmatched(self, src: int, tag: int, mask: int) -> Optional[Tuple[int, int]]:
+        """An arrived message no receive has taken whose tag differs from ``tag`` only in the bits of ``mask``.
+
+        ``src``: its sender (ANY_SOURCE: any).  Returns (its source, its tag), or None (also when this
+        transport cannot tell).  Diagnostics for a receive that waits (the p2p dtype check, issue 11
+        item 15): never on the fast path, so a scan of the queue is fine.
+        """
+        return None
 
     def arena(self, key: int, members: Sequence[int]) -> Optional["Arena"]:
         """Shared slots for the group ``key`` of global ranks ``members`` (this rank among them), or None.

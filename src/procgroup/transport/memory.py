@@ -259,6 +259,17 @@ class MemoryTransport(Transport):
             box.posted.append(req)
         return req
 
+    def unmatched(self, src: int, tag: int, mask: int) -> Optional[Tuple[int, int]]:
+        """A queued message from ``src`` whose tag differs from ``tag`` in ``mask`` only (see Transport)."""
+        want = tag & ~mask
+        with self.hub.cond:
+            for t, q in self.hub.mailboxes[self.rank].unexpected.items():
+                if t != tag and t & ~mask == want:
+                    for s, _ in q:
+                        if src == ANY_SOURCE or s == src:
+                            return s, t
+        return None
+
     def arena(self, key: int, members: Sequence[int]) -> Optional[Arena]:
         return _MemoryArena(self, key, members) if self.rank in members and len(members) > 1 else None
 

@@ -27,7 +27,7 @@ instances (loopback, shm, tcp) for ANY_SOURCE to span them.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..deadline import Deadline
 from ..errors import ClosedError, ConfigError, DistTimeoutError
@@ -238,6 +238,16 @@ class RouterTransport(Transport):
             if isinstance(group.winner, RecvReq):
                 break  # an unexpected message matched already: post no further members
         return _AnyRecv(self, group, members, tag)
+
+    def unmatched(self, src: int, tag: int, mask: int) -> Optional[Tuple[int, int]]:
+        """Asks the sub-transport of ``src`` (every one for ANY_SOURCE); see Transport.unmatched."""
+        if src != ANY_SOURCE:
+            return self._route(src, "probe").unmatched(src, tag, mask)
+        for t in [self._self, *self._subs]:
+            hit = t.unmatched(src, tag, mask)
+            if hit is not None:
+                return hit
+        return None
 
     def arena(self, key: int, members: Sequence[int]) -> Optional[Arena]:
         """The arena of the sub-transport that reaches every other member (the shm one of this host), if any."""

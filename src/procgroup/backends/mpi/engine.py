@@ -30,7 +30,7 @@ Point-to-point of the user's API (send/recv/isend/irecv, batch_isend_irecv) goes
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -427,14 +427,29 @@ class MpiEngine(CollectiveEngine):
         return plan
 
     # -- point-to-point ------------------------------------------------------------------------
-    def _tag(self, group: Any, tag: int) -> int:
-        if group.gid >> self.gid_bits or tag >> self.tag_bits:
+    def _tag(self, group: Any, tag: int, code: int = 0) -> int:
+        """MPI tag ``gid << tag_bits | code << (tag_bits - 5) | tag`` (code: the dtype's); -1 when it does not fit."""
+        if group.gid >> self.gid_bits or tag >> (self.tag_bits - 5) or code >> 5:
             return -1
-        return (group.gid << self.tag_bits) | tag
+        return (group.gid << self.tag_bits) | (code << (self.tag_bits - 5)) | tag
 
-    def isend(self, group: Any, dst: int, tag: int, buf: Any) -> Optional[Request]:
+    def unmatched(self, group: Any, src: int, tag: int, code: int) -> Optional[Tuple[int, int]]:
+        """An arrived message of (group, tag) from ``src`` with another dtype code: (its source, its code), or None.
+
+        ``MPI_Iprobe`` for each of the 31 other codes: the slow path of a receive that waits.
+        """
+        if self._tag(group, tag, code) < 0:
+            return None
+        st = self.MPI.Status()
+        source = self.MPI.ANY_SOURCE if src == ANY_SOURCE else src
+        for other in range(32):
+            if other != code and self._p2p.Iprobe(source, self._tag(group, tag, other), st):
+                return st.Get_source(), other
+        return None
+
+    def isend(self, group: Any, dst: int, tag: int, buf: Any, code: int = 0) -> Optional[Request]:
         """``MPI_Isend`` on the point-to-point communicator, or None when the (group, tag) does not fit."""
-        mtag = self._tag(group, tag)
+        mtag = self._tag(group, tag, code)
         if mtag < 0:
             return None
         live = self.live
@@ -446,9 +461,9 @@ class MpiEngine(CollectiveEngine):
             raise self.mpi_error(e, f"MPI_Isend to rank {dst}") from None
         return _P2P(self, req, dst, buf.nbytes, False)
 
-    def irecv(self, group: Any, src: int, tag: int, out: Any) -> Optional[Request]:
+    def irecv(self, group: Any, src: int, tag: int, out: Any, code: int = 0) -> Optional[Request]:
         """``MPI_Irecv`` (``MPI_ANY_SOURCE`` for ANY_SOURCE), or None when the (group, tag) does not fit."""
-        mtag = self._tag(group, tag)
+        mtag = self._tag(group, tag, code)
         if mtag < 0:
             return None
         live = self.live

@@ -250,6 +250,18 @@ class MpiTransport(Transport):
             self._posted.append(r)
         return r
 
+    def unmatched(self, src: int, tag: int, mask: int) -> Optional[Tuple[int, int]]:
+        """An arrived envelope from ``src`` whose tag differs from ``tag`` in ``mask`` only (see Transport)."""
+        want = tag & ~mask
+        with self._lock:
+            self._progress()
+            for t, q in self._unexpected.items():
+                if t != tag and t & ~mask == want:
+                    for e in q:
+                        if src == ANY_SOURCE or e[0] == src:
+                            return e[0], t
+        return None
+
     def mark_peer_failed(self, peer: int, reason: str) -> None:
         """Waits on ``peer`` fail with PeerFailureError carrying ``reason``."""
         self.live.mark_failed(peer, reason)
