@@ -33,6 +33,7 @@ import functools
 import queue
 import threading
 import time
+import weakref
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -45,13 +46,22 @@ from .errors import (
     CollectiveMismatchError,
     ConfigError,
     DistTimeoutError,
+    GroupBrokenError,
     PeerFailureError,
     ProcGroupError,
     describe,
 )
 from .flight import FLIGHT_RECORDS, FlightRecord, describe_signature
 from .transport.base import Request, Transport
-from .watchdog import GroupStatus, describe_roll_call, first_failure, recorded_abort, roll_call
+from .watchdog import (
+    GroupStatus,
+    describe_roll_call,
+    first_failure,
+    record_broken,
+    recorded_abort,
+    roll_call,
+    rolled_state,
+)
 
 __all__ = ["World", "ProcessGroup", "Work", "GID_LIMIT", "P2P_TAG_LIMIT", "p2p_tag"]
 
@@ -89,6 +99,37 @@ def p2p_tag(gid: int, tag: int) -> int:
     return _P2P_BIT | (gid << 40) | tag
 
 
+#: every live group of this process (the fork hook and the world's broken mark reach them all)
+_LIVE: "weakref.WeakSet[ProcessGroup]" = weakref.WeakSet()
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The error that broke a group: what failed, when, and how (kept for the errors of every later call)."""
+
+    op: str
+    seq: Optional[int]
+    group: str
+    error: str  # the exception's type name
+    text: str  # its message
+    wall: float = field(default_factory=time.time)
+    mono: float = field(default_factory=time.monotonic)
+
+    def describe(self) -> str:
+        """'all_reduce (seq 6514) in group WORLD failed 3.2s ago (at 01:02:03 UTC) with DistTimeoutError: ...'."""
+        at = time.strftime("%H:%M:%S UTC", time.gmtime(self.wall))
+        seq = f" (seq {self.seq})" if self.seq is not None else ""
+        head = self.text.split(". Roll call")[0]
+        return (
+            f"{self.op}{seq} in group {self.group} failed {time.monotonic() - self.mono:.1f}s ago "
+            f"(at {at}) with {self.error}: {head}"
+        )
+
+
+#: the errors after which a group's members are out of step (a later call could only hang or mismatch)
+BREAKING = (DistTimeoutError, BrokenError, CollectiveMismatchError)
+
+
 @dataclass
 class World:
     """Per-process state shared by every group of one init."""
@@ -110,6 +151,8 @@ class World:
     #: (None: procgroup's own algorithms over ``transport``)
     engine: Any = None
     on_close: List[Callable[[], None]] = field(default_factory=list)
+    #: set when the default group broke (every group of this world then refuses calls; see ProcessGroup.broken)
+    broken: Optional[Failure] = None
 
     def close(self) -> None:
         """Run the on_close callbacks (transport, store connections, watchdog) in reverse order; idempotent."""
@@ -200,6 +243,12 @@ class _P2PWork(Work):
                 pass
         return self._done.is_set()
 
+    def _fail(self, e: ProcGroupError, dl: Deadline) -> None:
+        err = self._group._context(e, self.op, None, dl, self._ctx)
+        if isinstance(err, BREAKING):  # a message may still arrive and match a later receive: refuse those
+            self._group.mark_broken(err, self.op, None)
+        self._finish(exc=err)
+
     def wait(self, timeout: Optional[float] = None) -> bool:
         with self._lock:
             if not self._done.is_set():
@@ -210,9 +259,9 @@ class _P2PWork(Work):
                 except DistTimeoutError as e:
                     if timeout is not None and not self._deadline.expired():
                         raise  # the caller's short wait; the op itself is still pending
-                    self._finish(exc=self._group._context(e, self.op, None, dl, self._ctx))
+                    self._fail(e, dl)
                 except ProcGroupError as e:
-                    self._finish(exc=self._group._context(e, self.op, None, dl, self._ctx))
+                    self._fail(e, dl)
                 else:
                     self._finish(result=self._finish_fn(st))
         if self._exc is not None:
@@ -256,6 +305,13 @@ class ProcessGroup:
         self._closed = False
         self._child_groups = 0  # groups created with this one as parent (for consistent ids)
         self._arena: Any = _UNSET  # the transport's shared slots for this group (None: it has none), made on first use
+        #: why this group refuses every call (None: usable): "closed", "broken"; checked first by every call
+        self._halt: Optional[str] = None
+        #: the error that broke this group (or its world), once one has
+        self.broken: Optional[Failure] = world.broken
+        if self.broken is not None:
+            self._halt = "broken"
+        _LIVE.add(self)
 
     # -- queries -------------------------------------------------------------------
     def rank(self) -> int:
@@ -319,12 +375,46 @@ class ProcessGroup:
         return new
 
     def _roll_call(self, seq: int) -> str:
-        """Which members reached ``seq`` and where the others are (through the store; best effort, bounded)."""
+        """Which members reached ``seq`` and where the others are (through the store; best effort, bounded).
+
+        This rank's own entry is its live state, not what its watchdog last published."""
         try:
             st = self.status()
-            return describe_roll_call(st, roll_call(self.world.store, st), seq)
+            states = roll_call(self.world.store, st)
+            states[self.world.rank] = dict(rolled_state(st), t=time.time())
+            return describe_roll_call(st, states, seq)
         except Exception as e:  # noqa: BLE001 - the timeout error matters more than the report
             return f"unavailable ({e})"
+
+    # -- refusing calls: destroyed, broken ----------------------------------------------------------
+    def halted(self, op: str) -> BaseException:
+        """The error a call ``op`` gets on a group that refuses calls (see ``_halt``)."""
+        if self._halt == "broken" and self.broken is not None:
+            return GroupBrokenError(
+                f"{op} on rank {self.world.rank} in group {self.name}: the group is broken since "
+                f"{self.broken.describe()}. Its members are out of step, so every later call would hang or mix "
+                "up data: call destroy_process_group() and init_process_group() again, or restart the job"
+            )
+        return ClosedError(f"{op}: process group {self.name} was destroyed")
+
+    def mark_broken(self, e: BaseException, op: str, seq: Optional[int]) -> None:
+        """Refuse every later call after ``e`` (a deadline, a dead peer, a mismatch); the default group's
+        failure breaks its whole world.  A deadline is also recorded in the store, so that a member that is
+        still waiting (stopped, or slow) fails within a watchdog interval instead of at its own deadline."""
+        if self.broken is not None:
+            return
+        f = Failure(op, seq, self.name, type(e).__name__, str(e))
+        groups = [self]
+        if self.gid == 0:
+            self.world.broken = f
+            groups = [g for g in list(_LIVE) if g.world is self.world]
+        for g in groups:
+            if g.broken is None:
+                g.broken = f
+            if g._halt is None:
+                g._halt = "broken"
+        if isinstance(e, DistTimeoutError) and self.world.store is not None:
+            record_broken(self.world.store, self.gid, f.describe())
 
     def _drain_async(self) -> None:
         while self._pending:
@@ -351,8 +441,8 @@ class ProcessGroup:
         Raises :class:`ClosedError` after :meth:`close`; errors of ``fn`` get the op's context (see
         :meth:`_context`).  A blocking call first waits for the group's outstanding async work.
         """
-        if self._closed:
-            raise ClosedError(f"{op}: process group {self.name} was destroyed")
+        if self._halt is not None:
+            raise self.halted(op)
         sig = signature or (op,)
         fp = fingerprint(sig)
         with self._lock:
@@ -406,8 +496,11 @@ class ProcessGroup:
             result = fn(comm)
         except ProcGroupError as e:
             rec.state, rec.end = "failed", time.monotonic()
+            err = self._context(e, op, seq, dl, describe_signature(sig))  # the roll call shows this rank in seq
             self.inflight = None
-            raise self._context(e, op, seq, dl, describe_signature(sig))  # noqa: B904 - _context sets __cause__ itself
+            if isinstance(err, BREAKING):
+                self.mark_broken(err, op, seq)
+            raise err  # noqa: B904 - _context sets __cause__ itself
         except BaseException:
             rec.state, rec.end = "failed", time.monotonic()
             self.inflight = None
@@ -469,6 +562,8 @@ class ProcessGroup:
         if self._closed:
             return
         self._closed = True
+        if self._halt != "forked":
+            self._halt = "closed"
         if self._thread is not None and self._queue is not None:
             self._queue.put(_STOP)
             self._thread.join(timeout=5.0)

@@ -1,0 +1,167 @@
+"""Issue 11 items 2, 3 and 11 with real processes: a SIGSTOPped rank and a broken group, fork() after init,
+and one group used from two threads at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+from procgroup.netutil import free_port
+
+pytestmark = pytest.mark.timeout(90)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(rank: int, n: int, port: int, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROCGROUP_", "TORCHELASTIC_", "SLURM_"))}
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(n),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(n),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        PROCGROUP_SECRET="hardthr-test-secret",
+        PROCGROUP_TIMEOUT="30",
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS="1",
+    )
+    env.update(extra or {})
+    return env
+
+
+def _spawn(tmp_path: Path, body: str, n: int, extra: Optional[Dict[str, str]] = None) -> List[subprocess.Popen]:
+    path = tmp_path / "prog.py"
+    path.write_text(textwrap.dedent(body))
+    port = free_port()
+    return [
+        subprocess.Popen(
+            [sys.executable, str(path), str(tmp_path)],
+            env=_env(r, n, port, extra),
+            cwd=str(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for r in range(n)
+    ]
+
+
+def _collect(procs: List[subprocess.Popen], timeout: float) -> List[subprocess.CompletedProcess]:
+    out = []
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            so, se = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            out.append(subprocess.CompletedProcess(p.args, p.returncode, so, se))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGCONT)
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)
+    return out
+
+
+def _report(res: List[subprocess.CompletedProcess]) -> str:
+    return "\n".join(f"--- rank {r} rc={p.returncode}\n{p.stdout}\n{p.stderr}" for r, p in enumerate(res))
+
+
+def _records(p: subprocess.CompletedProcess) -> List[dict]:
+    return [json.loads(line[4:]) for line in p.stdout.splitlines() if line.startswith("REC ")]
+
+
+def _no_shm_left(before: set) -> None:
+    left = {f for f in os.listdir("/dev/shm") if "procgroup" in f or f.startswith("pg")} - before
+    assert not left, f"shared memory segments left behind: {sorted(left)}"
+
+
+def _shm() -> set:
+    return {f for f in os.listdir("/dev/shm") if "procgroup" in f or f.startswith("pg")}
+
+
+# -- item 11: a SIGSTOPped rank ---------------------------------------------------------------------------
+SIGSTOP_BODY = """
+import json, os, sys, time
+import numpy as np
+import procgroup as dist
+
+flag = os.path.join(sys.argv[1], "cont")
+dist.init_process_group("cpu")
+r = dist.get_rank()
+x = np.ones(4, dtype=np.float32)
+first = None
+t0 = time.monotonic()
+while first is None:
+    try:
+        x[:] = 1
+        dist.all_reduce(x, timeout=3)
+        assert x[0] == 3, x
+    except dist.ProcGroupError as e:
+        first = e
+    if r == 0 and time.monotonic() - t0 > 1.5 and not os.path.exists(flag + ".ready"):
+        open(flag + ".ready", "w").close()
+print("REC " + json.dumps({"kind": "first", "type": type(first).__name__, "msg": str(first)}), flush=True)
+while not os.path.exists(flag):
+    time.sleep(0.01)
+t = time.monotonic()
+try:
+    dist.all_reduce(x, timeout=3)
+    rec = {"kind": "next", "type": None, "dt": time.monotonic() - t}
+except dist.ProcGroupError as e:
+    rec = {"kind": "next", "type": type(e).__name__, "msg": str(e), "dt": time.monotonic() - t}
+print("REC " + json.dumps(rec), flush=True)
+if r == 2:
+    open(flag + ".done2", "w").close()
+while not os.path.exists(flag + ".done2"):  # stay alive until rank 2 has seen the group break
+    time.sleep(0.01)
+dist.destroy_process_group()
+"""
+
+
+def test_sigstopped_rank_is_named_with_its_real_seq_and_the_group_is_broken_after(tmp_path):
+    procs = _spawn(tmp_path, SIGSTOP_BODY, 3)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "cont.ready").exists():
+            assert time.monotonic() < deadline, "the ranks never got going"
+            time.sleep(0.05)
+        os.kill(procs[2].pid, signal.SIGSTOP)
+        t_stop = time.monotonic()
+        time.sleep(6.0)  # ranks 0 and 1 hit their 3 s deadline and report
+        os.kill(procs[2].pid, signal.SIGCONT)
+        (tmp_path / "cont").write_text("")
+        res = _collect(procs, 40)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGCONT)
+                os.killpg(p.pid, signal.SIGKILL)
+    assert time.monotonic() - t_stop < 50
+    assert all(p.returncode == 0 for p in res), _report(res)
+    for r in (0, 1):
+        first, nxt = _records(res[r])
+        assert first["type"] == "DistTimeoutError", _report(res)
+        msg = first["msg"]
+        seq = int(msg.split("(seq ")[1].split(")")[0])
+        about2 = msg.split("Roll call:")[1].split("rank 2 ", 1)[1].split(";")[0]
+        assert f"seq {seq}" in about2 and "stopped updating its status" in about2, msg
+        assert "not in a collective" not in about2, msg
+        assert f"ranks [{1 - r}] reached seq {seq}; rank {r} " not in msg, msg  # this rank is in seq too
+        assert nxt["type"] == "GroupBrokenError" and nxt["dt"] < 0.05, _report(res)
+        assert f"(seq {seq})" in nxt["msg"] and "destroy_process_group" in nxt["msg"], nxt["msg"]
+    first, nxt = _records(res[2])
+    assert first["type"] in ("DistTimeoutError", "GroupBrokenError"), _report(res)
+    assert nxt["type"] == "GroupBrokenError" and nxt["dt"] < 0.05, _report(res)
