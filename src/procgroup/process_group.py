@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import copy
 import functools
+import os
 import queue
 import threading
 import time
@@ -46,6 +47,7 @@ from .errors import (
     CollectiveMismatchError,
     ConfigError,
     DistTimeoutError,
+    ForkedProcessError,
     GroupBrokenError,
     PeerFailureError,
     ProcGroupError,
@@ -153,9 +155,20 @@ class World:
     on_close: List[Callable[[], None]] = field(default_factory=list)
     #: set when the default group broke (every group of this world then refuses calls; see ProcessGroup.broken)
     broken: Optional[Failure] = None
+    #: the process that formed this world: in a child forked after init it is not ``os.getpid()`` (see forked)
+    pid: int = field(default_factory=os.getpid)
+
+    def forked(self) -> bool:
+        """True in a child forked after init: the world (sockets, shared memory, store) is the parent's."""
+        return self.pid != os.getpid()
 
     def close(self) -> None:
-        """Run the on_close callbacks (transport, store connections, watchdog) in reverse order; idempotent."""
+        """Run the on_close callbacks (transport, store connections, watchdog) in reverse order; idempotent.
+
+        In a forked child it only forgets them: closing would shut the parent's connections down."""
+        if self.forked():
+            self.on_close.clear()
+            return
         for fn in reversed(self.on_close):
             try:
                 fn()
@@ -305,12 +318,14 @@ class ProcessGroup:
         self._closed = False
         self._child_groups = 0  # groups created with this one as parent (for consistent ids)
         self._arena: Any = _UNSET  # the transport's shared slots for this group (None: it has none), made on first use
-        #: why this group refuses every call (None: usable): "closed", "broken"; checked first by every call
+        #: why this group refuses every call (None: usable): "closed", "broken", "forked"; checked first by every call
         self._halt: Optional[str] = None
         #: the error that broke this group (or its world), once one has
         self.broken: Optional[Failure] = world.broken
         if self.broken is not None:
             self._halt = "broken"
+        if world.forked():
+            self._halt = "forked"
         _LIVE.add(self)
 
     # -- queries -------------------------------------------------------------------
@@ -389,6 +404,8 @@ class ProcessGroup:
     # -- refusing calls: destroyed, broken ----------------------------------------------------------
     def halted(self, op: str) -> BaseException:
         """The error a call ``op`` gets on a group that refuses calls (see ``_halt``)."""
+        if self._halt == "forked":
+            return ForkedProcessError(forked_message(op, self.world.pid))
         if self._halt == "broken" and self.broken is not None:
             return GroupBrokenError(
                 f"{op} on rank {self.world.rank} in group {self.name}: the group is broken since "
@@ -564,7 +581,29 @@ class ProcessGroup:
         self._closed = True
         if self._halt != "forked":
             self._halt = "closed"
+        elif self.world.forked():  # the worker thread and the scratch memory are the parent's
+            return
         if self._thread is not None and self._queue is not None:
             self._queue.put(_STOP)
             self._thread.join(timeout=5.0)
         self._scratch.clear()
+
+
+def forked_message(op: str, parent: int) -> str:
+    """The error of ``op`` in a child forked after init_process_group (in process ``parent``)."""
+    return (
+        f"{op}: this process was forked after init_process_group (by pid {parent}; this is pid {os.getpid()}): "
+        "its process group, connections and shared memory belong to the parent, and using them here would mix "
+        "this child's messages into the parent's collectives. Call procgroup.init_process_group() in the child "
+        "for a group of its own (with its own rank and world size), or start children with the 'spawn' or "
+        "'forkserver' start method (multiprocessing.get_context('spawn'))"
+    )
+
+
+def _after_fork_in_child() -> None:
+    """In a child forked after init: every group refuses calls (ForkedProcessError) and tears nothing down."""
+    for g in list(_LIVE):
+        g._halt = "forked"
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

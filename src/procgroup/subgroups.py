@@ -70,6 +70,8 @@ def new_group(
 
 def _make_group(parent: ProcessGroup, rs: List[int], tmo: float, desc: Optional[str]) -> Any:
     """Make the group of global ranks ``rs`` (collective over the parent's world) and record it."""
+    if parent._halt is not None:  # forked, broken or destroyed: no store traffic on the parent's behalf
+        raise parent.halted("new_group")
     gid = _alloc_gid(parent, rs, tmo)
     if gid < 0:
         return GroupMember.NON_GROUP_MEMBER

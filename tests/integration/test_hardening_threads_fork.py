@@ -165,3 +165,87 @@ def test_sigstopped_rank_is_named_with_its_real_seq_and_the_group_is_broken_afte
     first, nxt = _records(res[2])
     assert first["type"] in ("DistTimeoutError", "GroupBrokenError"), _report(res)
     assert nxt["type"] == "GroupBrokenError" and nxt["dt"] < 0.05, _report(res)
+
+
+# -- item 3: fork() after init -------------------------------------------------------------------------------
+FORK_BODY = """
+import json, multiprocessing, os, sys, time
+import numpy as np
+import procgroup as dist
+
+
+def square(v):
+    return v * v
+
+
+dist.init_process_group("cpu")
+r = dist.get_rank()
+x = np.full(2, r + 1, dtype=np.float32)
+dist.all_reduce(x)
+assert x.tolist() == [3, 3], x
+
+# a child that runs one all_reduce: it must raise, and the parent's next all_reduce must be right
+pid = os.fork()
+if pid == 0:
+    t = time.monotonic()
+    try:
+        dist.all_reduce(np.ones(2, dtype=np.float32), timeout=5)
+        rec = {"kind": "child", "type": None}
+    except Exception as e:
+        rec = {"kind": "child", "type": type(e).__name__, "msg": str(e), "dt": time.monotonic() - t}
+    print("REC " + json.dumps(rec), flush=True)
+    sys.exit(0)  # runs atexit: must not tear the parent's world down
+os.waitpid(pid, 0)
+x[:] = r + 1
+dist.all_reduce(x, timeout=10)
+print("REC " + json.dumps({"kind": "after_child", "value": x.tolist()}), flush=True)
+
+# a child that only exits: the parent's rank must not be reported dead
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)
+os.waitpid(pid, 0)
+time.sleep(1.5)  # a watchdog interval or two: a failure record would abort the next call
+x[:] = r + 1
+dist.all_reduce(x, timeout=10)
+dist.barrier(timeout=10)
+print("REC " + json.dumps({"kind": "after_exit", "value": x.tolist()}), flush=True)
+
+# a Pool whose workers never touch procgroup keeps working
+with multiprocessing.get_context("fork").Pool(2) as pool:
+    got = pool.map(square, range(6))
+print("REC " + json.dumps({"kind": "pool", "value": got}), flush=True)
+
+# a child may make a group of its own after init in the parent (here a world of one, on a file store)
+pid = os.fork()
+if pid == 0:
+    dist.init_process_group("cpu", init_method="file://" + os.path.join(sys.argv[1], f"child{r}"), rank=0, world_size=1)
+    y = np.ones(2)
+    dist.all_reduce(y)
+    dist.destroy_process_group()
+    os._exit(0 if y.tolist() == [1, 1] else 3)
+_, status = os.waitpid(pid, 0)
+print("REC " + json.dumps({"kind": "child_init", "status": status}), flush=True)
+x[:] = r + 1
+dist.all_reduce(x, timeout=10)
+assert x.tolist() == [3, 3], x
+dist.destroy_process_group()
+"""
+
+
+def test_fork_after_init_child_raises_and_parent_stays_correct(tmp_path):
+    before = _shm()
+    res = _collect(_spawn(tmp_path, FORK_BODY, 2), 60)
+    assert all(p.returncode == 0 for p in res), _report(res)
+    for p in res:
+        recs = {rec["kind"]: rec for rec in _records(p)}
+        child = recs["child"]
+        assert child["type"] == "ForkedProcessError", _report(res)
+        assert "this process was forked after init_process_group" in child["msg"], child["msg"]
+        assert child["dt"] < 0.01, child
+        assert recs["after_child"]["value"] == [3, 3], _report(res)
+        assert recs["after_exit"]["value"] == [3, 3], _report(res)
+        assert recs["pool"]["value"] == [0, 1, 4, 9, 16, 25], _report(res)
+        assert recs["child_init"]["status"] == 0, _report(res)
+        assert "died" not in p.stderr and "PeerFailure" not in p.stderr, _report(res)
+    _no_shm_left(before)
