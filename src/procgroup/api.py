@@ -330,6 +330,7 @@ def _install(world: World, group_name: str) -> None:
     _state.world = world
     _state.backend = world.backend
     pg = ProcessGroup(world, list(range(world.size)), 0, group_name or "WORLD")
+    pg.set_home_thread()
     _state.default = pg
     _state.groups = [pg]
     atexit.register(_atexit)

@@ -20,6 +20,14 @@ raises :class:`~procgroup.errors.CollectiveMismatchError` on every member.
 Flight recorder.  Each group keeps its last ``FLIGHT_RECORDS`` collectives
 (seq, op, signature, start, end, state) for hang reports and SIGUSR1 dumps.
 
+Threads.  One thread at a time may be inside a call of a group: a second thread's call raises
+:class:`~procgroup.errors.ConcurrentUseError` (naming both threads) before it takes a sequence
+number.  A call from a thread other than the group's home thread (the caller of
+init_process_group or new_group; for a group made otherwise, its first caller) adds that
+thread's name to its signature, so calls of differently named threads never pair up across
+ranks (the watchdog reports a mismatch instead of a mixed-up sum): name the threads that run
+collectives alike on every rank.
+
 Async work.  ``async_op=True`` runs the collective on the group's single
 worker thread (ops of one group run in call order); a blocking op first
 waits for the group's outstanding async work, so program order is kept.
@@ -45,6 +53,7 @@ from .errors import (
     BrokenError,
     ClosedError,
     CollectiveMismatchError,
+    ConcurrentUseError,
     ConfigError,
     DistTimeoutError,
     ForkedProcessError,
@@ -73,6 +82,7 @@ FP_MASK = (1 << 16) - 1
 P2P_TAG_LIMIT = 1 << 40
 _P2P_BIT = 1 << 62
 CHAIN_WINDOW = 4096
+_get_ident = threading.get_ident
 
 
 _FP_CACHE: Dict[tuple, int] = {}
@@ -312,6 +322,12 @@ class ProcessGroup:
         self._comm: Optional[Comm] = None  # reused by blocking calls (one at a time: async ones get their own)
         self._comm_busy = False
         self._lock = threading.Lock()
+        #: held by the thread inside a call of this group (see run): a second thread gets ConcurrentUseError
+        self._busy = threading.Lock()
+        self._owner = 0  # its thread ident (0: none)
+        #: the group's home thread (0: the first caller's): calls from any other thread add its name to their
+        #: signature.  init_process_group and new_group make their caller the home thread (set_home_thread)
+        self._home = 0
         self._pending: List[Work] = []
         self._queue: Optional["queue.Queue[Any]"] = None
         self._thread: Optional[threading.Thread] = None
@@ -460,30 +476,67 @@ class ProcessGroup:
         """
         if self._halt is not None:
             raise self.halted(op)
-        sig = signature or (op,)
-        fp = fingerprint(sig)
-        with self._lock:
-            seq = self._seq
-            self._seq += 1
-            self._chain = zlib.crc32(fp.to_bytes(2, "little"), self._chain)
-            self.chain.append((seq, self._chain))
-            mine = False
-            if not async_op and not self._comm_busy:
-                self._comm_busy = mine = True  # reuse the group's Comm (a nested or concurrent call builds its own)
-        tag = collective_tag(self.gid, seq, fp)
-        if not async_op:
-            try:
-                if self._pending:
-                    self._drain_async()
-                return self._execute(fn, op, sig, seq, tag, timeout, mine)
-            finally:
-                if mine:
-                    self._comm_busy = False
-        work = Work(op, self)
-        self._pending = [w for w in self._pending if not w.is_completed()]
-        self._pending.append(work)
-        self._submit(work, functools.partial(self._execute, fn, op, sig, seq, tag, timeout, False))
-        return work
+        me = _get_ident()
+        if self._busy.acquire(False):  # one thread at a time (a nested call of the same thread is let through)
+            self._owner = me
+            nested = False
+        elif self._owner == me:
+            nested = True
+        else:
+            raise self._concurrent(op, me)  # before a seq is taken: the group stays in step
+        try:
+            sig = signature or (op,)
+            if me != self._home:  # so calls of differently named threads never match across ranks
+                if self._home:
+                    sig = sig + (f"thread={threading.current_thread().name}",)
+                else:
+                    self._home = me
+            fp = fingerprint(sig)
+            with self._lock:
+                seq = self._seq
+                self._seq += 1
+                self._chain = zlib.crc32(fp.to_bytes(2, "little"), self._chain)
+                self.chain.append((seq, self._chain))
+                mine = False
+                if not async_op and not self._comm_busy:
+                    self._comm_busy = mine = True  # reuse the group's Comm (a nested call builds its own)
+            tag = collective_tag(self.gid, seq, fp)
+            if not async_op:
+                try:
+                    if self._pending:
+                        self._drain_async()
+                    return self._execute(fn, op, sig, seq, tag, timeout, mine)
+                finally:
+                    if mine:
+                        self._comm_busy = False
+            work = Work(op, self)
+            self._pending = [w for w in self._pending if not w.is_completed()]
+            self._pending.append(work)
+            self._submit(work, functools.partial(self._execute, fn, op, sig, seq, tag, timeout, False))
+            return work
+        finally:
+            if not nested:
+                self._owner = 0  # cleared before the release: a thread that finds its own id here is nested
+                self._busy.release()
+
+    def set_home_thread(self) -> None:
+        """Make the calling thread this group's home thread (see the module's notes on threads)."""
+        self._home = _get_ident()
+
+    def _concurrent(self, op: str, me: int) -> ConcurrentUseError:
+        """The error of ``op`` called by thread ``me`` while another thread is inside a call of this group."""
+        names = {t.ident: t.name for t in threading.enumerate()}
+        owner = self._owner
+        rec = self.inflight  # the owner's call (None: it is still waiting for the group's async work)
+        busy, seq = (rec.op, rec.seq) if rec is not None else ("a call", self._seq - 1)
+        other = f"thread {names.get(owner, '?')!r} (ident {owner})" if owner else "another thread"
+        return ConcurrentUseError(
+            f"{op} on rank {self.world.rank} in group {self.name} from thread {names.get(me, '?')!r} (ident {me}), "
+            f"while {other} is inside {busy} (seq {seq}) on the same group. A group serves one thread at a "
+            "time: its members pair calls by sequence number, so two threads would mix their data. This call "
+            "was refused before taking a sequence number (the group is still in step). Give each thread a "
+            "group of its own (new_group), or serialize the calls with a lock"
+        )
 
     def _execute(
         self, fn: Callable[[Comm], Any], op: str, sig: tuple, seq: int, tag: int, timeout: Optional[float], reuse: bool

@@ -76,6 +76,7 @@ def _make_group(parent: ProcessGroup, rs: List[int], tmo: float, desc: Optional[
     if gid < 0:
         return GroupMember.NON_GROUP_MEMBER
     pg = ProcessGroup(parent.world, rs, gid, desc or f"group{gid}{rs if len(rs) <= 8 else ''}", tmo)
+    pg.set_home_thread()
     if parent.world is _state.world:  # a group of a world from backends.create_group stays out of the globals
         _state.groups.append(pg)
     return pg

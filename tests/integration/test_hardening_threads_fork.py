@@ -249,3 +249,104 @@ def test_fork_after_init_child_raises_and_parent_stays_correct(tmp_path):
         assert recs["child_init"]["status"] == 0, _report(res)
         assert "died" not in p.stderr and "PeerFailure" not in p.stderr, _report(res)
     _no_shm_left(before)
+
+
+# -- item 2: one group, two threads ----------------------------------------------------------------------
+THREADS_BODY = """
+import json, sys, threading, time
+import numpy as np
+import procgroup as dist
+
+dist.init_process_group("cpu")
+r = dist.get_rank()
+out = {}
+
+
+def work(name, value, delay):
+    time.sleep(delay)
+    x = np.full(2, value, dtype=np.float32)
+    t = time.monotonic()
+    try:
+        dist.all_reduce(x, timeout=20)
+        out[name] = {"value": x.tolist()}
+    except dist.ProcGroupError as e:
+        out[name] = {"type": type(e).__name__, "msg": str(e), "dt": time.monotonic() - t}
+
+
+seq_before = dist.group.WORLD.seq
+# worker-A is inside the all_reduce on ranks 0 and 1 (rank 2 joins after 1.5 s) when worker-B calls
+if r == 2:
+    threads = [threading.Thread(target=work, args=(1, 1, 1.5), name="worker-A")]
+else:
+    threads = [
+        threading.Thread(target=work, args=(1, 1, 0.0), name="worker-A"),
+        threading.Thread(target=work, args=(2, 1000, 0.5), name="worker-B"),
+    ]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("REC " + json.dumps({"kind": "threads", "out": out, "seqs": dist.group.WORLD.seq - seq_before}), flush=True)
+x = np.full(2, r + 1, dtype=np.float32)
+dist.all_reduce(x, timeout=20)  # the group is still in step
+print("REC " + json.dumps({"kind": "after", "value": x.tolist()}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_two_threads_on_one_group_second_gets_error_naming_both(tmp_path):
+    res = _collect(_spawn(tmp_path, THREADS_BODY, 3), 60)
+    assert all(p.returncode == 0 for p in res), _report(res)
+    for r, p in enumerate(res):
+        recs = {rec["kind"]: rec for rec in _records(p)}
+        out = recs["threads"]["out"]
+        assert out["1"] == {"value": [3.0, 3.0]}, _report(res)
+        if r < 2:
+            b = out["2"]
+            assert b.get("type") == "ConcurrentUseError", _report(res)
+            assert "'worker-B'" in b["msg"] and "'worker-A'" in b["msg"] and "all_reduce (seq" in b["msg"], b
+            assert b["dt"] < 0.01, b
+        assert recs["threads"]["seqs"] == 1, _report(res)  # the refused call took no sequence number
+        assert recs["after"]["value"] == [6.0, 6.0], _report(res)
+
+
+RACE_BODY = """
+import json, threading
+import numpy as np
+import procgroup as dist
+
+dist.init_process_group("cpu")
+out = {}
+go = threading.Barrier(2)
+
+
+def work(name, value):
+    x = np.full(2, value, dtype=np.float32)
+    go.wait()
+    for i in range(3):
+        try:
+            x[:] = value
+            dist.all_reduce(x, timeout=8)
+            out.setdefault(name, []).append(x.tolist())
+        except dist.ProcGroupError as e:
+            out.setdefault(name, []).append(type(e).__name__)
+
+
+threads = [threading.Thread(target=work, args=(n, v), name=n) for n, v in (("A", 1), ("B", 1000))]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("REC " + json.dumps({"kind": "race", "out": out}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_two_threads_racing_on_one_group_never_give_a_wrong_sum(tmp_path):
+    res = _collect(_spawn(tmp_path, RACE_BODY, 2, {"PROCGROUP_TIMEOUT": "10"}), 80)
+    assert all(p.returncode == 0 for p in res), _report(res)
+    for p in res:
+        (rec,) = _records(p)
+        for name, want in (("A", [2.0, 2.0]), ("B", [2000.0, 2000.0])):
+            for got in rec["out"][name]:
+                assert got == want or isinstance(got, str), _report(res)  # a right sum or an error, never 1001
