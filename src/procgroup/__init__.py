@@ -20,8 +20,11 @@ from typing import Any as _Any
 _LAZY = {
     "Backend": "api",
     "CollectiveMismatchError": "errors",
+    "ConcurrentUseError": "errors",
     "ConfigError": "errors",
     "DistTimeoutError": "errors",
+    "ForkedProcessError": "errors",
+    "GroupBrokenError": "errors",
     "GroupMember": "state",
     "P2POp": "collectives",
     "PeerFailureError": "errors",

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any, List, Optional, Tuple
@@ -272,6 +273,8 @@ def init_process_group(
     argument or a bad environment variable (named); RendezvousError and kin when the members cannot meet.
     """
     with _state.lock:
+        if _state.world is not None and _state.world.forked():
+            _forget_forked()  # the parent's world, inherited by fork: this child makes its own
         if _state.world is not None:
             raise ProcGroupError(
                 "init_process_group was called twice: the default process group is already initialized; "
@@ -327,6 +330,7 @@ def _install(world: World, group_name: str) -> None:
     _state.world = world
     _state.backend = world.backend
     pg = ProcessGroup(world, list(range(world.size)), 0, group_name or "WORLD")
+    pg.set_home_thread()
     _state.default = pg
     _state.groups = [pg]
     atexit.register(_atexit)
@@ -334,8 +338,10 @@ def _install(world: World, group_name: str) -> None:
 
 
 def _atexit() -> None:
-    """At interpreter exit: tell the peers if an uncaught exception is ending this process, then destroy."""
-    if _state.world is not None:
+    """At interpreter exit: tell the peers if an uncaught exception is ending this process, then destroy.
+
+    Nothing in a child forked after init: the world, its store and its peers are the parent's."""
+    if _state.world is not None and not _state.world.forked():
         try:
             _publish_uncaught(_state.world)
             destroy_process_group()
@@ -390,6 +396,9 @@ def _close_quietly(obj: Any) -> None:
 def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
     """Destroy ``group``, or everything (the default group and every subgroup) when None."""
     with _state.lock:
+        if _state.world is not None and _state.world.forked():
+            _forget_forked()  # no goodbye, no closing: the parent still uses all of it
+            return
         if group is not None and group is not _state.default:
             group.close()
             if group in _state.groups:
@@ -409,6 +418,24 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
             if _state.store_server is not None:
                 _state.store_server.close()
             _state.__init__()  # type: ignore[misc]  # reset the module state in place
+
+
+def _forget_forked() -> None:
+    """In a child forked after init: drop the parent's world without touching it (no store traffic, no
+    socket shutdown, no shared memory unlinked); the groups the user still holds raise ForkedProcessError."""
+    for g in _state.groups:
+        g._halt = "forked"
+    if _state.world is not None:
+        _state.world.on_close.clear()
+    _state.__init__()  # type: ignore[misc]  # reset the module state in place
+
+
+def _after_fork_in_child() -> None:
+    """A lock held by a thread of the parent at fork time would never be released in the child."""
+    _state.lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _leave(world: World) -> None:

@@ -46,6 +46,9 @@ __all__ = [
     "RendezvousError",
     "RendezvousTimeoutError",
     "CollectiveMismatchError",
+    "GroupBrokenError",
+    "ForkedProcessError",
+    "ConcurrentUseError",
     "describe",
     "format_ranks",
     "ObjectPicklingError",
@@ -213,3 +216,17 @@ class UnsafeObjectError(ProcGroupError, pickle.UnpicklingError):
     def __init__(self, message: str, *, name: str = "") -> None:
         super().__init__(message)
         self.name = name
+
+
+# -- issue 11 items 2, 3, 11 (threads, fork, a broken group) --------------------------------------------------
+class GroupBrokenError(BrokenError):
+    """A group is unusable since an earlier call failed (deadline, dead peer, mismatch): its members are out of
+    step.  The message names the original error (op, seq, when); destroy_process_group and re-init, or restart."""
+
+
+class ForkedProcessError(ProcGroupError):
+    """A process group was used in a child forked after init_process_group (the parent's group is not its own)."""
+
+
+class ConcurrentUseError(ProcGroupError):
+    """Two threads called blocking operations on one process group at the same time; the message names both."""

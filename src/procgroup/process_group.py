@@ -25,6 +25,14 @@ raises :class:`~procgroup.errors.CollectiveMismatchError` on every member.
 Flight recorder.  Each group keeps its last ``FLIGHT_RECORDS`` collectives
 (seq, op, signature, start, end, state) for hang reports and SIGUSR1 dumps.
 
+Threads.  One thread at a time may be inside a call of a group: a second thread's call raises
+:class:`~procgroup.errors.ConcurrentUseError` (naming both threads) before it takes a sequence
+number.  A call from a thread other than the group's home thread (the caller of
+init_process_group or new_group; for a group made otherwise, its first caller) adds that
+thread's name to its signature, so calls of differently named threads never pair up across
+ranks (the watchdog reports a mismatch instead of a mixed-up sum): name the threads that run
+collectives alike on every rank.
+
 Async work.  ``async_op=True`` runs the collective on the group's single
 worker thread (ops of one group run in call order); a blocking op first
 waits for the group's outstanding async work, so program order is kept.
@@ -35,9 +43,11 @@ from __future__ import annotations
 import collections
 import copy
 import functools
+import os
 import queue
 import threading
 import time
+import weakref
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -49,15 +59,26 @@ from .errors import (
     BrokenError,
     ClosedError,
     CollectiveMismatchError,
+    ConcurrentUseError,
     ConfigError,
     DistTimeoutError,
+    ForkedProcessError,
+    GroupBrokenError,
     PeerFailureError,
     ProcGroupError,
     describe,
 )
 from .flight import FLIGHT_RECORDS, FlightRecord, describe_signature
 from .transport.base import Request, Transport
-from .watchdog import GroupStatus, describe_roll_call, first_failure, recorded_abort, roll_call
+from .watchdog import (
+    GroupStatus,
+    describe_roll_call,
+    first_failure,
+    record_broken,
+    recorded_abort,
+    roll_call,
+    rolled_state,
+)
 
 __all__ = ["World", "ProcessGroup", "Work", "GID_LIMIT", "P2P_TAG_LIMIT", "P2P_CODE_MASK", "p2p_tag", "dtype_code"]
 
@@ -97,6 +118,7 @@ _CODE_CACHE: Dict[Any, int] = {}
 _PROBE_FIRST = 0.002
 _PROBE_MAX = 0.05
 CHAIN_WINDOW = 4096
+_get_ident = threading.get_ident
 
 
 _FP_CACHE: Dict[tuple, int] = {}
@@ -142,6 +164,37 @@ def dtype_of_code(code: int) -> str:
     return name or "a dtype without its own code"
 
 
+#: every live group of this process (the fork hook and the world's broken mark reach them all)
+_LIVE: "weakref.WeakSet[ProcessGroup]" = weakref.WeakSet()
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The error that broke a group: what failed, when, and how (kept for the errors of every later call)."""
+
+    op: str
+    seq: Optional[int]
+    group: str
+    error: str  # the exception's type name
+    text: str  # its message
+    wall: float = field(default_factory=time.time)
+    mono: float = field(default_factory=time.monotonic)
+
+    def describe(self) -> str:
+        """'all_reduce (seq 6514) in group WORLD failed 3.2s ago (at 01:02:03 UTC) with DistTimeoutError: ...'."""
+        at = time.strftime("%H:%M:%S UTC", time.gmtime(self.wall))
+        seq = f" (seq {self.seq})" if self.seq is not None else ""
+        head = self.text.split(". Roll call")[0]
+        return (
+            f"{self.op}{seq} in group {self.group} failed {time.monotonic() - self.mono:.1f}s ago "
+            f"(at {at}) with {self.error}: {head}"
+        )
+
+
+#: the errors after which a group's members are out of step (a later call could only hang or mismatch)
+BREAKING = (DistTimeoutError, BrokenError, CollectiveMismatchError)
+
+
 @dataclass
 class World:
     """Per-process state shared by every group of one init."""
@@ -165,9 +218,22 @@ class World:
     on_close: List[Callable[[], None]] = field(default_factory=list)
     #: safe mode of the object collectives, read from the environment once per init (a call's safe= wins)
     safe_objects: SafeObjects = field(default_factory=safe_objects)
+    #: set when the default group broke (every group of this world then refuses calls; see ProcessGroup.broken)
+    broken: Optional[Failure] = None
+    #: the process that formed this world: in a child forked after init it is not ``os.getpid()`` (see forked)
+    pid: int = field(default_factory=os.getpid)
+
+    def forked(self) -> bool:
+        """True in a child forked after init: the world (sockets, shared memory, store) is the parent's."""
+        return self.pid != os.getpid()
 
     def close(self) -> None:
-        """Run the on_close callbacks (transport, store connections, watchdog) in reverse order; idempotent."""
+        """Run the on_close callbacks (transport, store connections, watchdog) in reverse order; idempotent.
+
+        In a forked child it only forgets them: closing would shut the parent's connections down."""
+        if self.forked():
+            self.on_close.clear()
+            return
         for fn in reversed(self.on_close):
             try:
                 fn()
@@ -263,6 +329,12 @@ class _P2PWork(Work):
                 pass
         return self._done.is_set()
 
+    def _fail(self, e: ProcGroupError, dl: Deadline) -> None:
+        err = self._group._context(e, self.op, None, dl, self._ctx)
+        if isinstance(err, BREAKING):  # a message may still arrive and match a later receive: refuse those
+            self._group.mark_broken(err, self.op, None)
+        self._finish(exc=err)
+
     def wait(self, timeout: Optional[float] = None) -> bool:
         with self._lock:
             if not self._done.is_set():
@@ -273,9 +345,9 @@ class _P2PWork(Work):
                 except DistTimeoutError as e:
                     if timeout is not None and not self._deadline.expired():
                         raise  # the caller's short wait; the op itself is still pending
-                    self._finish(exc=self._group._context(e, self.op, None, dl, self._ctx))
+                    self._fail(e, dl)
                 except ProcGroupError as e:
-                    self._finish(exc=self._group._context(e, self.op, None, dl, self._ctx))
+                    self._fail(e, dl)
                 else:
                     self._finish(result=self._finish_fn(st))
         if self._exc is not None:
@@ -327,12 +399,27 @@ class ProcessGroup:
         self._comm: Optional[Comm] = None  # reused by blocking calls (one at a time: async ones get their own)
         self._comm_busy = False
         self._lock = threading.Lock()
+        #: held by the thread inside a call of this group (see run): a second thread gets ConcurrentUseError
+        self._busy = threading.Lock()
+        self._owner = 0  # its thread ident (0: none)
+        #: the group's home thread (0: the first caller's): calls from any other thread add its name to their
+        #: signature.  init_process_group and new_group make their caller the home thread (set_home_thread)
+        self._home = 0
         self._pending: List[Work] = []
         self._queue: Optional["queue.Queue[Any]"] = None
         self._thread: Optional[threading.Thread] = None
         self._closed = False
         self._child_groups = 0  # groups created with this one as parent (for consistent ids)
         self._arena: Any = _UNSET  # the transport's shared slots for this group (None: it has none), made on first use
+        #: why this group refuses every call (None: usable): "closed", "broken", "forked"; checked first by every call
+        self._halt: Optional[str] = None
+        #: the error that broke this group (or its world), once one has
+        self.broken: Optional[Failure] = world.broken
+        if self.broken is not None:
+            self._halt = "broken"
+        if world.forked():
+            self._halt = "forked"
+        _LIVE.add(self)
 
     # -- queries -------------------------------------------------------------------
     def rank(self) -> int:
@@ -396,12 +483,48 @@ class ProcessGroup:
         return new
 
     def _roll_call(self, seq: int) -> str:
-        """Which members reached ``seq`` and where the others are (through the store; best effort, bounded)."""
+        """Which members reached ``seq`` and where the others are (through the store; best effort, bounded).
+
+        This rank's own entry is its live state, not what its watchdog last published."""
         try:
             st = self.status()
-            return describe_roll_call(st, roll_call(self.world.store, st), seq)
+            states = roll_call(self.world.store, st)
+            states[self.world.rank] = dict(rolled_state(st), t=time.time())
+            return describe_roll_call(st, states, seq)
         except Exception as e:  # noqa: BLE001 - the timeout error matters more than the report
             return f"unavailable ({e})"
+
+    # -- refusing calls: destroyed, broken ----------------------------------------------------------
+    def halted(self, op: str) -> BaseException:
+        """The error a call ``op`` gets on a group that refuses calls (see ``_halt``)."""
+        if self._halt == "forked":
+            return ForkedProcessError(forked_message(op, self.world.pid))
+        if self._halt == "broken" and self.broken is not None:
+            return GroupBrokenError(
+                f"{op} on rank {self.world.rank} in group {self.name}: the group is broken since "
+                f"{self.broken.describe()}. Its members are out of step, so every later call would hang or mix "
+                "up data: call destroy_process_group() and init_process_group() again, or restart the job"
+            )
+        return ClosedError(f"{op}: process group {self.name} was destroyed")
+
+    def mark_broken(self, e: BaseException, op: str, seq: Optional[int]) -> None:
+        """Refuse every later call after ``e`` (a deadline, a dead peer, a mismatch); the default group's
+        failure breaks its whole world.  A deadline is also recorded in the store, so that a member that is
+        still waiting (stopped, or slow) fails within a watchdog interval instead of at its own deadline."""
+        if self.broken is not None:
+            return
+        f = Failure(op, seq, self.name, type(e).__name__, str(e))
+        groups = [self]
+        if self.gid == 0:
+            self.world.broken = f
+            groups = [g for g in list(_LIVE) if g.world is self.world]
+        for g in groups:
+            if g.broken is None:
+                g.broken = f
+            if g._halt is None:
+                g._halt = "broken"
+        if isinstance(e, DistTimeoutError) and self.world.store is not None:
+            record_broken(self.world.store, self.gid, f.describe())
 
     def _drain_async(self) -> None:
         while self._pending:
@@ -428,32 +551,69 @@ class ProcessGroup:
         Raises :class:`ClosedError` after :meth:`close`; errors of ``fn`` get the op's context (see
         :meth:`_context`).  A blocking call first waits for the group's outstanding async work.
         """
-        if self._closed:
-            raise ClosedError(f"{op}: process group {self.name} was destroyed")
-        sig = signature or (op,)
-        fp = fingerprint(sig)
-        with self._lock:
-            seq = self._seq
-            self._seq += 1
-            self._chain = zlib.crc32(fp.to_bytes(2, "little"), self._chain)
-            self.chain.append((seq, self._chain))
-            mine = False
-            if not async_op and not self._comm_busy:
-                self._comm_busy = mine = True  # reuse the group's Comm (a nested or concurrent call builds its own)
-        tag = collective_tag(self.gid, seq, fp)
-        if not async_op:
-            try:
-                if self._pending:
-                    self._drain_async()
-                return self._execute(fn, op, sig, seq, tag, timeout, mine)
-            finally:
-                if mine:
-                    self._comm_busy = False
-        work = Work(op, self)
-        self._pending = [w for w in self._pending if not w.is_completed()]
-        self._pending.append(work)
-        self._submit(work, functools.partial(self._execute, fn, op, sig, seq, tag, timeout, False))
-        return work
+        if self._halt is not None:
+            raise self.halted(op)
+        me = _get_ident()
+        if self._busy.acquire(False):  # one thread at a time (a nested call of the same thread is let through)
+            self._owner = me
+            nested = False
+        elif self._owner == me:
+            nested = True
+        else:
+            raise self._concurrent(op, me)  # before a seq is taken: the group stays in step
+        try:
+            sig = signature or (op,)
+            if me != self._home:  # so calls of differently named threads never match across ranks
+                if self._home:
+                    sig = sig + (f"thread={threading.current_thread().name}",)
+                else:
+                    self._home = me
+            fp = fingerprint(sig)
+            with self._lock:
+                seq = self._seq
+                self._seq += 1
+                self._chain = zlib.crc32(fp.to_bytes(2, "little"), self._chain)
+                self.chain.append((seq, self._chain))
+                mine = False
+                if not async_op and not self._comm_busy:
+                    self._comm_busy = mine = True  # reuse the group's Comm (a nested call builds its own)
+            tag = collective_tag(self.gid, seq, fp)
+            if not async_op:
+                try:
+                    if self._pending:
+                        self._drain_async()
+                    return self._execute(fn, op, sig, seq, tag, timeout, mine)
+                finally:
+                    if mine:
+                        self._comm_busy = False
+            work = Work(op, self)
+            self._pending = [w for w in self._pending if not w.is_completed()]
+            self._pending.append(work)
+            self._submit(work, functools.partial(self._execute, fn, op, sig, seq, tag, timeout, False))
+            return work
+        finally:
+            if not nested:
+                self._owner = 0  # cleared before the release: a thread that finds its own id here is nested
+                self._busy.release()
+
+    def set_home_thread(self) -> None:
+        """Make the calling thread this group's home thread (see the module's notes on threads)."""
+        self._home = _get_ident()
+
+    def _concurrent(self, op: str, me: int) -> ConcurrentUseError:
+        """The error of ``op`` called by thread ``me`` while another thread is inside a call of this group."""
+        names = {t.ident: t.name for t in threading.enumerate()}
+        owner = self._owner
+        rec = self.inflight  # the owner's call (None: it is still waiting for the group's async work)
+        busy, seq = (rec.op, rec.seq) if rec is not None else ("a call", self._seq - 1)
+        other = f"thread {names.get(owner, '?')!r} (ident {owner})" if owner else "another thread"
+        return ConcurrentUseError(
+            f"{op} on rank {self.world.rank} in group {self.name} from thread {names.get(me, '?')!r} (ident {me}), "
+            f"while {other} is inside {busy} (seq {seq}) on the same group. A group serves one thread at a "
+            "time: its members pair calls by sequence number, so two threads would mix their data. This call "
+            "was refused before taking a sequence number (the group is still in step). Give each thread a "
+            "group of its own (new_group), or serialize the calls with a lock"
+        )
 
     def _execute(
         self, fn: Callable[[Comm], Any], op: str, sig: tuple, seq: int, tag: int, timeout: Optional[float], reuse: bool
@@ -483,8 +643,11 @@ class ProcessGroup:
             result = fn(comm)
         except ProcGroupError as e:
             rec.state, rec.end = "failed", time.monotonic()
+            err = self._context(e, op, seq, dl, describe_signature(sig))  # the roll call shows this rank in seq
             self.inflight = None
-            raise self._context(e, op, seq, dl, describe_signature(sig))  # noqa: B904 - _context sets __cause__ itself
+            if isinstance(err, BREAKING):
+                self.mark_broken(err, op, seq)
+            raise err  # noqa: B904 - _context sets __cause__ itself
         except BaseException:
             rec.state, rec.end = "failed", time.monotonic()
             self.inflight = None
@@ -557,7 +720,31 @@ class ProcessGroup:
         if self._closed:
             return
         self._closed = True
+        if self._halt != "forked":
+            self._halt = "closed"
+        elif self.world.forked():  # the worker thread and the scratch memory are the parent's
+            return
         if self._thread is not None and self._queue is not None:
             self._queue.put(_STOP)
             self._thread.join(timeout=5.0)
         self._scratch.clear()
+
+
+def forked_message(op: str, parent: int) -> str:
+    """The error of ``op`` in a child forked after init_process_group (in process ``parent``)."""
+    return (
+        f"{op}: this process was forked after init_process_group (by pid {parent}; this is pid {os.getpid()}): "
+        "its process group, connections and shared memory belong to the parent, and using them here would mix "
+        "this child's messages into the parent's collectives. Call procgroup.init_process_group() in the child "
+        "for a group of its own (with its own rank and world size), or start children with the 'spawn' or "
+        "'forkserver' start method (multiprocessing.get_context('spawn'))"
+    )
+
+
+def _after_fork_in_child() -> None:
+    """In a child forked after init: every group refuses calls (ForkedProcessError) and tears nothing down."""
+    for g in list(_LIVE):
+        g._halt = "forked"
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -84,4 +84,6 @@ def member_group(group: Any, op: str) -> Optional[ProcessGroup]:
     if group is GroupMember.NON_GROUP_MEMBER:
         return None
     g = resolve_group(group, op)
+    if g._halt is not None:  # destroyed, broken (or forked): refuse before anything is posted
+        raise g.halted(op)
     return g if g.is_member() else None

@@ -70,10 +70,13 @@ def new_group(
 
 def _make_group(parent: ProcessGroup, rs: List[int], tmo: float, desc: Optional[str]) -> Any:
     """Make the group of global ranks ``rs`` (collective over the parent's world) and record it."""
+    if parent._halt is not None:  # forked, broken or destroyed: no store traffic on the parent's behalf
+        raise parent.halted("new_group")
     gid = _alloc_gid(parent, rs, tmo)
     if gid < 0:
         return GroupMember.NON_GROUP_MEMBER
     pg = ProcessGroup(parent.world, rs, gid, desc or f"group{gid}{rs if len(rs) <= 8 else ''}", tmo)
+    pg.set_home_thread()
     if parent.world is _state.world:  # a group of a world from backends.create_group stays out of the globals
         _state.groups.append(pg)
     return pg

@@ -15,7 +15,14 @@ process publishes what it is doing and compares with the other members:
 Store keys (world store, prefix ``wd/``): ``wd/<gid>/<rank>`` holds JSON
 ``{"seq": in-flight seq or null, "sig": call or null, "last": last completed
 seq, "t": wall time}``.  Each rank rewrites its own key at most once per
-``interval`` and only when it changed.
+``interval``: when it changed, and at least every ``HEARTBEAT`` seconds, so
+a reader can tell a rank that waits (fresh ``t``) from one that stopped
+updating (stopped by SIGSTOP, or hung holding the GIL: ``t`` older than
+``STALE_AFTER``).  The roll call says so, and since when.
+
+``wd/broken/<gid>`` holds the deadline error that broke group ``gid`` on the
+first member that raised it; the watchdog of a member still waiting in that
+group fails its wait with :class:`~procgroup.errors.GroupBrokenError`.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .errors import CollectiveMismatchError, PeerFailureError, ProcGroupError, format_ranks
+from .errors import CollectiveMismatchError, GroupBrokenError, PeerFailureError, ProcGroupError, format_ranks
 from .flight import FlightRecord, describe_signature
 
 __all__ = [
@@ -39,13 +46,22 @@ __all__ = [
     "recorded_abort",
     "abort_key",
     "first_failure",
+    "record_broken",
+    "recorded_broken",
+    "rolled_state",
     "FAILURE_KEY",
+    "HEARTBEAT",
+    "STALE_AFTER",
 ]
 
 logger = logging.getLogger("procgroup")
 
 #: store key of the job's first peer failure (JSON {"peer": rank, "text": message}); first writer wins
 FAILURE_KEY = "failure"
+#: while a call is in flight, a rank republishes its (unchanged) state this often (s)
+HEARTBEAT = 1.0
+#: a published state older than this (s) is stale: the rank's watchdog is not running
+STALE_AFTER = 2.5
 
 
 @dataclass(frozen=True)
@@ -112,6 +128,33 @@ def recorded_abort(store: Any, gid: int) -> Optional[str]:
         return None
 
 
+def broken_key(gid: int) -> str:
+    """Store key holding the deadline error that broke group ``gid``."""
+    return f"wd/broken/{gid}"
+
+
+def record_broken(store: Any, gid: int, text: str) -> None:
+    """Record why group ``gid`` broke (first writer wins); best effort, the store may be gone."""
+    try:
+        store.compare_set(broken_key(gid), b"", text.encode())
+    except Exception as e:  # noqa: BLE001 - the caller's error matters more
+        logger.debug("could not record that group %d broke: %s", gid, e)
+
+
+def recorded_broken(store: Any, gid: int) -> Optional[str]:
+    """Why group ``gid`` broke on another member, if one recorded it."""
+    k = broken_key(gid)
+    try:
+        return store.get(k, timeout=1.0).decode(errors="replace") if store.check([k]) else None
+    except ProcGroupError:
+        return None
+
+
+def rolled_state(g: GroupStatus) -> Dict[str, Any]:
+    """What a rank publishes of group ``g`` for the roll call (without the time)."""
+    return _state(g)
+
+
 def _state(g: GroupStatus) -> Dict[str, Any]:
     rec = g.inflight
     chain = [g.chain[-1][0], g.chain[-1][1]] if g.chain else None
@@ -153,13 +196,39 @@ def mismatch_message(g: GroupStatus, seq: int, calls: Dict[int, tuple]) -> str:
     )
 
 
-def describe_roll_call(g: GroupStatus, states: Dict[int, Dict[str, Any]], seq: int) -> str:
-    """'ranks [0, 2] reached seq 5; rank 1 last completed seq 4, not in a collective; rank 3 never reported'."""
+def _stale(r: int, st: Dict[str, Any], age: float, seq: int, done: int) -> str:
+    """A rank whose watchdog stopped publishing: what it last said, and where it must be now."""
+    last = (
+        f"seq {st['seq']} {describe_signature(tuple(st.get('sig') or ()))} in flight"
+        if st.get("seq") is not None
+        else f"last completed seq {st.get('last')}"
+    )
+    where = (
+        f"the other members completed seq {done} and wait in seq {seq}, so it is stuck in seq {seq} (or just before it)"
+        if done >= seq - 1
+        else f"it is stuck at or before seq {seq}"
+    )
+    return (
+        f"rank {r} stopped updating its status {age:.1f}s ago (stopped, e.g. by SIGSTOP, or hung holding the "
+        f"GIL): {where}; its stale status said {last}"
+    )
+
+
+def describe_roll_call(g: GroupStatus, states: Dict[int, Dict[str, Any]], seq: int, now: Optional[float] = None) -> str:
+    """'ranks [0, 2] reached seq 5; rank 1 last completed seq 4, not in a collective; rank 3 never reported'.
+
+    A state whose time ``t`` is more than ``STALE_AFTER`` s before ``now`` (wall clock) is reported as stale,
+    with the seq that rank must be in, judged from what the fresh members completed."""
+    now = time.time() if now is None else now
+    fresh = {r: st for r, st in states.items() if now - float(st.get("t", now)) <= STALE_AFTER}
+    done = max([int(st.get("last", -1)) for st in fresh.values()] or [-1])
     reached, parts = [], []
     for r in g.ranks:
         st = states.get(r)
         if st is None:
             parts.append(f"rank {r} has not reported (dead, or not yet in any collective)")
+        elif r not in fresh and st.get("seq") != seq:
+            parts.append(_stale(r, st, now - float(st["t"]), seq, done))
         elif st.get("seq") == seq:
             reached.append(r)
         elif st.get("seq") is not None:
@@ -195,6 +264,8 @@ class Watchdog:
         self.interval = interval
         self.check_after = check_after
         self._published: Dict[int, Dict[str, Any]] = {}
+        self._beat: Dict[int, float] = {}  # gid -> when this rank last published it (monotonic)
+        self._broke: set = set()  # gids whose recorded break this rank has acted on
         self._failed = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="procgroup-watchdog", daemon=True)
@@ -236,13 +307,21 @@ class Watchdog:
             waiting = rec is not None and now - rec.start >= self.check_after
             st = _state(g)
             changed = st != self._published.get(g.gid)
-            if changed and (waiting or rec is None):
+            beat = now - self._beat.get(g.gid, 0.0) >= HEARTBEAT
+            if changed or beat:  # so a rank stopped inside a call is reported in it, and a stale state shows
                 self.store.set(_key(g.gid, self.rank), json.dumps(dict(st, t=time.time())).encode())
                 self._published[g.gid] = st
+                self._beat[g.gid] = now
             if rec is not None and now - rec.start >= self.interval:
                 why = recorded_abort(self.store, g.gid)
                 if why is not None:  # a member already found a mismatch in this group: fail now, same words
                     self.abort(CollectiveMismatchError(why))
+                    return
+            if waiting and g.gid not in self._broke:
+                broke = recorded_broken(self.store, g.gid)
+                if broke is not None:  # a member gave up on this group: this wait can never complete
+                    self._broke.add(g.gid)
+                    self.abort(GroupBrokenError(f"another member of group {g.name} gave up on it: {broke}"))
                     return
             if waiting or changed:
                 self._check(g, rec)
