@@ -27,11 +27,12 @@ Flight recorder.  Each group keeps its last ``FLIGHT_RECORDS`` collectives
 
 Threads.  One thread at a time may be inside a call of a group: a second thread's call raises
 :class:`~procgroup.errors.ConcurrentUseError` (naming both threads) before it takes a sequence
-number.  A call from a thread other than the group's home thread (the caller of
-init_process_group or new_group; for a group made otherwise, its first caller) adds that
-thread's name to its signature, so calls of differently named threads never pair up across
-ranks (the watchdog reports a mismatch instead of a mixed-up sum): name the threads that run
-collectives alike on every rank.
+number.  In groups of procgroup's own API, a call from a thread other than the group's home
+thread (the caller of init_process_group or new_group) adds that thread's name to its
+signature, so calls of differently named threads never pair up across ranks (the watchdog
+reports a mismatch instead of a mixed-up sum): name the threads that run collectives alike on
+every rank.  Groups made through backends.create_group (the torch plug-in, Ray) have no home
+thread: torch and Ray call from threads of their own, and order their calls themselves.
 
 Async work.  ``async_op=True`` runs the collective on the group's single
 worker thread (ops of one group run in call order); a blocking op first
@@ -402,8 +403,10 @@ class ProcessGroup:
         #: held by the thread inside a call of this group (see run): a second thread gets ConcurrentUseError
         self._busy = threading.Lock()
         self._owner = 0  # its thread ident (0: none)
-        #: the group's home thread (0: the first caller's): calls from any other thread add its name to their
-        #: signature.  init_process_group and new_group make their caller the home thread (set_home_thread)
+        #: the group's home thread: calls from any other thread add its name to their signature.
+        #: init_process_group and new_group make their caller the home thread (set_home_thread); a group made
+        #: otherwise (backends.create_group: the torch plug-in, Ray) has none (0): torch and Ray call from
+        #: threads of their own, whose names differ across ranks, so there only the one-thread check applies
         self._home = 0
         self._pending: List[Work] = []
         self._queue: Optional["queue.Queue[Any]"] = None
@@ -563,11 +566,8 @@ class ProcessGroup:
             raise self._concurrent(op, me)  # before a seq is taken: the group stays in step
         try:
             sig = signature or (op,)
-            if me != self._home:  # so calls of differently named threads never match across ranks
-                if self._home:
-                    sig = sig + (f"thread={threading.current_thread().name}",)
-                else:
-                    self._home = me
+            if self._home and me != self._home:  # so calls of differently named threads never match across ranks
+                sig = sig + (f"thread={threading.current_thread().name}",)
             fp = fingerprint(sig)
             with self._lock:
                 seq = self._seq
