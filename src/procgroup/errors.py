@@ -185,3 +185,12 @@ def describe(
 #: torch.distributed's names for the errors a backend raises
 DistBackendError = ProcGroupError
 DistError = ProcGroupError
+
+
+# --- issue 11 items 5, 8, 9, 10, 16.3: bad identity input, stale file store -----------------------------------
+class NoIdentityError(ConfigError):
+    """No launcher's variables are set at all (nothing says this process's rank); a *bad* value is ConfigError."""
+
+
+class StaleStoreError(RendezvousError):
+    """A ``file://`` store left by a job whose processes are dead (killed): delete the file, or use a fresh path."""

@@ -1,0 +1,139 @@
+"""Issue 11 items 5, 8, 9, 10 and 16.3 with real processes started by hand (no launcher): a bad rank is refused
+at once and the other members fail at once naming it; headlines lead with the bad variable; a stale file://
+store; a new_group that some ranks never call."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+from procgroup.netutil import free_port
+
+pytestmark = pytest.mark.timeout(90)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+INIT = """
+import procgroup as dist
+dist.init_process_group("cpu")
+print(f"rank={dist.get_rank()} joined", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _env(rank: str, n: str, port: int, extra: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, str]:
+    """What a user types in one shell: ``WORLD_SIZE=n RANK=r MASTER_ADDR=... MASTER_PORT=... python x.py``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROCGROUP_", "TORCHELASTIC_", "SLURM_"))}
+    for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        env.pop(k, None)
+    env.update(
+        RANK=rank,
+        WORLD_SIZE=n,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        PROCGROUP_SECRET="identity-hardening",
+        PROCGROUP_TIMEOUT="60",
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        PYTHONUNBUFFERED="1",
+    )
+    for k, v in (extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+def _run(
+    tmp_path: Path, body: str, envs: List[Dict[str, str]], timeout: float = 60, name: str = "prog.py"
+) -> List[subprocess.CompletedProcess]:
+    """Start one copy of ``body`` per environment, as separate shells would; wait (killing all on timeout).
+    Each result carries ``.elapsed``: seconds from the start to that process's exit."""
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    t0 = time.monotonic()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(path)],
+            env=env,
+            cwd=str(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for env in envs
+    ]
+    out = []
+    try:
+        for p in procs:
+            so, se = p.communicate(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+            cp = subprocess.CompletedProcess(p.args, p.returncode, so, se)
+            cp.elapsed = time.monotonic() - t0  # type: ignore[attr-defined]
+            out.append(cp)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait(5)
+    return out
+
+
+def _last_line(cp: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in cp.stderr.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+# -------------------------------------------------------------------------------- item 5
+def test_out_of_range_explicit_rank_is_refused_at_once(tmp_path):
+    """Before: init_process_group("tcp://...", rank=2, world_size=2) waited the whole deadline (60 s here)."""
+    port = free_port()
+    body = f"""
+    import procgroup as dist
+    dist.init_process_group("cpu", init_method="tcp://127.0.0.1:{port}", rank=2, world_size=2)
+    """
+    (cp,) = _run(tmp_path, body, [_env("0", "1", port, {"RANK": None, "WORLD_SIZE": None})], timeout=30)
+    assert cp.returncode != 0
+    assert _last_line(cp).startswith("procgroup.errors.ConfigError: rank=2 is out of range"), cp.stderr
+    assert cp.elapsed < 10, f"{cp.elapsed:.1f}s to refuse rank=2 of 2"
+
+
+# -------------------------------------------------------------------------------- item 9
+@pytest.mark.parametrize(
+    "var, value, head",
+    [
+        ("MASTER_PORT", "99999", "MASTER_PORT=99999 is not a valid TCP port (1-65535)"),
+        ("WORLD_SIZE", "0", "WORLD_SIZE=0 is not a valid world size"),
+    ],
+)
+def test_headline_is_the_bad_variable(tmp_path, var, value, head):
+    (cp,) = _run(tmp_path, INIT, [_env("0", "1", free_port(), {var: value})], timeout=30)
+    assert cp.returncode != 0
+    assert _last_line(cp).startswith(f"procgroup.errors.ConfigError: {head}"), cp.stderr
+    assert "does not know" not in cp.stderr
+
+
+# -------------------------------------------------------------------------------- item 8
+@pytest.mark.parametrize("bad", [2, 0], ids=["bad-rank-2", "bad-would-be-rank-0"])
+def test_one_bad_rank_fails_every_member_at_once(tmp_path, bad):
+    """N=3, one process has RANK=7: all three fail within seconds, and the others' error names RANK=7 --
+    also when the bad one was meant to be rank 0, the store's host.  Before: the others waited their whole
+    deadline (60 s here)."""
+    port = free_port()
+    envs = [_env("7" if r == bad else str(r), "3", port) for r in range(3)]
+    res = _run(tmp_path, INIT, envs, timeout=60)
+    for r, cp in enumerate(res):
+        assert cp.returncode != 0, (r, cp.stdout, cp.stderr)
+        assert cp.elapsed < 15, f"process {r} took {cp.elapsed:.1f}s to fail:\n{cp.stderr}"
+        if r == bad:
+            assert _last_line(cp).startswith("procgroup.errors.ConfigError: RANK=7 is out of range"), cp.stderr
+        else:
+            assert "RANK=7 is out of range" in _last_line(cp), cp.stderr
+            assert "refused to start" in _last_line(cp), cp.stderr
