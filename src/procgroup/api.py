@@ -30,6 +30,7 @@ from .errors import (
     RendezvousError,
     StoreTimeoutError,
 )
+from .file_rendezvous import open_file_store
 from .identity import torchelastic_launched
 from .identity_guard import publish_identity_failure, resolve_identity
 from .netutil import is_literal_loopback
@@ -167,7 +168,7 @@ def _open_store(im: InitMethod, store: Any, ident: Identity, cfg: RuntimeConfig,
     if im.scheme == "file":
         assert im.path is not None, "parse_init_method gives every file:// URL a path"
         job_id = cfg.run_id or ident.job_id or im.path or "file"
-        fstore = store_mod.FileStore(im.path, timeout=cfg.timeout)
+        fstore = open_file_store(im.path, cfg.timeout, f"pg/{cfg.restart_count}")  # a stale file is moved aside
         return _Rendezvous(fstore, str(im), job_id, job_secret(cfg, job_id), file_path=im.path)
     host, port = _master_address(im, ident)
     where = f"{host}:{port}"

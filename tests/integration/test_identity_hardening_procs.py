@@ -137,3 +137,92 @@ def test_one_bad_rank_fails_every_member_at_once(tmp_path, bad):
         else:
             assert "RANK=7 is out of range" in _last_line(cp), cp.stderr
             assert "refused to start" in _last_line(cp), cp.stderr
+
+
+# -------------------------------------------------------------------------------- item 10
+FILE_JOB = """
+import sys, time
+import procgroup as dist
+dist.init_process_group("cpu", init_method="file://" + sys.argv[1])
+print(f"rank={dist.get_rank()} joined", flush=True)
+if sys.argv[2] == "hang":
+    time.sleep(120)
+dist.destroy_process_group()
+"""
+
+
+def _file_envs(ranks: List[str], n: int, timeout: str = "20") -> List[Dict[str, str]]:
+    return [_env(r, str(n), 1, {"MASTER_ADDR": None, "MASTER_PORT": None, "PROCGROUP_TIMEOUT": timeout}) for r in ranks]
+
+
+def _start(tmp_path: Path, args: List[str], envs: List[Dict[str, str]]) -> List[subprocess.Popen]:
+    path = tmp_path / "filejob.py"
+    path.write_text(textwrap.dedent(FILE_JOB))
+    return [
+        subprocess.Popen(
+            [sys.executable, str(path), *args],
+            env=env,
+            cwd=str(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for env in envs
+    ]
+
+
+def test_stale_file_store_of_a_killed_job_is_taken_over(tmp_path):
+    """Job 1 is SIGKILLed after init and leaves its file; job 2 on the same path forms its group (before: it
+    was told "duplicate rank"), with a WARNING naming the file and the dead pids."""
+    rdzv = str(tmp_path / "rdzv")
+    job1 = _start(tmp_path, [rdzv, "hang"], _file_envs(["0", "1"], 2))
+    try:
+        for p in job1:
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            assert "joined" in line, (line, p.stderr.read() if p.stderr else "")
+    finally:
+        for p in job1:
+            os.killpg(p.pid, 9)
+            p.communicate(timeout=10)
+    assert os.path.exists(rdzv), "the killed job's file should still be there"
+    t0 = time.monotonic()
+    job2 = _start(tmp_path, [rdzv, "exit"], _file_envs(["0", "1"], 2))
+    outs = []
+    try:
+        for p in job2:
+            so, se = p.communicate(timeout=40)
+            outs.append((p.returncode, so, se))
+    finally:
+        for p in job2:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait(5)
+    for rc, so, se in outs:
+        assert rc == 0, se
+        assert "joined" in so, se
+    warned = "".join(se for _, _, se in outs)
+    assert "was left by a killed job" in warned and rdzv in warned, warned
+    assert f"pid {job1[0].pid}" in warned or f"pid {job1[1].pid}" in warned, warned
+    assert "duplicate rank" not in warned
+    assert time.monotonic() - t0 < 30
+
+
+def test_genuine_duplicate_rank_on_a_file_store_is_still_a_duplicate(tmp_path):
+    rdzv = str(tmp_path / "rdzv")
+    procs = _start(tmp_path, [rdzv, "exit"], _file_envs(["0", "0"], 2, timeout="15"))
+    outs = []
+    try:
+        for p in procs:
+            so, se = p.communicate(timeout=40)
+            outs.append((p.returncode, so, se))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait(5)
+    text = "".join(se for _, _, se in outs)
+    assert all(rc != 0 for rc, _, _ in outs), text
+    assert "duplicate rank 0" in text, text
+    assert "killed job" not in text and "stale" not in text, text

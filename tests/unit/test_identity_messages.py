@@ -178,3 +178,67 @@ def test_refusal_is_recorded_in_a_given_store(bare_env):
     with pytest.raises(ConfigError):
         dist.init_process_group(store=st, rank=0, world_size=0, timeout=3)
     assert b"world_size=0 is not a valid world size" in st.get("pg/0/error")
+
+
+# -------------------------------------------------------------------------------- item 10: stale file store
+def _claim(store, rank: int, pid: int, ws: int = 2) -> None:
+    from procgroup.rendezvous import MemberInfo, host_key, process_start_time
+
+    store.set("pg/0/world_size", str(ws))
+    info = MemberInfo(rank, ws, "here", host_key(), "127.0.0.1", pid, "n", start_time=process_start_time(pid))
+    store.set(f"pg/0/rank/{rank}", info.encode())
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_file_store_of_dead_members_is_moved_aside(tmp_path, caplog):
+    from procgroup.file_rendezvous import open_file_store
+
+    path = str(tmp_path / "rdzv")
+    old = store_mod.FileStore(path)
+    dead = _dead_pid()
+    _claim(old, 0, dead)
+    old.close()
+    st = open_file_store(path, 5.0, "pg/0")
+    try:
+        assert not st.check(["pg/0/rank/0"]), "a fresh file is expected"
+    finally:
+        st.close()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("rdzv.stale-")], list(tmp_path.iterdir())
+    assert f"pid {dead}" in caplog.text and "was left by a killed job" in caplog.text
+
+
+def test_file_store_with_dead_and_live_members_says_delete_it(tmp_path):
+    from procgroup.errors import StaleStoreError
+    from procgroup.file_rendezvous import open_file_store
+
+    path = str(tmp_path / "rdzv")
+    old = store_mod.FileStore(path)
+    dead = _dead_pid()
+    _claim(old, 0, dead)
+    _claim(old, 1, os.getpid())
+    old.close()
+    with pytest.raises(StaleStoreError, match=rf"from a killed job: its member\(s\) rank 0 pid {dead} .* Delete the"):
+        open_file_store(path, 5.0, "pg/0")
+    assert os.path.exists(path)
+
+
+def test_file_store_of_live_members_is_kept(tmp_path):
+    from procgroup.file_rendezvous import open_file_store
+
+    path = str(tmp_path / "rdzv")
+    old = store_mod.FileStore(path)
+    _claim(old, 0, os.getpid())
+    old.close()
+    st = open_file_store(path, 5.0, "pg/0")
+    try:
+        assert st.check(["pg/0/rank/0"])
+    finally:
+        st.close()
