@@ -226,3 +226,43 @@ def test_genuine_duplicate_rank_on_a_file_store_is_still_a_duplicate(tmp_path):
     assert all(rc != 0 for rc, _, _ in outs), text
     assert "duplicate rank 0" in text, text
     assert "killed job" not in text and "stale" not in text, text
+
+
+# -------------------------------------------------------------------------------- item 16.3
+PARTIAL_NEW_GROUP = """
+import os, time
+import procgroup as dist
+dist.init_process_group("cpu")
+group = [int(r) for r in os.environ["GROUP"].split(",")]
+if str(dist.get_rank()) in os.environ["CALLERS"].split(","):
+    try:
+        dist.new_group(group, timeout=4)
+    except Exception as e:
+        print(f"ERROR {type(e).__name__}: {e}", flush=True)
+else:
+    time.sleep(6)  # never calls new_group
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize(
+    "group, callers, called, never",
+    [
+        ("0,1,2", "0,1", "ranks [0, 1] called it", "rank [2] never did"),
+        ("1,2", "2", "rank [2] called it", "rank [1] never did"),
+    ],
+    ids=["rank-2-never", "lowest-rank-never"],
+)
+def test_new_group_not_called_by_every_member_names_the_missing_rank(tmp_path, group, callers, called, never):
+    """Before: ranks 0 and 1 returned at once, or (the lowest rank missing) a member timed out naming the internal
+    key gid/0/0/1.  Now every caller raises within the timeout, naming the group, who called and who never did,
+    and the setting."""
+    port = free_port()
+    envs = [_env(str(r), "3", port, {"GROUP": group, "CALLERS": callers}) for r in range(3)]
+    res = _run(tmp_path, PARTIAL_NEW_GROUP, envs, timeout=60)
+    for r in (int(c) for c in callers.split(",")):
+        out = res[r].stdout
+        assert "ERROR DistTimeoutError: new_group(ranks=" in out, (out, res[r].stderr)
+        assert called in out and never in out, out
+        assert "gid/" not in out, out
+        assert "PROCGROUP_TIMEOUT" in out and "timeout=" in out, out
