@@ -219,7 +219,8 @@ def _form_world(
         _close_quietly(rdv.base)
         if rdv.server is not None:
             if isinstance(e, RendezvousError):
-                _linger(rdv.server)  # let the other members read the error before the store goes away
+                # let the other members read the error before the store goes away -- also those still starting
+                _linger(rdv.server, at_least=RENDEZVOUS_ERROR_LINGER_S)
             rdv.server.close()
         raise
     return world, pstore
@@ -283,10 +284,17 @@ def init_process_group(
 _OWN_STORE_CONNECTIONS = 2
 
 
-def _linger(server: Any, grace: float = 5.0, own: int = 0) -> None:
-    """Keep serving until every other client has gone (``own``: this process's connections), at most ``grace`` s."""
+#: after a rendezvous error, the store's host keeps serving at least this long, so members still starting up
+#: (a slow interpreter start under load) connect, read the error and raise at once instead of waiting their
+#: whole deadline for a store that has gone
+RENDEZVOUS_ERROR_LINGER_S = 2.0
+
+
+def _linger(server: Any, grace: float = 5.0, own: int = 0, at_least: float = 0.0) -> None:
+    """Keep serving until every other client has gone (``own``: this process's connections), at most ``grace`` s,
+    and at least ``at_least`` s."""
     dl = Deadline.after(grace)
-    while not dl.expired() and getattr(server, "num_connections", 0) > own:
+    while not dl.expired() and (dl.elapsed() < at_least or getattr(server, "num_connections", 0) > own):
         time.sleep(0.05)
 
 

@@ -139,6 +139,50 @@ def test_one_bad_rank_fails_every_member_at_once(tmp_path, bad):
             assert "refused to start" in _last_line(cp), cp.stderr
 
 
+def test_a_member_starting_late_still_reads_the_refusal(tmp_path):
+    """Rank 1 reaches init only after rank 0 has read the bad rank's refusal: rank 0 keeps its store up for
+    RENDEZVOUS_ERROR_LINGER_S, so rank 1 still fails at once naming RANK=7 (before: rank 0 had closed the
+    store as soon as it read the error, and rank 1 waited its whole deadline for it)."""
+    port = free_port()
+    trigger = tmp_path / "go"
+    late_body = f"""
+    import os, time
+    import procgroup as dist
+    while not os.path.exists({str(trigger)!r}):
+        time.sleep(0.01)
+    dist.init_process_group("cpu")
+    """
+    (tmp_path / "prog.py").write_text(textwrap.dedent(INIT))
+    (tmp_path / "late.py").write_text(textwrap.dedent(late_body))
+    specs = [("late.py", _env("1", "3", port)), ("prog.py", _env("0", "3", port)), ("prog.py", _env("7", "3", port))]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(tmp_path / name)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for name, env in specs
+    ]
+    try:
+        procs[2].wait(timeout=30)  # the bad one has published its refusal; rank 0 reads it within 1 s
+        time.sleep(1.3)
+        trigger.write_text("go")
+        t0 = time.monotonic()
+        _, late_err = procs[0].communicate(timeout=60)
+        elapsed = time.monotonic() - t0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+            p.communicate(timeout=10)
+    assert procs[0].returncode != 0
+    assert "refused to start: RANK=7 is out of range" in late_err, late_err
+    assert elapsed < 10, f"{elapsed:.1f}s"
+
+
 # -------------------------------------------------------------------------------- item 10
 FILE_JOB = """
 import sys, time
