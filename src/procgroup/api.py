@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
 from . import store as store_mod
@@ -31,7 +31,9 @@ from .errors import (
     RendezvousError,
     StoreTimeoutError,
 )
-from .identity import detect_identity, resolve_master, torchelastic_launched
+from .file_rendezvous import open_file_store
+from .identity import torchelastic_launched
+from .identity_guard import publish_identity_failure, resolve_identity
 from .netutil import is_literal_loopback
 from .process_group import ProcessGroup, World
 from .rendezvous import InitMethod, parse_init_method, setup_logging
@@ -90,32 +92,6 @@ def _backend_name(backend: Optional[str]) -> str:
         parts = dict(p.split(":", 1) for p in b.split(",") if ":" in p)
         b = parts.get("cpu", next(iter(parts.values())))
     return "cpu" if b == "undefined" else b
-
-
-def _identity(im: InitMethod, rank: int, world_size: int) -> Identity:
-    """This process's identity: the launcher's variables, overridden by explicit rank=/world_size=."""
-    rank = im.rank if rank in (-1, None) and im.rank is not None else rank
-    world_size = im.world_size if world_size in (-1, None) and im.world_size is not None else world_size
-    explicit = rank not in (-1, None) and world_size not in (-1, None)
-    try:
-        ident = detect_identity()
-        if im.scheme == "env":
-            ident = resolve_master(ident)  # collective under MPI without MASTER_ADDR (uses mpi4py if present)
-    except ConfigError as e:
-        if not explicit:
-            raise ConfigError(
-                f"init_process_group({str(im)!r}) does not know this process's rank and world size: pass rank= "
-                "and world_size=, or set RANK and WORLD_SIZE, or start the program with `procgroup run`, srun or "
-                f"mpirun. ({e})"
-            ) from None
-        ident = Identity(rank=int(rank), world_size=int(world_size), source="explicit")
-    if explicit and (ident.rank != rank or ident.world_size != world_size):
-        ident = replace(ident, rank=int(rank), world_size=int(world_size), source="explicit")
-    elif rank not in (-1, None) and ident.rank != rank:
-        ident = replace(ident, rank=int(rank), source="explicit")
-    elif world_size not in (-1, None) and ident.world_size != world_size:
-        ident = replace(ident, world_size=int(world_size), source="explicit")
-    return ident
 
 
 @dataclass
@@ -193,7 +169,7 @@ def _open_store(im: InitMethod, store: Any, ident: Identity, cfg: RuntimeConfig,
     if im.scheme == "file":
         assert im.path is not None, "parse_init_method gives every file:// URL a path"
         job_id = cfg.run_id or ident.job_id or im.path or "file"
-        fstore = store_mod.FileStore(im.path, timeout=cfg.timeout)
+        fstore = open_file_store(im.path, cfg.timeout, f"pg/{cfg.restart_count}")  # a stale file is moved aside
         return _Rendezvous(fstore, str(im), job_id, job_secret(cfg, job_id), file_path=im.path)
     host, port = _master_address(im, ident)
     where = f"{host}:{port}"
@@ -244,7 +220,8 @@ def _form_world(
         _close_quietly(rdv.base)
         if rdv.server is not None:
             if isinstance(e, RendezvousError):
-                _linger(rdv.server)  # let the other members read the error before the store goes away
+                # let the other members read the error before the store goes away -- also those still starting
+                _linger(rdv.server, at_least=RENDEZVOUS_ERROR_LINGER_S)
             rdv.server.close()
         raise
     return world, pstore
@@ -287,7 +264,13 @@ def init_process_group(
         cfg = RuntimeConfig.load(timeout=timeout)
         setup_logging(cfg.log_level)
         im = parse_init_method(init_method)
-        ident = _identity(im, rank, world_size)
+        try:
+            ident = resolve_identity(im, rank, world_size)
+        except ConfigError as e:  # tell the other members, who would otherwise wait their whole deadline
+            args = (rank, world_size, im.rank, im.world_size)
+            given = _adapt_store(store) if isinstance(store, store_mod.Store) else None
+            publish_identity_failure(im, given, cfg, e, from_env=all(a in (None, -1) for a in args))
+            raise
         deadline = Deadline.after(cfg.timeout)
         rdv = _open_store(im, store, ident, cfg, deadline)
         world, pstore = _form_world(name, rdv, ident, cfg, deadline)
@@ -304,10 +287,17 @@ def init_process_group(
 _OWN_STORE_CONNECTIONS = 2
 
 
-def _linger(server: Any, grace: float = 5.0, own: int = 0) -> None:
-    """Keep serving until every other client has gone (``own``: this process's connections), at most ``grace`` s."""
+#: after a rendezvous error, the store's host keeps serving at least this long, so members still starting up
+#: (a slow interpreter start under load) connect, read the error and raise at once instead of waiting their
+#: whole deadline for a store that has gone
+RENDEZVOUS_ERROR_LINGER_S = 2.0
+
+
+def _linger(server: Any, grace: float = 5.0, own: int = 0, at_least: float = 0.0) -> None:
+    """Keep serving until every other client has gone (``own``: this process's connections), at most ``grace`` s,
+    and at least ``at_least`` s."""
     dl = Deadline.after(grace)
-    while not dl.expired() and getattr(server, "num_connections", 0) > own:
+    while not dl.expired() and (dl.elapsed() < at_least or getattr(server, "num_connections", 0) > own):
         time.sleep(0.05)
 
 

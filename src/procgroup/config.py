@@ -350,10 +350,10 @@ def env_int(name: str, environ: Optional[Mapping[str, str]] = None, *, minimum: 
         n = int(v)
     except ValueError:
         raise ConfigError(
-            f"environment variable {name}={v!r} is not an integer; set it to a whole number or unset it"
+            f"{name}={v!r} is not an integer (environment variable); set {name} to a whole number or unset it"
         ) from None
     if minimum is not None and n < minimum:
-        raise ConfigError(f"environment variable {name}={n} must be >= {minimum}")
+        raise ConfigError(f"{name}={n} is too small: it must be >= {minimum} (environment variable); fix {name}")
     return n
 
 
@@ -391,6 +391,29 @@ def env_bool(name: str, environ: Optional[Mapping[str, str]] = None, default: bo
     if lv in _FALSE:
         return False
     raise ConfigError(f"environment variable {name}={v!r} is not a boolean; use 1/0, true/false, yes/no or on/off")
+
+
+def check_master_port(port: Optional[int]) -> None:
+    """ConfigError headed ``MASTER_PORT=99999 is not a valid TCP port (1-65535)`` unless None or in range."""
+    if port is not None and not 0 < port < 65536:
+        raise ConfigError(
+            f"{ENV.MASTER_PORT}={port} is not a valid TCP port (1-65535); set {ENV.MASTER_PORT} to a free port "
+            "on rank 0's host, e.g. 29500, the same on every rank"
+        )
+
+
+def master_env(environ: Optional[Mapping[str, str]] = None) -> tuple[Optional[str], Optional[int]]:
+    """(MASTER_ADDR, MASTER_PORT) as the environment sets them, None where unset; ConfigError (headed by the
+    variable and its value) for a port that is not an integer in 1-65535."""
+    port = env_int(ENV.MASTER_PORT, environ)
+    check_master_port(port)
+    return env_str(ENV.MASTER_ADDR, environ), port
+
+
+def launcher_run_id(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The run id a launcher exported: PROCGROUP_RUN_ID, TORCHELASTIC_RUN_ID or Kubeflow's PET_RDZV_ID."""
+    names = (ENV.RUN_ID, ENV.TORCHELASTIC_RUN_ID, KUBEFLOW.RDZV_ID)
+    return next((v for v in (env_str(n, environ) for n in names) if v is not None), None)
 
 
 def default_timeout(environ: Optional[Mapping[str, str]] = None) -> float:

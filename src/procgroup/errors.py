@@ -230,3 +230,12 @@ class ForkedProcessError(ProcGroupError):
 
 class ConcurrentUseError(ProcGroupError):
     """Two threads called blocking operations on one process group at the same time; the message names both."""
+
+
+# --- issue 11 items 5, 8, 9, 10, 16.3: bad identity input, stale file store -----------------------------------
+class NoIdentityError(ConfigError):
+    """No launcher's variables are set at all (nothing says this process's rank); a *bad* value is ConfigError."""
+
+
+class StaleStoreError(RendezvousError):
+    """A ``file://`` store left by a job whose processes are dead (killed): delete the file, or use a fresh path."""

@@ -80,8 +80,19 @@ import os
 import socket
 from typing import Mapping, Optional
 
-from .config import DEFAULT_MASTER_PORT, ENV, KUBEFLOW, MPICH, OPENMPI, SLURM, Identity, env_int, env_str
-from .errors import ConfigError
+from .config import (
+    DEFAULT_MASTER_PORT,
+    ENV,
+    KUBEFLOW,
+    MPICH,
+    OPENMPI,
+    SLURM,
+    Identity,
+    check_master_port,
+    env_int,
+    env_str,
+)
+from .errors import ConfigError, NoIdentityError
 from .scheduler_formats import (
     PORT_BASE,
     PORT_SPAN,
@@ -177,10 +188,16 @@ def _check_range(value: int, var: str, upper: int, upper_var: str) -> None:
 
 def _validate(d: _Draft) -> None:
     if d.world_size < 1:
-        raise ConfigError(f"{d.world_var}={d.world_size} must be >= 1")
+        raise ConfigError(
+            f"{d.world_var}={d.world_size} is not a valid world size (it must be >= 1: the number of processes in "
+            f"the job); set {d.world_var} to the job's process count on every rank"
+        )
     _check_range(d.rank, d.rank_var, d.world_size, d.world_var)
     if d.local_world_size < 1:
-        raise ConfigError(f"{d.local_world_var}={d.local_world_size} must be >= 1")
+        raise ConfigError(
+            f"{d.local_world_var}={d.local_world_size} is not a valid local world size (it must be >= 1: the "
+            f"processes on this node); fix {d.local_world_var}"
+        )
     _check_range(d.local_rank, d.local_rank_var, d.local_world_size, d.local_world_var)
     if d.local_world_size > d.world_size:
         raise ConfigError(
@@ -189,12 +206,14 @@ def _validate(d: _Draft) -> None:
         )
     if d.num_nodes is not None:
         if d.num_nodes < 1:
-            raise ConfigError(f"{d.num_nodes_var}={d.num_nodes} must be >= 1")
+            raise ConfigError(
+                f"{d.num_nodes_var}={d.num_nodes} is not a valid number of nodes (it must be >= 1); "
+                f"fix {d.num_nodes_var}"
+            )
         _check_range(d.node_rank, d.node_rank_var, d.num_nodes, d.num_nodes_var)
     elif d.node_rank < 0:
-        raise ConfigError(f"{d.node_rank_var}={d.node_rank} must be >= 0")
-    if d.master_port is not None and not 0 < d.master_port < 65536:
-        raise ConfigError(f"{ENV.MASTER_PORT}={d.master_port} is not a TCP port; use 1..65535 (e.g. 29500)")
+        raise ConfigError(f"{d.node_rank_var}={d.node_rank} is not a valid node rank (it must be >= 0); fix it")
+    check_master_port(d.master_port)
 
 
 def _apply_master_env(d: _Draft, env: Mapping[str, str]) -> None:
@@ -623,14 +642,14 @@ def detect_identity(environ: Optional[Mapping[str, str]] = None) -> Identity:
 
     _, job = _slurm_job(env)
     if job is not None:
-        raise ConfigError(
+        raise NoIdentityError(
             f"cannot tell this process's rank: {SLURM.JOB_ID}={job} is set but {SLURM.STEP_ID} is not, so this is "
             "an sbatch/salloc shell, not a task of an srun step (its SLURM_PROCID/SLURM_NTASKS describe the "
             "allocation, not this process). Start one task per process with `srun python ...`, or one "
             "`procgroup run` per node with `srun --ntasks-per-node=1 procgroup run ...`; "
             f"or {_HOW_TO_START}"
         )
-    raise ConfigError(
+    raise NoIdentityError(
         "cannot tell this process's rank and world size: none of RANK/WORLD_SIZE (torchrun, procgroup run, "
         "Kubeflow), SLURM_PROCID+SLURM_STEP_ID (srun), OMPI_COMM_WORLD_RANK/SIZE (Open MPI mpirun), "
         f"PMI_RANK/PMI_SIZE (MPICH mpiexec) is set; {_HOW_TO_START}"

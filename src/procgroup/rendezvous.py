@@ -29,7 +29,18 @@ from .config import DEFAULT_PROGRESS_INTERVAL, ENV
 from .deadline import Deadline
 from .errors import ConfigError, RendezvousError, RendezvousTimeoutError, StoreTimeoutError, format_ranks
 
-__all__ = ["InitMethod", "parse_init_method", "MemberInfo", "Decision", "decide", "rendezvous", "host_key", "logger"]
+__all__ = [
+    "InitMethod",
+    "parse_init_method",
+    "MemberInfo",
+    "Decision",
+    "decide",
+    "rendezvous",
+    "host_key",
+    "member_is_dead",
+    "process_start_time",
+    "logger",
+]
 
 logger = logging.getLogger("procgroup")
 
@@ -117,6 +128,8 @@ class MemberInfo:
     nonce: str
     local_rank: int = 0
     node_rank: int = 0
+    #: the process's start time (clock ticks after boot; 0: unknown), so a reused pid is not taken for it
+    start_time: int = 0
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -127,6 +140,22 @@ class MemberInfo:
 
     def where(self) -> str:
         return f"{self.hostname} pid {self.pid}"
+
+
+def process_start_time(pid: Optional[int] = None) -> int:
+    """Start time of ``pid`` (default: this process) in clock ticks after boot; 0 when unknown."""
+    st = procfs.stat(os.getpid() if pid is None else pid)
+    return st.starttime if st is not None else 0
+
+
+def member_is_dead(m: MemberInfo, here: Optional[str] = None) -> bool:
+    """True when ``m`` ran on this host (same :func:`host_key`) and its process is gone: the pid is dead, or it
+    now belongs to a process started at another time (pid reuse).  False when alive or on another host."""
+    if m.host_key != (here or host_key()):
+        return False
+    if not procfs.pid_alive(m.pid):
+        return True
+    return bool(m.start_time) and process_start_time(m.pid) not in (0, m.start_time)
 
 
 @dataclass(frozen=True)
@@ -196,7 +225,10 @@ def rendezvous(
     cur = store.compare_set(f"rank/{me.rank}", b"", mine)
     if cur != mine:
         try:
-            other = MemberInfo.decode(cur).where()
+            claim = MemberInfo.decode(cur)
+            other = claim.where()
+            if member_is_dead(claim):  # a store left by a killed job (file://: see procgroup.file_rendezvous)
+                other += " (a process that is dead: the store is stale, from a killed job; use a fresh one)"
         except Exception:  # noqa: BLE001 - garbage in the store: still report the duplicate
             other = "another process"
         msg = (

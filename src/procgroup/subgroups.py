@@ -6,10 +6,11 @@ global state so that destroy_process_group and the watchdog see them.
 
 from __future__ import annotations
 
+import time
 from typing import Any, List, Optional, Sequence, Tuple
 
-from .config import to_seconds
-from .errors import ConfigError
+from .config import ENV, to_seconds
+from .errors import ConfigError, DistTimeoutError, StoreTimeoutError, format_ranks
 from .objects import all_gather_object
 from .process_group import GID_LIMIT, ProcessGroup
 from .state import GroupMember, _state, default_group, resolve_group
@@ -24,21 +25,46 @@ def _seconds(timeout: Any, default: float) -> float:
 
 
 def _alloc_gid(parent: ProcessGroup, ranks: Sequence[int], timeout: float) -> int:
-    """Agree on a world-unique id for a new group: its lowest rank allocates it through the store."""
+    """Agree on a world-unique id for a new group: its lowest rank allocates it through the store, and every
+    member checks in (:func:`_check_in`), so a member that never calls new_group is named, not waited on."""
     world = parent.world
     k = parent._child_groups
     parent._child_groups += 1
     if world.store is None:  # no store (mpi backend): deterministic ids from the parent
         gid = (parent.gid * 131 + k + 1) % GID_LIMIT or 1
         return gid
+    if world.rank not in ranks:
+        return -1
     key = f"gid/{parent.gid}/{k}/{min(ranks)}"
+    gid = None
     if world.rank == min(ranks):
         gid = int(world.store.add("gid_counter", 1))
-        world.store.set(key, str(gid).encode())
-        return gid
-    if world.rank in ranks:
-        return int(world.store.get(key, timeout=timeout))
-    return -1
+        world.store.set(key, str(gid).encode())  # before checking in: once all are in, every member can read it
+    if len(ranks) > 1:
+        _check_in(world, key, ranks, timeout)
+    return gid if gid is not None else int(world.store.get(key, timeout=timeout))
+
+
+def _check_in(world: Any, key: str, ranks: Sequence[int], timeout: float) -> None:
+    """Barrier of the new group's members over the store: ``<key>/in/<rank>`` per member, a counter, and
+    ``<key>/all`` set by the last to arrive.  DistTimeoutError naming the members that never called new_group."""
+    st = world.store
+    t0 = time.monotonic()
+    st.set(f"{key}/in/{world.rank}", b"1")
+    if int(st.add(f"{key}/n", 1)) == len(ranks):
+        st.set(f"{key}/all", b"1")
+    try:
+        st.wait([f"{key}/all"], timeout=timeout)
+    except StoreTimeoutError:
+        called = [r for r in ranks if st.check([f"{key}/in/{r}"])]
+        never = [r for r in ranks if r not in called]
+        raise DistTimeoutError(
+            f"new_group(ranks={format_ranks(ranks)}) on rank {world.rank} timed out after "
+            f"{time.monotonic() - t0:.1f}s: rank{'s' if len(called) > 1 else ''} {format_ranks(called)} called it, "
+            f"rank{'s' if len(never) > 1 else ''} {format_ranks(never)} never did. Every rank must call new_group "
+            "(and subgroup creation) in the same order, as in torch; call it on those ranks too, or raise the "
+            f"deadline with new_group(timeout=) / {ENV.TIMEOUT}"
+        ) from None
 
 
 def new_group(

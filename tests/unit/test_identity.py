@@ -408,7 +408,7 @@ def test_kubeflow_pet_master_is_a_fallback() -> None:
         ({"RANK": "abc", "WORLD_SIZE": "4"}, r"RANK='abc' is not an integer"),
         ({"RANK": "5", "WORLD_SIZE": "4"}, r"RANK=5 is out of range.*WORLD_SIZE=4"),
         ({"RANK": "-1", "WORLD_SIZE": "4"}, r"RANK=-1 is out of range"),
-        ({"RANK": "0", "WORLD_SIZE": "0"}, r"WORLD_SIZE=0 must be >= 1"),
+        ({"RANK": "0", "WORLD_SIZE": "0"}, r"WORLD_SIZE=0 is not a valid world size \(it must be >= 1"),
         (
             {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"},
             r"LOCAL_RANK=2 is out of range.*LOCAL_WORLD_SIZE=2",
@@ -422,7 +422,10 @@ def test_kubeflow_pet_master_is_a_fallback() -> None:
             r"GROUP_RANK=2 is out of range.*GROUP_WORLD_SIZE=2",
         ),
         ({"RANK": "0", "WORLD_SIZE": "4", "MASTER_PORT": "http"}, r"MASTER_PORT='http' is not an integer"),
-        ({"RANK": "0", "WORLD_SIZE": "4", "MASTER_PORT": "70000"}, r"MASTER_PORT=70000 is not a TCP port"),
+        (
+            {"RANK": "0", "WORLD_SIZE": "4", "MASTER_PORT": "70000"},
+            r"MASTER_PORT=70000 is not a valid TCP port \(1-65535\)",
+        ),
     ],
 )
 def test_bad_explicit_values_name_the_variable(env: dict, pattern: str) -> None:

@@ -7,7 +7,7 @@ import os
 import struct
 import threading
 import time
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, TypeVar, Union
 
 from ..config import DEFAULT_TIMEOUT
 from ..deadline import Deadline
@@ -25,6 +25,7 @@ _FS_LEN = struct.Struct(">I")
 _Record = tuple[int, str, Optional[bytes]]  # op, key, value (None for a delete)
 _path_locks: dict[tuple[int, int], threading.Lock] = {}
 _path_locks_guard = threading.Lock()
+_T = TypeVar("_T")
 
 
 class FileStore(Store):
@@ -242,6 +243,21 @@ class FileStore(Store):
                 raise self._timeout_error(op, keys, missing, deadline)
             time.sleep(min(delay, rem))
             delay = min(delay * 2, 0.01)
+
+    def under_lock(self, fn: Callable[[Callable[[str], Optional[bytes]]], _T]) -> _T:
+        """``fn(get)`` under the file's exclusive lock, after catching up with the log: ``get(key)`` reads the
+        replayed state without blocking, and no other process writes meanwhile (a decision nobody may race,
+        such as taking over a stale file).  ``fn`` must not call this store's other methods."""
+        with self._locked(exclusive=True):
+            self._refresh_locked(repair=True)
+            return fn(self._state.get)
+
+    def names_path(self) -> bool:
+        """True while :attr:`path` still names the file this store has open (not renamed or replaced)."""
+        try:
+            return self._fd is not None and os.path.samestat(os.stat(self.path), os.fstat(self._fd))
+        except OSError:
+            return False
 
     # -- the interface ------------------------------------------------------------
 

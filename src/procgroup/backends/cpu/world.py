@@ -11,7 +11,7 @@ from ... import netutil
 from ...config import RuntimeConfig
 from ...deadline import Deadline
 from ...process_group import World
-from ...rendezvous import MemberInfo, host_key, new_nonce, rendezvous
+from ...rendezvous import MemberInfo, host_key, new_nonce, process_start_time, rendezvous
 from ...transport import connect_transport
 from ..base import WorldSpec
 
@@ -53,6 +53,7 @@ def build_world(spec: WorldSpec) -> World:
         nonce=new_nonce(),
         local_rank=identity.local_rank,
         node_rank=identity.node_rank,
+        start_time=process_start_time(),
     )
     members = rendezvous(store, me, deadline, where=where, progress_interval=cfg.progress_interval)
     transport = connect_transport(
