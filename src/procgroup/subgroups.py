@@ -36,7 +36,7 @@ def _alloc_gid(parent: ProcessGroup, ranks: Sequence[int], timeout: float) -> in
     if world.rank not in ranks:
         return -1
     key = f"gid/{parent.gid}/{k}/{min(ranks)}"
-    gid = None
+    gid: Optional[int] = None
     if world.rank == min(ranks):
         gid = int(world.store.add("gid_counter", 1))
         world.store.set(key, str(gid).encode())  # before checking in: once all are in, every member can read it
