@@ -31,8 +31,7 @@ def _alloc_gid(parent: ProcessGroup, ranks: Sequence[int], timeout: float) -> in
     k = parent._child_groups
     parent._child_groups += 1
     if world.store is None:  # no store (mpi backend): deterministic ids from the parent
-        gid = (parent.gid * 131 + k + 1) % GID_LIMIT or 1
-        return gid
+        return (parent.gid * 131 + k + 1) % GID_LIMIT or 1
     if world.rank not in ranks:
         return -1
     key = f"gid/{parent.gid}/{k}/{min(ranks)}"
