@@ -16,7 +16,7 @@ from .arguments import API_SLOT_A, API_SLOT_B
 from .arguments import member_group as _group
 from .arguments import peer_rank as _peer
 from .arguments import root_rank as _root
-from .data import Flat, as_flat
+from .data import Flat, after, as_flat
 from .errors import ConfigError
 from .ops import ReduceOp, finalize, reducer
 from .process_group import P2P_CODE_MASK, P2P_CODE_SHIFT, Work, dtype_code, dtype_of_code, p2p_tag
@@ -102,7 +102,7 @@ def broadcast(
     bcast = (eng.broadcast(g, f.dtype) if eng is not None else None) or alg.broadcast
     return g.run(
         "broadcast",
-        lambda c: bcast(c, f.array, root),
+        after(lambda c: bcast(c, f.array, root), (f,)),
         async_op=async_op,
         timeout=timeout,
         signature=("broadcast", _dname(f.dtype), f.numel, f"root={root}"),
@@ -144,7 +144,11 @@ def all_reduce(
             finalize(op, arr, c.size, dt)
 
     return g.run(
-        "all_reduce", run, async_op=async_op, timeout=timeout, signature=("all_reduce", dname, arr.size, opname)
+        "all_reduce",
+        run if f.back is None else after(run, (f,)),
+        async_op=async_op,
+        timeout=timeout,
+        signature=("all_reduce", dname, arr.size, opname),
     )
 
 
@@ -178,7 +182,7 @@ def reduce(
 
     return g.run(
         "reduce",
-        run,
+        after(run, (f,)),
         async_op=async_op,
         timeout=timeout,
         signature=("reduce", _dname(f.dtype), f.numel, op.name, f"root={root}"),
@@ -209,7 +213,11 @@ def all_gather(
             o.array[...] = buf[i * n : (i + 1) * n]
 
     return g.run(
-        "all_gather", run, async_op=async_op, timeout=timeout, signature=("all_gather", _dname(src.dtype), src.numel)
+        "all_gather",
+        after(run, outs),
+        async_op=async_op,
+        timeout=timeout,
+        signature=("all_gather", _dname(src.dtype), src.numel),
     )
 
 
@@ -227,7 +235,7 @@ def all_gather_into_tensor(
     gather_all = (eng.all_gather(g, src.dtype) if eng is not None else None) or alg.all_gather
     return g.run(
         "all_gather_into_tensor",
-        lambda c: gather_all(c, src.array, out.array),
+        after(lambda c: gather_all(c, src.array, out.array), (out,)),
         async_op=async_op,
         timeout=timeout,
         signature=("all_gather", _dname(src.dtype), src.numel),
@@ -278,7 +286,7 @@ def gather(
 
     return g.run(
         "gather",
-        run,
+        after(run, outs),
         async_op=async_op,
         timeout=timeout,
         signature=("gather", _dname(src.dtype), src.numel, f"root={root}"),
@@ -326,7 +334,7 @@ def scatter(
 
     return g.run(
         "scatter",
-        run,
+        after(run, (out,)),
         async_op=async_op,
         timeout=timeout,
         signature=("scatter", _dname(out.dtype), out.numel, f"root={root}"),
@@ -371,7 +379,7 @@ def reduce_scatter(
 
     return g.run(
         "reduce_scatter",
-        run,
+        after(run, (out,)),
         async_op=async_op,
         timeout=timeout,
         signature=("reduce_scatter", _dname(out.dtype), out.numel, op.name),
@@ -402,7 +410,7 @@ def reduce_scatter_tensor(
 
     return g.run(
         "reduce_scatter_tensor",
-        run,
+        after(run, (out,)),
         async_op=async_op,
         timeout=timeout,
         signature=("reduce_scatter", _dname(out.dtype), out.numel, op.name),
@@ -451,7 +459,9 @@ def all_to_all(
             f.array[...] = rbuf[pos : pos + f.numel]
             pos += f.numel
 
-    return g.run("all_to_all", run, async_op=async_op, timeout=timeout, signature=("all_to_all", _dname(dt)))
+    return g.run(
+        "all_to_all", after(run, outs), async_op=async_op, timeout=timeout, signature=("all_to_all", _dname(dt))
+    )
 
 
 def _splits(op: str, f: Flat, sizes: Optional[Sequence[int]], n: int, what: str) -> List[int]:
@@ -495,7 +505,7 @@ def all_to_all_single(
     a2a = (eng.all_to_all(g, src.dtype) if eng is not None else None) or alg.all_to_all
     return g.run(
         "all_to_all_single",
-        lambda c: a2a(c, src.array, sc, out.array, rc),
+        after(lambda c: a2a(c, src.array, sc, out.array, rc), (out,)),
         async_op=async_op,
         timeout=timeout,
         signature=("all_to_all", _dname(src.dtype)),
@@ -566,6 +576,8 @@ def irecv(
     def done(st: Any) -> int:
         if st.nbytes != nbytes:
             raise ConfigError(f"recv: got {st.nbytes} bytes from rank {st.source} but the tensor holds {nbytes}")
+        if f.back is not None:
+            f.back()
         return st.source
 
     src_desc = "any rank" if peer == ANY_SOURCE else f"rank {peer}"

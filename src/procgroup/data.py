@@ -28,6 +28,9 @@ class Flat:
     array: np.ndarray  # 1-D, C-contiguous, shares memory with the user's object
     dtype: DTypeKey  # numpy dtype or "bfloat16"
     shape: tuple  # the user's shape, for messages
+    #: None, or (for a non-contiguous writable input) a callable copying ``array`` back into the user's object;
+    #: collectives call it once the op has written its result, before the caller (or its Work) sees it
+    back: Any = None
 
     @property
     def numel(self) -> int:
@@ -48,14 +51,18 @@ def _torch_flat(t: Any, name: str, writable: bool) -> Flat:
             f"{name} is on device {t.device}; the cpu backend takes CPU tensors: move it with .cpu(), "
             "or init_process_group(backend='nccl') for CUDA tensors"
         )
-    if not t.is_contiguous():
-        if writable:
-            raise ConfigError(
-                f"{name} is not contiguous (shape {tuple(t.shape)}, stride {tuple(t.stride())}); "
-                "results are written in place, so pass a contiguous tensor (t = t.contiguous()) and use it afterwards"
-            )
-        t = t.contiguous()
     import torch  # already imported by the caller, since they hold a tensor
+
+    back = None
+    if not t.is_contiguous():
+        orig = t
+        t = t.contiguous()
+        if writable:  # as torch's gloo: run on a contiguous copy, copy the result back when the op completes
+            copy = t
+
+            def back() -> None:
+                with torch.no_grad():
+                    orig.copy_(copy)
 
     shape = tuple(t.shape)
     d = t.detach()
@@ -63,9 +70,9 @@ def _torch_flat(t: Any, name: str, writable: bool) -> Flat:
         d = d.resolve_conj()
     if d.dtype == torch.bfloat16:
         arr = d.view(torch.int16).numpy().view(np.uint16)
-        return Flat(arr.reshape(-1), "bfloat16", shape)
+        return Flat(arr.reshape(-1), "bfloat16", shape, back)
     arr = d.numpy()
-    return Flat(arr.reshape(-1), arr.dtype, shape)
+    return Flat(arr.reshape(-1), arr.dtype, shape, back)
 
 
 #: numpy dtypes already checked to be plain numeric (the per-call check is then one set lookup)
@@ -98,15 +105,33 @@ def as_flat(obj: Any, name: str = "tensor", *, writable: bool = True) -> Flat:
             f"{name} has dtype {arr.dtype}, which is not a plain numeric dtype; "
             "use the *_object collectives for Python objects"
         )
-    if not arr.flags.c_contiguous:
-        if writable:
-            raise ConfigError(
-                f"{name} is not C-contiguous (shape {arr.shape}, strides {arr.strides}); results are written in "
-                "place, so pass a contiguous array (x = np.ascontiguousarray(x)) and use it afterwards"
-            )
-        arr = np.ascontiguousarray(arr)
     if writable and not arr.flags.writeable:
         raise ConfigError(f"{name} is read-only; results are written into it, so pass a writable array (np.array(x))")
+    back = None
+    if not arr.flags.c_contiguous:
+        orig = arr
+        arr = np.ascontiguousarray(arr)
+        if writable:  # as torch's gloo: run on a contiguous copy, copy the result back when the op completes
+            copy = arr
+
+            def back() -> None:
+                np.copyto(orig, copy)
+
     if len(_PLAIN) < 64:
         _PLAIN.add(arr.dtype)
-    return Flat(arr.reshape(-1), arr.dtype, tuple(arr.shape))
+    return Flat(arr.reshape(-1), arr.dtype, tuple(arr.shape), back)
+
+
+def after(fn: Any, flats: Any) -> Any:
+    """``fn``, or (when any of ``flats`` is a copy of a non-contiguous input) ``fn`` then the copies back."""
+    backs = [f.back for f in flats if f.back is not None]
+    if not backs:
+        return fn
+
+    def run(*a: Any) -> Any:
+        r = fn(*a)
+        for b in backs:
+            b()
+        return r
+
+    return run

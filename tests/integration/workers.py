@@ -309,5 +309,124 @@ def subgroups() -> None:
     dist.destroy_process_group()
 
 
+def noncontig() -> None:
+    """Every collective that writes a user tensor, into strided numpy views and transposed torch tensors."""
+    dist.init_process_group()
+    r, n = dist.get_rank(), dist.get_world_size()
+    libs = ["numpy"]
+    try:
+        import torch
+
+        libs.append("torch")
+    except ImportError:
+        torch = None
+    for lib in libs:
+
+        def z(k: int, fill: float = 0.0, lib: str = lib):  # a strided 1-D view of k elements; its base's gaps hold -1
+            if lib == "numpy":
+                base = np.full(2 * k, -1.0)
+                v = base[::2]
+            else:
+                base = torch.full((2 * k,), -1.0, dtype=torch.float64)
+                v = base[::2]
+            v[...] = fill
+            assert not (v.flags.c_contiguous if lib == "numpy" else v.is_contiguous())
+            return base, v
+
+        def t(a, lib: str = lib):  # a contiguous input of the same library
+            return np.asarray(a, np.float64) if lib == "numpy" else torch.tensor(np.asarray(a, np.float64))
+
+        def eq(v, want, what, lib: str = lib):
+            got = np.asarray(v if lib == "numpy" else v.numpy())
+            check(np.array_equal(got, np.asarray(want, np.float64)), f"{lib} {what}: got {got}, want {want}")
+
+        def gaps(base, what, lib: str = lib):
+            b = np.asarray(base if lib == "numpy" else base.numpy())
+            check(np.all(b[1::2] == -1.0), f"{lib} {what}: the gaps between the view's elements changed: {b}")
+
+        for async_op in (False, True):
+
+            def done(w, async_op: bool = async_op):
+                if async_op:
+                    if w is not None:
+                        while not w.is_completed():
+                            time.sleep(0.001)
+                        w.wait()
+
+            tag = f"{'async' if async_op else 'blocking'}"
+            # all_reduce on a transposed 2-D view
+            if lib == "numpy":
+                m = np.full((3, 2), float(r + 1)).T
+            else:
+                m = torch.full((3, 2), float(r + 1), dtype=torch.float64).t()
+            done(dist.all_reduce(m, async_op=async_op))
+            eq(m, np.full((2, 3), n * (n + 1) / 2), f"all_reduce {tag}")
+            b, v = z(3, r + 1)
+            done(dist.all_reduce(v, async_op=async_op))
+            eq(v, [n * (n + 1) / 2] * 3, f"all_reduce strided {tag}")
+            gaps(b, "all_reduce")
+            b, v = z(4, 100 * r)
+            if r == 0:
+                v[...] = t([1, 2, 3, 4])
+            done(dist.broadcast(v, src=0, async_op=async_op))
+            eq(v, [1, 2, 3, 4], f"broadcast {tag}")
+            gaps(b, "broadcast")
+            b, v = z(3, r + 1)
+            done(dist.reduce(v, dst=0, async_op=async_op))
+            if r == 0:
+                eq(v, [n * (n + 1) / 2] * 3, f"reduce {tag}")
+            gaps(b, "reduce")
+            pairs = [z(3) for _ in range(n)]
+            done(dist.all_gather([v for _, v in pairs], t([r + 1] * 3), async_op=async_op))
+            for i, (b, v) in enumerate(pairs):
+                eq(v, [i + 1] * 3, f"all_gather[{i}] {tag}")
+                gaps(b, "all_gather")
+            b, v = z(3 * n)
+            done(dist.all_gather_into_tensor(v, t([r + 1] * 3), async_op=async_op))
+            eq(v, np.repeat(np.arange(1, n + 1), 3), f"all_gather_into_tensor {tag}")
+            gaps(b, "all_gather_into_tensor")
+            pairs = [z(3) for _ in range(n)] if r == 0 else []
+            done(dist.gather(t([r + 1] * 3), [v for _, v in pairs] if r == 0 else None, dst=0, async_op=async_op))
+            for i, (b, v) in enumerate(pairs):
+                eq(v, [i + 1] * 3, f"gather[{i}] {tag}")
+                gaps(b, "gather")
+            b, v = z(3)
+            sl = [t([i + 1] * 3) for i in range(n)] if r == 0 else None
+            done(dist.scatter(v, sl, src=0, async_op=async_op))
+            eq(v, [r + 1] * 3, f"scatter {tag}")
+            gaps(b, "scatter")
+            b, v = z(3)
+            done(dist.reduce_scatter(v, [t([r + i] * 3) for i in range(n)], async_op=async_op))
+            eq(v, [n * r + n * (n - 1) / 2] * 3, f"reduce_scatter {tag}")
+            gaps(b, "reduce_scatter")
+            b, v = z(3)
+            done(dist.reduce_scatter_tensor(v, t(np.repeat([r + i for i in range(n)], 3)), async_op=async_op))
+            eq(v, [n * r + n * (n - 1) / 2] * 3, f"reduce_scatter_tensor {tag}")
+            gaps(b, "reduce_scatter_tensor")
+            pairs = [z(3) for _ in range(n)]
+            done(dist.all_to_all([v for _, v in pairs], [t([10 * r + j] * 3) for j in range(n)], async_op=async_op))
+            for i, (b, v) in enumerate(pairs):
+                eq(v, [10 * i + r] * 3, f"all_to_all[{i}] {tag}")
+                gaps(b, "all_to_all")
+            b, v = z(3 * n)
+            done(dist.all_to_all_single(v, t(np.repeat([10 * r + j for j in range(n)], 3)), async_op=async_op))
+            eq(v, np.repeat([10 * i + r for i in range(n)], 3), f"all_to_all_single {tag}")
+            gaps(b, "all_to_all_single")
+            b, v = z(4)
+            if r == 0:
+                for peer in range(1, n):
+                    dist.send(t([peer, 2, 3, 4]), dst=peer)
+            elif async_op:
+                done(dist.irecv(v, src=0))
+            else:
+                dist.recv(v, src=0)
+            if r > 0:
+                eq(v, [r, 2, 3, 4], f"recv {tag}")
+            gaps(b, "recv")
+    dist.barrier()
+    print(f"rank {r}: noncontig ok ({', '.join(libs)})")
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import procgroup as dist
-from procgroup.errors import ConfigError
 
 
 @pytest.fixture
@@ -113,11 +112,17 @@ def test_init_rejects_a_foreign_store() -> None:
         dist.init_process_group("cpu", store=object(), rank=0, world_size=1)
 
 
-def test_non_contiguous_inplace_is_refused_clearly() -> None:
+def test_non_contiguous_inplace_gets_a_copy_written_back() -> None:
+    """As torch's gloo: a strided output is computed on a contiguous copy, then copied back (issue 10 item 7)."""
     from procgroup.data import as_flat
 
-    with pytest.raises(ConfigError, match="contiguous"):
-        as_flat(np.ones((4, 4))[:, ::2])
+    base = np.ones((4, 4))
+    f = as_flat(base[:, ::2])
+    assert f.array.flags.c_contiguous and f.back is not None
+    f.array[...] = 5.0
+    f.back()
+    assert np.all(base[:, ::2] == 5.0) and np.all(base[:, 1::2] == 1.0)
+    assert as_flat(np.ones(3)).back is None  # the contiguous fast path has no copy
 
 
 def test_ray_identity_source() -> None:
