@@ -38,7 +38,7 @@ from .netutil import is_literal_loopback
 from .process_group import ProcessGroup, World
 from .rendezvous import InitMethod, parse_init_method, setup_logging
 from .state import GroupMember, _state, default_group, group, resolve_group
-from .subgroups import new_group, new_subgroups, split_group
+from .subgroups import new_group, new_subgroups, release_gid, split_group
 from .telemetry import start_publisher
 from .watchdog import FAILURE_KEY, Watchdog, abort_key
 
@@ -391,6 +391,7 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
             return
         if group is not None and group is not _state.default:
             group.close()
+            release_gid(group)
             if group in _state.groups:
                 _state.groups.remove(group)
             return

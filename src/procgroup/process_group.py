@@ -378,13 +378,25 @@ class ProcessGroup:
     """An ordered set of global ranks that run collectives together."""
 
     def __init__(
-        self, world: World, ranks: Sequence[int], gid: int, name: str, timeout: Optional[float] = None
+        self,
+        world: World,
+        ranks: Sequence[int],
+        gid: int,
+        name: str,
+        timeout: Optional[float] = None,
+        gen: int = 0,
     ) -> None:
         if not 0 <= gid < GID_LIMIT:
-            raise ConfigError(f"group id {gid} exceeds the limit of {GID_LIMIT} groups")
+            raise ConfigError(
+                f"group id {gid} exceeds the limit of {GID_LIMIT} groups alive at once "
+                "(destroy_process_group(group) on every member of groups no longer needed frees their ids)"
+            )
         self.world = world
         self.ranks: List[int] = list(ranks)
         self.gid = gid
+        # incarnation of a reused id: mixed into collective tags so a destroyed incarnation's stragglers never match
+        self.gen = gen
+        self._gen_fp = (gen * 40503) & FP_MASK
         self.name = name
         self.timeout = float(timeout if timeout is not None else world.timeout)
         self._rank = self.ranks.index(world.rank) if world.rank in self.ranks else -1
@@ -577,7 +589,7 @@ class ProcessGroup:
                 mine = False
                 if not async_op and not self._comm_busy:
                     self._comm_busy = mine = True  # reuse the group's Comm (a nested call builds its own)
-            tag = collective_tag(self.gid, seq, fp)
+            tag = collective_tag(self.gid, seq, fp ^ self._gen_fp)
             if not async_op:
                 try:
                     if self._pending:
@@ -676,7 +688,11 @@ class ProcessGroup:
         a = self._arena
         if a is _UNSET:
             one_host = len(set(self._hosts)) == 1  # as the shm transport decides, whatever the transport
-            a = self._arena = self.world.transport.arena(self.gid, self.ranks) if self._rank >= 0 and one_host else None
+            a = self._arena = (
+                self.world.transport.arena(self.gid, self.ranks)
+                if self._rank >= 0 and one_host and self.gen == 0  # the arena is keyed by gid: first incarnation only
+                else None
+            )
         return a
 
     def _submit(self, work: Work, fn: Callable[[], Any]) -> None:

@@ -2,6 +2,16 @@
 
 Every member agrees on a new group's id through the world's store; the groups are recorded in the
 global state so that destroy_process_group and the watchdog see them.
+
+Ids are reused (at most GID_LIMIT groups alive at once, any number over a job's life): the group's lowest
+rank takes a released id from a free list in the store (else a fresh one) and publishes "gid:generation"
+under an agreement key that the last member to read it deletes.  destroy_process_group(group) on a member
+releases it; only when every member has released it does the last one delete the id's watchdog keys and
+push (gid, generation + 1) on the free list, so a group destroyed by only some members keeps its id.  The
+generation is mixed into the collective tags' fingerprint bits (a straggler of an old incarnation never
+matches the new one), and a reused id gets no shared-memory arena (the arena is keyed by gid).
+Point-to-point tags carry no generation: a p2p message left unreceived when a group is destroyed can match
+a later incarnation's recv with the same user tag.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ from .objects import all_gather_object
 from .process_group import GID_LIMIT, ProcessGroup
 from .state import GroupMember, _state, default_group, resolve_group
 
-__all__ = ["new_group", "new_subgroups", "split_group"]
+__all__ = ["new_group", "new_subgroups", "split_group", "release_gid"]
 
 
 def _seconds(timeout: Any, default: float) -> float:
@@ -24,24 +34,78 @@ def _seconds(timeout: Any, default: float) -> float:
     return default if t is None else t
 
 
-def _alloc_gid(parent: ProcessGroup, ranks: Sequence[int], timeout: float) -> int:
-    """Agree on a world-unique id for a new group: its lowest rank allocates it through the store, and every
-    member checks in (:func:`_check_in`), so a member that never calls new_group is named, not waited on."""
+def _pop_free(store: Any, rank: int, timeout: float) -> Optional[Tuple[int, int]]:
+    """Take (gid, generation) off the world's free list of released group ids, or None when it is empty.
+
+    The list is a queue in the store: ``gid_free_tail`` counts pushes, ``gid_free/<i>`` holds the i-th
+    released id; ``gid_free_head`` ("<pops>:<rank>") is advanced by compare_set so that two allocating ranks
+    never take the same entry (the rank makes each popper's value unique).
+    """
+    while True:
+        tail = int(store.add("gid_free_tail", 0))
+        cur = store.get("gid_free_head", timeout=timeout).decode() if store.check(["gid_free_head"]) else ""
+        head = int(cur.split(":")[0]) if cur else 0
+        if head >= tail:
+            return None
+        want = f"{head + 1}:{rank}"
+        if store.compare_set("gid_free_head", cur, want).decode() != want:
+            continue  # another rank popped first: look again
+        entry = f"gid_free/{head + 1}"
+        gid, gen = (int(x) for x in store.get(entry, timeout=timeout).decode().split(":"))
+        store.delete_key(entry)
+        return gid, gen
+
+
+def release_gid(group: ProcessGroup) -> None:
+    """A member's destroy_process_group(group): once every member released it, the id goes back to the pool.
+
+    The last member to release deletes the id's watchdog keys (so the next incarnation starts neither broken
+    nor with a stale roll call) and pushes (gid, generation + 1) on the free list.  An id whose members do not
+    all destroy the group (one exits first) is not reused: ids only come back when every member let go.
+    """
+    store = group.world.store
+    if store is None or group.gid == 0 or not group.is_member() or group.world.forked():
+        return
+    gid, gen = group.gid, group.gen
+    rel = f"gidrel/{gid}/{gen}"
+    if int(store.add(rel, 1)) < len(group.ranks):
+        return
+    keys = [rel, f"wd/abort/{gid}", f"wd/broken/{gid}"]
+    keys += [f"wd/{gid}/{r}" for r in group.ranks] + [f"wd/hist/{gid}/{r}" for r in group.ranks]
+    for k in keys:
+        store.delete_key(k)
+    i = int(store.add("gid_free_tail", 1))
+    store.set(f"gid_free/{i}", f"{gid}:{gen + 1}".encode())
+
+
+def _alloc_gid(parent: ProcessGroup, ranks: Sequence[int], timeout: float) -> Tuple[int, int]:
+    """Agree on a world-unique (id, generation) for a new group: its lowest rank allocates it through the
+    store (a released id first, else a fresh one) and the other members read it; -1 on non-members."""
     world = parent.world
     k = parent._child_groups
     parent._child_groups += 1
     if world.store is None:  # no store (mpi backend): deterministic ids from the parent
-        return (parent.gid * 131 + k + 1) % GID_LIMIT or 1
+        return (parent.gid * 131 + k + 1) % GID_LIMIT or 1, 0
     if world.rank not in ranks:
-        return -1
-    key = f"gid/{parent.gid}/{k}/{min(ranks)}"
-    gid: Optional[int] = None
+        return -1, 0
+    store = world.store
+    key = f"gid/{parent.gid}.{parent.gen}/{k}/{min(ranks)}"  # the parent's generation: its id may be reused
+    got: Optional[Tuple[int, int]] = None
     if world.rank == min(ranks):
-        gid = int(world.store.add("gid_counter", 1))
-        world.store.set(key, str(gid).encode())  # before checking in: once all are in, every member can read it
-    if len(ranks) > 1:
-        _check_in(world, key, ranks, timeout)
-    return gid if gid is not None else int(world.store.get(key, timeout=timeout))
+        got = _pop_free(store, world.rank, timeout)
+        if got is None:
+            got = (int(store.add("gid_counter", 1)), 0)
+        if len(ranks) == 1:
+            return got
+        store.set(key, f"{got[0]}:{got[1]}".encode())  # before checking in: once all are in, every member reads it
+    _check_in(world, key, ranks, timeout)
+    if got is None:
+        gid, gen = (int(x) for x in store.get(key, timeout=timeout).decode().split(":"))
+        got = (gid, gen)
+    if int(store.add(f"{key}/done", 1)) == len(ranks):  # the last member through cleans the agreement up
+        for k2 in [key, f"{key}/n", f"{key}/all", f"{key}/done"] + [f"{key}/in/{r}" for r in ranks]:
+            store.delete_key(k2)
+    return got
 
 
 def _check_in(world: Any, key: str, ranks: Sequence[int], timeout: float) -> None:
@@ -97,10 +161,10 @@ def _make_group(parent: ProcessGroup, rs: List[int], tmo: float, desc: Optional[
     """Make the group of global ranks ``rs`` (collective over the parent's world) and record it."""
     if parent._halt is not None:  # forked, broken or destroyed: no store traffic on the parent's behalf
         raise parent.halted("new_group")
-    gid = _alloc_gid(parent, rs, tmo)
+    gid, gen = _alloc_gid(parent, rs, tmo)
     if gid < 0:
         return GroupMember.NON_GROUP_MEMBER
-    pg = ProcessGroup(parent.world, rs, gid, desc or f"group{gid}{rs if len(rs) <= 8 else ''}", tmo)
+    pg = ProcessGroup(parent.world, rs, gid, desc or f"group{gid}{rs if len(rs) <= 8 else ''}", tmo, gen=gen)
     pg.set_home_thread()
     if parent.world is _state.world:  # a group of a world from backends.create_group stays out of the globals
         _state.groups.append(pg)

@@ -428,5 +428,51 @@ def noncontig() -> None:
     dist.destroy_process_group()
 
 
+def gid_cycles(cycles: str = "20000") -> None:
+    """Issue 11 item 4: new_group/destroy_process_group ``cycles`` times (past the 16,384 id limit) with a
+    long-lived subgroup alive; then all_reduce on the world and on the long-lived group."""
+    dist.init_process_group()
+    r, ws = dist.get_rank(), dist.get_world_size()
+    keep = dist.new_group(list(range(ws)))
+    t0 = time.monotonic()
+    for i in range(int(cycles)):
+        g = dist.new_group(list(range(ws)))
+        if i % 1000 == 0:  # now and then, a collective on the reused id: it must agree on every rank
+            y = np.array([r + i], np.int64)
+            dist.all_reduce(y, group=g)
+            check(y[0] == sum(q + i for q in range(ws)), f"cycle {i} gid {g.gid} gen {getattr(g, 'gen', 0)}: {y}")
+        dist.destroy_process_group(g)
+    dt = time.monotonic() - t0
+    for grp in (None, keep):
+        x = np.array([r + 1], np.int64)
+        dist.all_reduce(x, group=grp)
+        check(x[0] == ws * (ws + 1) // 2, f"all_reduce after the cycles {x}")
+    print(f"rank {r}: gid_cycles ok {int(cycles)} cycles in {dt:.2f}s ({int(cycles) / dt:.0f}/s)")
+    dist.destroy_process_group()
+
+
+def gid_reuse_clean() -> None:
+    """A reused id starts neither broken nor with its last incarnation's messages."""
+    dist.init_process_group()
+    r = dist.get_rank()
+    g = dist.new_group([0, 1])
+    gid = g.gid
+    store = g.world.store
+    store.set(f"wd/broken/{gid}", b"old incarnation broke")  # as a deadline error of the old incarnation would
+    x = np.array([1], np.int64)
+    dist.all_reduce(x, group=g)
+    dist.barrier()
+    dist.destroy_process_group(g)
+    dist.barrier()
+    h = dist.new_group([0, 1])
+    check(h.gid == gid and h.gen == 1, f"id {gid} not reused: got {h.gid} gen {h.gen}")
+    y = np.array([1], np.int64)
+    dist.all_reduce(y, group=h)
+    dist.all_reduce(y, group=h)
+    check(y[0] == 4, f"reused id inherited a stale message or state: {y}")
+    print(f"rank {r}: gid_reuse_clean ok")
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])

@@ -1,0 +1,106 @@
+"""Issue 11 item 4: the group-id allocator reuses released ids (a million create/destroy cycles)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from procgroup.process_group import GID_LIMIT, collective_tag
+from procgroup.subgroups import _alloc_gid, release_gid
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class DictStore:
+    """The store operations the allocator uses, over a dict (one process, no blocking needed)."""
+
+    def __init__(self) -> None:
+        self.d: dict = {}
+
+    def add(self, key, amount):
+        v = int(self.d.get(key, b"0")) + amount
+        self.d[key] = str(v).encode()
+        return v
+
+    def set(self, key, value):
+        self.d[key] = value if isinstance(value, bytes) else value.encode()
+
+    def get(self, key, timeout=None):
+        return self.d[key]
+
+    def check(self, keys):
+        return all(k in self.d for k in keys)
+
+    def compare_set(self, key, expected, desired):
+        cur = self.d.get(key)
+        if (cur is None and expected == "") or (cur is not None and cur.decode() == expected):
+            self.d[key] = desired.encode()
+        return self.d.get(key, expected.encode() if isinstance(expected, str) else expected)
+
+    def delete_key(self, key):
+        return self.d.pop(key, None) is not None
+
+
+def _rank(store, r):
+    world = SimpleNamespace(store=store, rank=r, forked=lambda: False)
+    return SimpleNamespace(world=world, gid=0, _child_groups=0)
+
+
+def _group(parent, ranks, gid, gen):
+    return SimpleNamespace(
+        world=parent.world, gid=gid, gen=gen, ranks=ranks, is_member=lambda: parent.world.rank in ranks
+    )
+
+
+def test_a_million_create_destroy_cycles_with_a_long_lived_group():
+    store = DictStore()
+    parents = [_rank(store, 0), _rank(store, 1)]
+    ranks = [0, 1]
+    keep = [_alloc_gid(p, ranks, 1.0) for p in parents]  # the long-lived group: never released
+    assert keep[0] == keep[1]
+    t0 = time.monotonic()
+    seen = set()
+    for i in range(1_000_000):
+        got = [_alloc_gid(p, ranks, 1.0) for p in parents]  # rank 0 allocates first, as min(ranks)
+        assert got[0] == got[1] and got[0][0] != keep[0][0] and 0 < got[0][0] < GID_LIMIT, (i, got)
+        seen.add(got[0][0])
+        for p in parents:
+            release_gid(_group(p, ranks, *got[0]))
+    dt = time.monotonic() - t0
+    assert len(seen) <= 2, seen  # ids come back: the pool never grows past what was alive at once
+    assert got[0][1] >= 999_998  # and each reuse is a new incarnation
+    # the store does not grow: agreement, release and free-list entries were all deleted
+    assert len(store.d) < 16, sorted(store.d)
+    print(f"1,000,000 cycles in {dt:.1f}s ({1e6 / dt:.0f}/s)")
+
+
+def test_an_id_comes_back_only_when_every_member_released_it():
+    store = DictStore()
+    parents = [_rank(store, 0), _rank(store, 1)]
+    a = [_alloc_gid(p, [0, 1], 1.0) for p in parents][0]
+    release_gid(_group(parents[0], [0, 1], *a))  # rank 1 still holds the group
+    b = [_alloc_gid(p, [0, 1], 1.0) for p in parents][0]
+    assert b[0] != a[0]
+    release_gid(_group(parents[1], [0, 1], *a))
+    c = [_alloc_gid(p, [0, 1], 1.0) for p in parents][0]
+    assert c == (a[0], a[1] + 1)
+
+
+def test_release_clears_the_watchdog_state_of_the_id():
+    store = DictStore()
+    parents = [_rank(store, 0), _rank(store, 1)]
+    gid, gen = [_alloc_gid(p, [0, 1], 1.0) for p in parents][0]
+    for k in (f"wd/broken/{gid}", f"wd/abort/{gid}", f"wd/{gid}/0", f"wd/{gid}/1", f"wd/hist/{gid}/1"):
+        store.set(k, b"old")
+    for p in parents:
+        release_gid(_group(p, [0, 1], gid, gen))
+    assert not [k for k in store.d if k.startswith("wd/")]
+
+
+def test_generations_give_different_collective_tags():
+    from procgroup.process_group import FP_MASK
+
+    tags = {collective_tag(5, 0, 0x1234 ^ ((g * 40503) & FP_MASK)) for g in range(1 << 16)}
+    assert len(tags) == 1 << 16
