@@ -533,7 +533,7 @@ def isend(
     peer = _peer(g, "send", dst, group_dst, "dst")
     f = as_flat(tensor, "send tensor", writable=False)
     code = dtype_code(f.dtype)
-    ptag = p2p_tag(g.gid, tag, code)
+    ptag = p2p_tag(g.gid, tag, code, g.gen)
     eng = g.world.engine
     req = eng.isend(g, peer, tag, f.array, code) if eng is not None else None
     if req is None:
@@ -551,7 +551,7 @@ def irecv(
     peer = _peer(g, "recv", src, group_src, "src", allow_any=True)
     f = as_flat(tensor, "recv tensor")
     code = dtype_code(f.dtype)
-    ptag = p2p_tag(g.gid, tag, code)
+    ptag = p2p_tag(g.gid, tag, code, g.gen)
     eng = g.world.engine
     req = eng.irecv(g, peer, tag, f.array, code) if eng is not None else None
     if req is not None:

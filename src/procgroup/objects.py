@@ -362,7 +362,7 @@ def send_object_list(
         return
     peer = _peer(g, "send_object_list", dst, group_dst, "dst")
     t = g.world.transport
-    tag = p2p_tag(g.gid, (1 << 39) | 0)  # tags above 2**39 are reserved for object p2p
+    tag = p2p_tag(g.gid, (1 << 39) | 0, 0, g.gen)  # tags above 2**39 are reserved for object p2p
     dl = g._deadline(None)
     try:
         total, segs = payload.dumps(list(object_list))
@@ -396,7 +396,7 @@ def recv_object_list(
         return -1
     peer = _peer(g, "recv_object_list", src, group_src, "src", allow_any=True)
     t = g.world.transport
-    tag = p2p_tag(g.gid, (1 << 39) | 0)
+    tag = p2p_tag(g.gid, (1 << 39) | 0, 0, g.gen)
     dl = g._deadline(None)
     head = np.zeros(2, _I64)
     sender = t.recv(peer, tag, head, dl).source

@@ -11,7 +11,7 @@ Tags.  Every message of a collective carries the transport tag
 ``2**62 | gid << 40 | user_tag``, so collectives of different groups,
 successive collectives of one group, and p2p traffic never match each
 other's receives.  A p2p tag also carries a 5-bit code of the tensor's dtype at
-bit ``P2P_CODE_SHIFT`` (``2**62 | code << 54 | gid << 40 | user_tag``), so a
+bit ``P2P_CODE_SHIFT`` (``2**62 | gen%8 << 59 | code << 54 | gid << 40 | user_tag``), so a
 float32 send never lands in an int32 receive: the receive waits, and after a
 few milliseconds asks the transport for an unmatched message that differs
 from it in the code bits only (:meth:`Transport.unmatched`), and raises a
@@ -141,12 +141,13 @@ def collective_tag(gid: int, seq: int, fp: int) -> int:
     return (gid << 32) | ((seq & SEQ_MASK) << 16) | (fp & FP_MASK)
 
 
-def p2p_tag(gid: int, tag: int, code: int = 0) -> int:
-    """The transport tag of a point-to-point message of group ``gid`` with dtype ``code``; ConfigError outside
-    [0, 2**40)."""
+def p2p_tag(gid: int, tag: int, code: int = 0, gen: int = 0) -> int:
+    """The transport tag of a point-to-point message of group ``gid`` (incarnation ``gen``) with dtype
+    ``code``; ConfigError outside [0, 2**40).  The generation's low 3 bits sit at bits 59-61, so a message
+    left unreceived by a destroyed group does not match a receive of the next group that reuses its id."""
     if not 0 <= tag < P2P_TAG_LIMIT:
         raise ConfigError(f"tag={tag} is outside [0, 2**40)")
-    return _P2P_BIT | (code << P2P_CODE_SHIFT) | (gid << 40) | tag
+    return _P2P_BIT | ((gen & 7) << 59) | (code << P2P_CODE_SHIFT) | (gid << 40) | tag
 
 
 def dtype_code(dtype: Any) -> int:

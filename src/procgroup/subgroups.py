@@ -5,13 +5,13 @@ global state so that destroy_process_group and the watchdog see them.
 
 Ids are reused (at most GID_LIMIT groups alive at once, any number over a job's life): the group's lowest
 rank takes a released id from a free list in the store (else a fresh one) and publishes "gid:generation"
-under an agreement key that the last member to read it deletes.  destroy_process_group(group) on a member
+under an agreement key that the last member through deletes.  destroy_process_group(group) on a member
 releases it; only when every member has released it does the last one delete the id's watchdog keys and
 push (gid, generation + 1) on the free list, so a group destroyed by only some members keeps its id.  The
 generation is mixed into the collective tags' fingerprint bits (a straggler of an old incarnation never
-matches the new one), and a reused id gets no shared-memory arena (the arena is keyed by gid).
-Point-to-point tags carry no generation: a p2p message left unreceived when a group is destroyed can match
-a later incarnation's recv with the same user tag.
+matches the new one unless 65,536 incarnations apart), and its low 3 bits into the p2p tags (bits 59-61: a
+p2p message left unreceived by a destroyed group matches none of the next 7 incarnations' receives); a reused
+id gets no shared-memory arena (the arena is keyed by gid).
 """
 
 from __future__ import annotations

@@ -13,6 +13,13 @@ from procgroup.subgroups import _alloc_gid, release_gid
 pytestmark = pytest.mark.timeout(120)
 
 
+@pytest.fixture(autouse=True)
+def _no_check_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks here run one after the other, so the members' check-in barrier of new_group (item 16.3, tested
+    with real processes in tests/integration/test_identity_hardening_procs.py) is left out: this is the allocator."""
+    monkeypatch.setattr("procgroup.subgroups._check_in", lambda *a, **k: None)
+
+
 class DictStore:
     """The store operations the allocator uses, over a dict (one process, no blocking needed)."""
 
@@ -45,7 +52,7 @@ class DictStore:
 
 def _rank(store, r):
     world = SimpleNamespace(store=store, rank=r, forked=lambda: False)
-    return SimpleNamespace(world=world, gid=0, _child_groups=0)
+    return SimpleNamespace(world=world, gid=0, gen=0, _child_groups=0)
 
 
 def _group(parent, ranks, gid, gen):
@@ -104,3 +111,16 @@ def test_generations_give_different_collective_tags():
 
     tags = {collective_tag(5, 0, 0x1234 ^ ((g * 40503) & FP_MASK)) for g in range(1 << 16)}
     assert len(tags) == 1 << 16
+
+
+def test_generations_give_different_p2p_tags():
+    """A p2p message of incarnation g never matches a receive of incarnations g+1..g+7 of the same id (same
+    user tag and dtype), and the generation bits stay clear of the dtype code, the id and the user tag."""
+    from procgroup.process_group import P2P_CODE_MASK, P2P_TAG_LIMIT, p2p_tag
+
+    tags = [p2p_tag(5, 7, 3, g) for g in range(8)]
+    assert len(set(tags)) == 8
+    for t in tags:
+        assert (t & P2P_CODE_MASK) == (p2p_tag(5, 7, 3) & P2P_CODE_MASK)  # the dtype probe masks the code only
+        assert ((t >> 40) & ((1 << 14) - 1)) == 5 and t % P2P_TAG_LIMIT == 7 and t >> 62 == 1
+    assert p2p_tag(GID_LIMIT - 1, P2P_TAG_LIMIT - 1, 31, 7) < 1 << 63
