@@ -745,6 +745,8 @@ class ProcessGroup:
             self._queue.put(_STOP)
             self._thread.join(timeout=5.0)
         self._scratch.clear()
+        if self.world.engine is not None and self.gid != 0:  # its id may be reused: the engine must not keep it
+            self.world.engine.forget_group(self.gid)
 
 
 def forked_message(op: str, parent: int) -> str:

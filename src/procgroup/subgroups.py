@@ -66,6 +66,8 @@ def release_gid(group: ProcessGroup) -> None:
     store = group.world.store
     if store is None or group.gid == 0 or not group.is_member() or group.world.forked():
         return
+    if group.world.engine is not None:  # the mpi backend: MPI_Comm_create_group for a reused id hung in Open MPI
+        return  # (ranks 1, 2 after a destroyed [0, 1] of the same id), so there ids stay unique, as before
     gid, gen = group.gid, group.gen
     rel = f"gidrel/{gid}/{gen}"
     if int(store.add(rel, 1)) < len(group.ranks):

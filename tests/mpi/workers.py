@@ -404,6 +404,38 @@ def p2p_dtype() -> None:
     dist.destroy_process_group()
 
 
+def gid_wrap() -> None:
+    """Issue 11 item 4 under MPI (N=3): after a destroyed group, new groups over other ranks never find its
+    communicator (ids are not reused under this backend: each new group gets a fresh one)."""
+    dist.init_process_group()
+    r = dist.get_rank()
+    seen = set()
+    for i in range(20):
+        first = dist.new_group([0, 1])
+        if r in (0, 1):
+            x = np.ones(1, np.int64)
+            dist.all_reduce(x, group=first)
+            assert x[0] == 2, x
+            seen.add(first.gid)
+            dist.destroy_process_group(first)
+        dist.barrier()
+        for ranks in ([1, 2], [0, 1, 2]):
+            again = dist.new_group(ranks)
+            if r in ranks:
+                assert again.gid not in seen, (i, again.gid, seen)
+                x = np.full(1, r, np.int64)
+                dist.all_reduce(x, group=again)
+                assert x[0] == sum(ranks), (i, ranks, x)
+                seen.add(again.gid)
+                dist.destroy_process_group(again)
+            dist.barrier()
+    x = np.ones(1, np.int64)
+    dist.all_reduce(x)
+    assert x[0] == 3, x
+    print(f"rank {r}: gid wrap ok", flush=True)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     # arguments starting with "pgtest-" are the test's tag (it finds leftover processes by it)
     argv = [a for a in sys.argv[1:] if not a.startswith("pgtest-")]

@@ -51,7 +51,7 @@ class DictStore:
 
 
 def _rank(store, r):
-    world = SimpleNamespace(store=store, rank=r, forked=lambda: False)
+    world = SimpleNamespace(store=store, rank=r, forked=lambda: False, engine=None)
     return SimpleNamespace(world=world, gid=0, gen=0, _child_groups=0)
 
 

@@ -154,6 +154,10 @@ class CollectiveEngine:
         """Start receiving into ``out`` from global rank ``src`` (or ANY_SOURCE): a Request, or None."""
         return None
 
+    def forget_group(self, gid: int) -> None:
+        """Group ``gid`` was destroyed: drop what the engine keeps for it, so a later group given the same id
+        starts afresh (ids are reused)."""
+
     def close(self) -> None:
         """Release the engine's resources (communicators); idempotent."""
 

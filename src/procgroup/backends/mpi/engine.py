@@ -476,6 +476,16 @@ class MpiEngine(CollectiveEngine):
             raise self.mpi_error(e, f"MPI_Irecv from rank {src}") from None
         return _P2P(self, req, src, out.nbytes, True)
 
+    def forget_group(self, gid: int) -> None:
+        """Drop destroyed group ``gid``'s communicator, call-check communicator and broken mark (not freed: as
+        in close).  Ids are not reused under this engine (see subgroups.release_gid)."""
+        if gid == 0:
+            return
+        with self._make_lock:
+            self._comms.pop(gid, None)
+            self._checks.pop(gid, None)
+            self._broken.pop(gid, None)
+
     def close(self) -> None:
         """Forget the communicators (they are released by MPI_Finalize; freeing one may wait for peers)."""
         self._comms.clear()
