@@ -17,28 +17,9 @@ import pytest
 
 from procgroup.netutil import free_port
 
+from .harness import worker_env
+
 pytestmark = pytest.mark.timeout(90)
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _env(rank: int, n: int, port: int, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROCGROUP_", "TORCHELASTIC_", "SLURM_"))}
-    env.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(n),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(n),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        PROCGROUP_SECRET="hardthr-test-secret",
-        PROCGROUP_TIMEOUT="30",
-        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
-        PYTHONUNBUFFERED="1",
-        OMP_NUM_THREADS="1",
-    )
-    env.update(extra or {})
-    return env
 
 
 def _spawn(tmp_path: Path, body: str, n: int, extra: Optional[Dict[str, str]] = None) -> List[subprocess.Popen]:
@@ -48,7 +29,7 @@ def _spawn(tmp_path: Path, body: str, n: int, extra: Optional[Dict[str, str]] = 
     return [
         subprocess.Popen(
             [sys.executable, str(path), str(tmp_path)],
-            env=_env(r, n, port, extra),
+            env=worker_env(r, n, port, "hardthr-test-secret", extra),
             cwd=str(tmp_path),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -4,7 +4,6 @@ point-to-point with mismatched dtypes, and the safe mode of object collectives."
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,65 +14,35 @@ import pytest
 
 from procgroup.netutil import free_port
 
-pytestmark = pytest.mark.timeout(90)
+from .harness import Result, collect, worker_env
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(90)
 
 
 def _run_ranks(
     tmp_path: Path, body: str, n: int, extra: Optional[Dict[str, str]] = None, timeout: float = 60
-) -> List[subprocess.CompletedProcess]:
+) -> List[Result]:
     """Start ``n`` ranks of ``body`` (env:// contract, PROCGROUP_TIMEOUT=10); wait, killing all on timeout."""
     path = tmp_path / "prog.py"
     path.write_text(textwrap.dedent(body))
     port = free_port()
-    procs = []
-    for r in range(n):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PROCGROUP_", "TORCHELASTIC_", "SLURM_"))}
-        env.update(
-            RANK=str(r),
-            WORLD_SIZE=str(n),
-            LOCAL_RANK=str(r),
-            LOCAL_WORLD_SIZE=str(n),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            PROCGROUP_SECRET="ab" * 16,
-            PROCGROUP_TIMEOUT="10",
-            PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
-            PYTHONUNBUFFERED="1",
-            OMP_NUM_THREADS="1",
-            TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+    env = {"PROCGROUP_TIMEOUT": "10", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", **(extra or {})}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(path)],
+            env=worker_env(r, n, port, "ab" * 16, env),
+            cwd=str(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
-        env.update(extra or {})
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(path)],
-                env=env,
-                cwd=str(tmp_path),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-        )
-    out = []
-    try:
-        for p in procs:
-            try:
-                so, se = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, 9)
-                so, se = p.communicate()
-            out.append(subprocess.CompletedProcess(p.args, p.returncode, so, se))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait(5)
-    return out
+        for r in range(n)
+    ]
+    return collect(procs, timeout)
 
 
-def _records(results: List[subprocess.CompletedProcess]) -> List[List[dict]]:
+def _records(results: List[Result]) -> List[List[dict]]:
     """Each rank's JSON lines (one per case); the whole output in the assertion when a rank failed."""
     report = "\n".join(f"--- rank {i} rc={r.returncode}\n{r.stdout}\n{r.stderr}" for i, r in enumerate(results))
     assert all(r.returncode == 0 for r in results), report
