@@ -61,6 +61,39 @@ def worker_env(rank: int, n: int, port: int, secret: str, extra: Optional[Dict[s
     return env
 
 
+def shell_env(
+    rank: object,
+    n: object,
+    port: int,
+    extra: Optional[Dict[str, Optional[str]]] = None,
+    *,
+    timeout: str = "20",
+    secret: Optional[str] = None,
+) -> Dict[str, str]:
+    """What a user types in one shell: ``WORLD_SIZE=n RANK=r MASTER_ADDR=... MASTER_PORT=... python x.py``
+    (no launcher's variables, no PROCGROUP_SECRET unless ``secret``); ``extra`` values of None unset a name."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROCGROUP_", "TORCHELASTIC_", "SLURM_"))}
+    for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        env.pop(k, None)
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(n),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        PROCGROUP_TIMEOUT=timeout,
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        PYTHONUNBUFFERED="1",
+    )
+    if secret is not None:
+        env["PROCGROUP_SECRET"] = secret
+    for k, v in (extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
 def spawn_world(
     n: int,
     func: str,

@@ -14,9 +14,9 @@ import pytest
 
 from procgroup.netutil import free_port
 
-pytestmark = pytest.mark.timeout(60)
+from .harness import shell_env
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(60)
 
 TWO_SHELL = """
 import procgroup as dist
@@ -24,28 +24,6 @@ dist.init_process_group("cpu")
 print(f"rank={dist.get_rank()} local={dist.get_local_rank()}/{dist.get_local_world_size()}", flush=True)
 dist.destroy_process_group()
 """
-
-
-def _env(rank: int, n: int, port: int, extra: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, str]:
-    """What a user types in one shell: ``WORLD_SIZE=n RANK=r MASTER_ADDR=... MASTER_PORT=... python x.py``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROCGROUP_", "TORCHELASTIC_", "SLURM_"))}
-    for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
-        env.pop(k, None)
-    env.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(n),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        PROCGROUP_TIMEOUT="20",
-        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
-        PYTHONUNBUFFERED="1",
-    )
-    for k, v in (extra or {}).items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    return env
 
 
 def _run_ranks(
@@ -58,7 +36,7 @@ def _run_ranks(
     procs = [
         subprocess.Popen(
             [sys.executable, str(path)],
-            env=_env(r, n, port, (extra or [{}] * n)[r]),
+            env=shell_env(r, n, port, (extra or [{}] * n)[r]),
             cwd=str(tmp_path),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

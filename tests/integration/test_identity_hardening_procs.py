@@ -16,9 +16,9 @@ import pytest
 
 from procgroup.netutil import free_port
 
-pytestmark = pytest.mark.timeout(90)
+from .harness import shell_env
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(90)
 
 INIT = """
 import procgroup as dist
@@ -29,26 +29,8 @@ dist.destroy_process_group()
 
 
 def _env(rank: str, n: str, port: int, extra: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, str]:
-    """What a user types in one shell: ``WORLD_SIZE=n RANK=r MASTER_ADDR=... MASTER_PORT=... python x.py``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROCGROUP_", "TORCHELASTIC_", "SLURM_"))}
-    for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
-        env.pop(k, None)
-    env.update(
-        RANK=rank,
-        WORLD_SIZE=n,
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        PROCGROUP_SECRET="identity-hardening",
-        PROCGROUP_TIMEOUT="60",
-        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
-        PYTHONUNBUFFERED="1",
-    )
-    for k, v in (extra or {}).items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    return env
+    """One shell's environment (harness.shell_env) with this file's secret and a 60 s deadline."""
+    return shell_env(rank, n, port, extra, timeout="60", secret="identity-hardening")
 
 
 def _run(
