@@ -82,13 +82,13 @@ def test_what_mpi_lacks_and_p2p_across_three_hosts(netns_hosts: NetnsHosts):
         assert re.search(rf"rank {rank}: \d+ extra checks passed", r.stdout), ctx
 
 
-# Not here: ``srun --mpi=pmix``.  The namespace hosts share /tmp, and slurmstepd's pmix plugin makes
-# /tmp/spmix_appdir_<uid>_<job>.<step> on every node, so the second node's step fails with EEXIST
-# (slurmd log: "pmixp_mkdir: Cannot create directory ... File exists").  Debian's Open MPI has no Slurm
-# PMI-2 support, so the pmi2 run uses MPICH.
-@pytest.mark.parametrize("pmi, abi", [("pmi2", "mpich")])
+# ``srun --mpi=pmix`` needs a per-node TmpFS (infra/slurm_up.sh sets ``TmpFS=.../tmp/%n``): the namespace hosts
+# share /tmp, and slurmstepd's pmix plugin makes spmix_appdir_<uid>_<job>.<step> under TmpFS on every node, so with
+# a shared /tmp the second node's step failed with EEXIST.  Debian's Open MPI has no Slurm PMI-2 support, so the
+# pmi2 run uses MPICH, and the pmix run Open MPI.
+@pytest.mark.parametrize("pmi, abi", [("pmi2", "mpich"), ("pmix", "openmpi")])
 def test_srun_mpi(slurm_cluster: SlurmCluster, pmi: str, abi: str, tmp_path):
-    """``srun --mpi=pmi2 -N3 -n6`` (MPICH): the reference suite with Slurm's PMI wiring MPI up."""
+    """``srun --mpi=pmi2`` (MPICH) / ``--mpi=pmix`` (Open MPI) ``-N3 -n6``: the reference suite, Slurm wiring MPI up."""
     hosts = slurm_cluster.hosts
     world = PER_NODE * len(hosts.names)
     try:
