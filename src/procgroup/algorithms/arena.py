@@ -19,7 +19,7 @@ mismatch.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
@@ -60,15 +60,38 @@ def _reduce_into(out: np.ndarray, views: Any, reduce: Reducer) -> None:
         reduce(out, np.frombuffer(v, dt, n))
 
 
+#: (ufunc, dtype) -> (op, type) codes of the compiled arena's own reductions (``Arena.exchange_reduce``)
+_FUSED: Dict[Tuple[Any, np.dtype], Tuple[int, int]] = {
+    (uf, np.dtype(dt)): (op, code)
+    for uf, op in ((np.add, 0), (np.multiply, 1), (np.minimum, 2), (np.maximum, 3))
+    for dt, code in (("float32", 0), ("float64", 1), ("int32", 2), ("int64", 3))
+}
+
+
+def _fused(a: Any, comm: Any, buf: np.ndarray, reduce: Reducer, here: bool) -> bool:
+    """Publish and (``here``) reduce in one compiled call where the arena has one for this op and dtype."""
+    xr = getattr(a, "exchange_reduce", None)
+    if xr is None:
+        return False
+    codes = _FUSED.get((getattr(reduce, "ufunc", None), buf.dtype))
+    return codes is not None and xr(buf, codes[0], codes[1], comm.check_word(), comm.deadline, here)
+
+
 def allreduce_arena(comm: Any, buf: np.ndarray, reduce: Reducer) -> None:
     """Everyone publishes ``buf``; everyone reduces all slots in member order into ``buf``."""
-    views = _arena(comm).exchange(_bytes(buf), comm.check_word(), comm.deadline)
+    a = _arena(comm)
+    if _fused(a, comm, buf, reduce, True):
+        return
+    views = a.exchange(_bytes(buf), comm.check_word(), comm.deadline)
     _reduce_into(buf, views, reduce)
 
 
 def reduce_arena(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> None:
     """Everyone publishes ``buf``; the root reduces all slots in member order."""
-    views = _arena(comm).exchange(_bytes(buf), comm.check_word(), comm.deadline)
+    a = _arena(comm)
+    if _fused(a, comm, buf, reduce, comm.rank == root):
+        return
+    views = a.exchange(_bytes(buf), comm.check_word(), comm.deadline)
     if comm.rank == root:
         _reduce_into(buf, views, reduce)
 
