@@ -392,7 +392,7 @@ static PyMethodDef Slots_methods[] = {
 };
 
 static PyMemberDef Slots_members[] = {
-    {"count", T_ULONGLONG, offsetof(Slots, count), READONLY, "calls published so far"},
+    {"count", T_ULONGLONG, offsetof(Slots, count), 0, "calls published so far"},
     {NULL, 0, 0, 0, NULL},
 };
 
