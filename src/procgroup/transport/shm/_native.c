@@ -171,18 +171,24 @@ static inline int sleepers_up(const Slots *s) {
     return 0;
 }
 
-/* poll until every member arrived (1) or the spin ended or the slots were released (0); GIL released */
+/* poll until every member arrived (1) or the spin ended or the slots were released (0); GIL released.
+ * On an oversubscribed host every poll yields the CPU (the member we wait for may be queued behind us); else the
+ * first PURE_SPIN_NS poll without a syscall, and then each poll yields too: a host busy with other work
+ * behaves as an oversubscribed one, and an idle CPU returns from sched_yield at once. */
+#define PURE_SPIN_NS 20000LL
 static int spin(Slots *s, int k, uint32_t val, uint32_t check) {
-    long long end = now_ns() + s->spin_ns;
+    long long start = now_ns(), end = start + s->spin_ns, pure = s->yield ? start : start + PURE_SPIN_NS;
     for (;;) {
-        for (int j = 0; j < (s->yield ? 1 : 64); j++) {
+        long long now = now_ns();
+        int yld = now >= pure;
+        for (int j = 0; j < (yld ? 1 : 64); j++) {
             if (all_arrived(s, k, val, check)) return 1;
-            if (s->yield)
-                sched_yield(); /* the member we wait for may be queued behind us */
+            if (yld)
+                sched_yield();
             else
                 CPU_RELAX();
         }
-        if (__atomic_load_n(&s->released, __ATOMIC_RELAXED) || now_ns() >= end) return 0;
+        if (__atomic_load_n(&s->released, __ATOMIC_RELAXED) || now >= end) return 0;
     }
 }
 
