@@ -10,6 +10,8 @@ extension was not built.  Then the fused publish+reduce: every op and dtype the 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
 from typing import Any, List
 
@@ -19,6 +21,7 @@ import pytest
 from procgroup.algorithms import arena as alg
 from procgroup.config import ShmOptions, shm_options
 from procgroup.deadline import Deadline
+from procgroup.errors import ClosedError, DistTimeoutError, PeerFailureError, ProcGroupError
 from procgroup.ops import ReduceOp, reducer
 from procgroup.transport import Transport
 from procgroup.transport.shm import ARENA_BYTES
@@ -256,6 +259,138 @@ def test_a_payload_larger_than_a_slot_is_refused_by_the_fused_path(native: bool)
             if not a.exchange_reduce(big, 0, 0, 5, Deadline.after(5)):
                 a.exchange(memoryview(big).cast("B"), 5, Deadline.after(5))
         assert a.calls == 0  # nothing was published
+    finally:
+        for t in ts:
+            t.close()
+    assert _segments(job) == []
+
+
+# -- fused publish + copy (broadcast, all_gather) ---------------------------------------------------------------
+@pytest.mark.parametrize("native", PATHS)
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_broadcast_and_all_gather_copy_every_members_bytes(native: bool, n: int) -> None:
+    job = f"narena-{uuid.uuid4().hex[:10]}"
+    ts = _form("shm", n, job, shm_options=ShmOptions(native=native))
+    members = list(range(n))
+    fails: List[str] = []
+    try:
+
+        def body(t: Transport) -> None:
+            a = t.arena(1, members)
+            assert a is not None and a.native is native
+            rnd = 0
+            for dtype in ("uint8", "float16", "int64", "complex64"):
+                isz = np.dtype(dtype).itemsize
+                for size in (0, 1, 7, 1001, ARENA_BYTES // isz):
+                    for root in members:
+                        rnd += 1
+                        src = (np.arange(size) * (root + 3) % 251).astype(dtype)
+                        b = src.copy() if t.rank == root else np.zeros(size, dtype)
+                        alg.bcast_arena(_Comm(a, t.rank, rnd), b, root)
+                        if b.tobytes() != src.tobytes():
+                            fails.append(f"broadcast {dtype} n={size} root {root} rank {t.rank}")
+                    rnd += 1
+                    mine = (np.arange(size) + 7 * t.rank).astype(dtype)
+                    out = np.full(n * size, 99, dtype)
+                    alg.allgather_arena(_Comm(a, t.rank, rnd), mine, out)
+                    want = np.concatenate([(np.arange(size) + 7 * m).astype(dtype) for m in members])
+                    if out.tobytes() != want.tobytes():
+                        fails.append(f"all_gather {dtype} n={size} rank {t.rank}")
+            # an output the C copy does not take (non-contiguous) falls back to numpy's copies
+            rnd += 1
+            out2 = np.zeros(2 * 3 * n, np.int32)[::2]
+            alg.allgather_arena(_Comm(a, t.rank, rnd), np.full(3, t.rank, np.int32), out2)
+            if out2.tolist() != [m for m in members for _ in range(3)]:
+                fails.append(f"strided all_gather rank {t.rank}: {out2}")
+
+        run_ranks(ts, body)
+    finally:
+        for t in ts:
+            t.close()
+    assert not fails, fails[:10]
+    assert _segments(job) == []
+
+
+# -- the fused calls keep exchange's failure semantics -----------------------------------------------------------
+def _fused_call(a: Any, which: str, check: int, deadline: Deadline) -> None:
+    x = np.ones(4, np.float32)
+    if which == "reduce":
+        done = a.exchange_reduce(x, 0, 0, check, deadline)
+    elif which == "copy":
+        done = a.exchange_copy(None, x, 1, check, deadline)
+    else:
+        done = a.exchange_copy(x, np.zeros(4 * len(a.members), np.float32), -1, check, deadline)
+    if not done:  # the Python path: the plain exchange
+        a.exchange(memoryview(x).cast("B"), check, deadline)
+
+
+FUSED = ["reduce", "copy", "gather"]
+
+
+@pytest.mark.parametrize("native", PATHS)
+@pytest.mark.parametrize("which", FUSED)
+def test_fused_calls_time_out_naming_the_missing_member(native: bool, which: str) -> None:
+    job = f"narena-{uuid.uuid4().hex[:10]}"
+    ts = _form("shm", 2, job, shm_options=ShmOptions(native=native))
+    try:
+        a = ts[0].arena(3, [0, 1])
+        t0 = time.monotonic()
+        with pytest.raises(DistTimeoutError) as ei:
+            _fused_call(a, which, 5, Deadline.after(0.5))
+        assert 0.4 < time.monotonic() - t0 < 5.0
+        assert "[1]" in str(ei.value) and "rank 0" in str(ei.value) and "call 1 " in str(ei.value)
+    finally:
+        for t in ts:
+            t.close()
+    assert _segments(job) == []
+
+
+@pytest.mark.parametrize("native", PATHS)
+@pytest.mark.parametrize("which", FUSED)
+def test_fused_calls_with_different_check_words_never_complete(native: bool, which: str) -> None:
+    job = f"narena-{uuid.uuid4().hex[:10]}"
+    ts = _form("shm", 2, job, shm_options=ShmOptions(native=native))
+    errs: List[BaseException] = []
+    try:
+
+        def body(t: Transport) -> None:
+            try:
+                _fused_call(t.arena(4, [0, 1]), which, 100 + t.rank, Deadline.after(0.6))
+            except DistTimeoutError as e:
+                errs.append(e)
+
+        run_ranks(ts, body)
+    finally:
+        for t in ts:
+            t.close()
+    assert len(errs) == 2
+    assert _segments(job) == []
+
+
+@pytest.mark.parametrize("native", PATHS)
+@pytest.mark.parametrize("which", FUSED)
+@pytest.mark.parametrize("how", ["abort", "peer closes", "own close", "own close mid-spin"])
+def test_fused_calls_wake_on_abort_close_and_a_dead_peer(native: bool, which: str, how: str) -> None:
+    """'own close mid-spin': a 1 s spin, so the close (and the unmapping) comes while the C call spins."""
+    job = f"narena-{uuid.uuid4().hex[:10]}"
+    spin = 1e6 if how == "own close mid-spin" else None
+    ts = _form("shm", 2, job, shm_options=ShmOptions(native=native, spin_us=spin))
+    try:
+        t = ts[0]
+        a = t.arena(5, [0, 1])
+        if how == "abort":
+            act, err = (lambda: t.abort(ProcGroupError("aborted by the test"))), ProcGroupError
+        elif how == "peer closes":
+            act, err = ts[1].close, PeerFailureError
+        else:  # our own transport closes (another thread) while this one waits in the arena
+            act, err = t.close, (ClosedError, ProcGroupError)
+        threading.Timer(0.3, act).start()
+        t0 = time.monotonic()
+        with pytest.raises(err) as ei:
+            _fused_call(a, which, 1, Deadline.after(20))
+        assert time.monotonic() - t0 < 5.0
+        if how == "peer closes":
+            assert ei.value.peer == 1  # type: ignore[union-attr]
     finally:
         for t in ts:
             t.close()

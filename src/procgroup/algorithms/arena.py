@@ -28,6 +28,7 @@ from ..errors import ConfigError
 __all__ = ["allreduce_arena", "bcast_arena", "reduce_arena", "allgather_arena", "barrier_arena", "fits"]
 
 Reducer = Callable[[np.ndarray, np.ndarray], None]
+_EMPTY = np.zeros(0, np.uint8)  # the root's `out` of a broadcast: nothing to copy
 
 
 def fits(comm: Any, nbytes: int) -> bool:
@@ -99,14 +100,32 @@ def reduce_arena(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> None
 def bcast_arena(comm: Any, buf: np.ndarray, root: int) -> None:
     """The root publishes ``buf``, the others publish nothing and copy the root's slot."""
     me = comm.rank
-    views = _arena(comm).exchange(_bytes(buf) if me == root else None, comm.check_word(), comm.deadline)
+    a = _arena(comm)
+    xc = getattr(a, "exchange_copy", None)  # the compiled path: publish, wait and copy in one call
+    if xc is not None and buf.flags.c_contiguous:
+        if (
+            xc(buf, _EMPTY, root, comm.check_word(), comm.deadline)
+            if me == root
+            else xc(None, buf, root, comm.check_word(), comm.deadline)
+        ):
+            return
+    views = a.exchange(_bytes(buf) if me == root else None, comm.check_word(), comm.deadline)
     if me != root:
         buf[...] = np.frombuffer(views[root], buf.dtype, buf.shape[0])
 
 
 def allgather_arena(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
     """Everyone publishes ``sendbuf``; ``recvbuf`` gets every slot in member order."""
-    views = _arena(comm).exchange(_bytes(sendbuf), comm.check_word(), comm.deadline)
+    a = _arena(comm)
+    xc = getattr(a, "exchange_copy", None)  # the compiled path: publish, wait and gather in one call
+    if (
+        xc is not None
+        and recvbuf.nbytes == sendbuf.nbytes * len(a.members)
+        and recvbuf.flags.c_contiguous
+        and xc(sendbuf, recvbuf, -1, comm.check_word(), comm.deadline)
+    ):
+        return
+    views = a.exchange(_bytes(sendbuf), comm.check_word(), comm.deadline)
     n = sendbuf.shape[0]
     dt = recvbuf.dtype
     for i, v in enumerate(views):

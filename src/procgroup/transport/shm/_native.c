@@ -353,6 +353,75 @@ static PyObject *Slots_reduce(Slots *s, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+static void copy_slots(const Slots *s, int k, char *out, Py_ssize_t nbytes, Py_ssize_t src) {
+    char *const *sl = s->slot[k];
+    if (src >= 0) {
+        memcpy(out, sl[src] + SLOT_HDR, (size_t)nbytes);
+        return;
+    }
+    Py_ssize_t each = nbytes / s->n;
+    for (Py_ssize_t m = 0; m < s->n; m++) memcpy(out + m * each, sl[m] + SLOT_HDR, (size_t)each);
+}
+
+/* exchange_copy(data, check, out, src): publish data (None: no bytes); when complete, out = member src's slot
+ * (its first len(out) bytes), or with src -1 every member's first len(out)/n bytes, in member order */
+static PyObject *Slots_exchange_copy(Slots *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "exchange_copy(data, check, out, src)");
+        return NULL;
+    }
+    if (check_live(s)) return NULL;
+    unsigned long check = PyLong_AsUnsignedLongMask(args[1]);
+    if (check == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t src = PyLong_AsSsize_t(args[3]);
+    if (src == -1 && PyErr_Occurred()) return NULL;
+    if (src < -1 || src >= s->n) {
+        PyErr_SetString(PyExc_ValueError, "exchange_copy: no such member");
+        return NULL;
+    }
+    Py_buffer o, b;
+    if (PyObject_GetBuffer(args[2], &o, PyBUF_WRITABLE) < 0) return NULL;
+    b.buf = NULL;
+    b.len = 0;
+    if (args[0] != Py_None && PyObject_GetBuffer(args[0], &b, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&o);
+        return NULL;
+    }
+    int r;
+    if (b.len > s->max_bytes || (src >= 0 ? o.len : o.len / s->n) > s->max_bytes)
+        r = R_TOO_LARGE;
+    else if (src < 0 && o.len % s->n) {
+        r = R_MISALIGNED; /* not n equal parts: the caller copies */
+    } else {
+        r = publish_and_poll(s, b.buf, b.len, (uint32_t)check);
+        if (r >= 0) copy_slots(s, s->k, o.buf, o.len, src);
+    }
+    if (args[0] != Py_None) PyBuffer_Release(&b);
+    PyBuffer_Release(&o);
+    return PyLong_FromLong(r);
+}
+
+/* copy(out, src): as exchange_copy's copy, for the last call (after the caller saw it complete) */
+static PyObject *Slots_copy(Slots *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "copy(out, src)");
+        return NULL;
+    }
+    if (check_live(s)) return NULL;
+    Py_ssize_t src = PyLong_AsSsize_t(args[1]);
+    if (src == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer o;
+    if (PyObject_GetBuffer(args[0], &o, PyBUF_WRITABLE) < 0) return NULL;
+    if (src < -1 || src >= s->n || (src >= 0 ? o.len : o.len / s->n) > s->max_bytes || (src < 0 && o.len % s->n)) {
+        PyBuffer_Release(&o);
+        PyErr_SetString(PyExc_ValueError, "copy: bad member or buffer");
+        return NULL;
+    }
+    copy_slots(s, s->k, o.buf, o.len, src);
+    PyBuffer_Release(&o);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Slots_arrived(Slots *s, PyObject *unused) {
     if (s->released || !s->bufs || !s->count) Py_RETURN_FALSE;
     return PyBool_FromLong(all_arrived(s, s->k, s->val, s->check));
@@ -391,6 +460,10 @@ static PyMethodDef Slots_methods[] = {
      "element size (nothing done); reduces into buf when complete"},
     {"reduce", (PyCFunction)(void (*)(void))Slots_reduce, METH_FASTCALL,
      "reduce(buf, op, type): reduce the last call's slots into buf"},
+    {"exchange_copy", (PyCFunction)(void (*)(void))Slots_exchange_copy, METH_FASTCALL,
+     "exchange_copy(data, check, out, src) -> as exchange (-3: out is not n equal parts, nothing done); copies "
+     "member src's slot (src -1: every member's, in order) into out when complete"},
+    {"copy", (PyCFunction)(void (*)(void))Slots_copy, METH_FASTCALL, "copy(out, src): exchange_copy's copy"},
     {"arrived", (PyCFunction)Slots_arrived, METH_NOARGS, "True when every member published the last call"},
     {"missing", (PyCFunction)Slots_missing, METH_NOARGS, "indices of the members missing from the last call"},
     {"release", (PyCFunction)Slots_release, METH_NOARGS, "drop the exports of the mappings"},

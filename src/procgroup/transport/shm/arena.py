@@ -174,10 +174,11 @@ class ShmArena(Arena):
         self._segs = []
 
     def _arrived(self, k: int, val: int, check: int) -> bool:
-        for w, c in self._slots[k]:
+        slots = self._slots[k]
+        for w, c in slots:
             if w[c] != val or w[c + 1] != check:
                 return False
-        return True
+        return bool(slots)  # released (the transport closed during the spin): not arrived
 
     def exchange(self, data: Optional[Any], check: int, deadline: Optional[Deadline]) -> Sequence[memoryview]:
         """Publish ``data`` (a byte view, or None) with ``check``; returns every member's slot, in member order."""
@@ -251,6 +252,36 @@ class ShmArena(Arena):
         t.bytes_sent += buf.nbytes  # for `procgroup top` (procgroup.telemetry)
         return True
 
+    def exchange_copy(self, data: Optional[Any], out: Any, src: int, check: int, deadline: Optional[Deadline]) -> bool:
+        """Publish ``data`` (None: no bytes) and copy into ``out``, in one C call, member ``src``'s slot (its first
+        ``out.nbytes`` bytes) or, with ``src`` -1, every member's first ``out.nbytes / n`` bytes in member order.
+
+        Returns False, having done nothing, where the compiled path is off or ``out`` does not split into
+        equal parts: the caller then uses :meth:`exchange` and copies itself.  Raises as :meth:`exchange`.
+        """
+        nat = self._nat
+        if nat is None:
+            return False
+        t = self.t
+        if t._aborted is not None:
+            raise t._aborted
+        if t._closed or not self._others:
+            raise ClosedError(f"rank {t.rank}: shared-slot exchange on a closed shm transport")
+        r = nat.exchange_copy(data, check, out, src)
+        if r < 0:
+            if r == -3:
+                return False
+            if r == -2:
+                n = max(memoryview(data or b"").nbytes, out.nbytes if src >= 0 else out.nbytes // len(self.members))
+                raise ConfigError(f"arena exchange of {n} bytes exceeds the slot size {ARENA_BYTES}")
+            self._sleep(nat.arrived, nat.missing, deadline)
+            nat.copy(out, src)
+        elif r:
+            self._ring_sleepers()
+        if data is not None:
+            t.bytes_sent += memoryview(data).nbytes  # for `procgroup top` (procgroup.telemetry)
+        return True
+
     def _ring_sleepers(self) -> None:
         ring = self.t.doorbell.ring
         for seg in self._others:
@@ -263,11 +294,14 @@ class ShmArena(Arena):
         if spin:
             end = time.monotonic() + spin
             yld = self._oversubscribed
-            while time.monotonic() < end:
-                if arrived(k, val, check):
-                    return
-                if yld:
-                    _sched_yield()  # the member we wait for may be queued behind us
+            try:
+                while time.monotonic() < end:
+                    if arrived(k, val, check):
+                        return
+                    if yld:
+                        _sched_yield()  # the member we wait for may be queued behind us
+            except ValueError:  # the views were released: the transport closed (the sleep loop says so)
+                pass
         slots = self._slots[k]
 
         def missing() -> List[int]:
@@ -285,10 +319,13 @@ class ShmArena(Arena):
                 raise t._aborted
             if t._closed or seg is None:
                 raise ClosedError(f"rank {t.rank}: the shm transport was closed during a shared-slot exchange")
-            snap = seg.i[OFF_BELL // 4]  # before the check: a ring after it moves the doorbell
-            if ready():
-                return
-            miss = [self.members[i] for i in missing()]
+            try:
+                snap = seg.i[OFF_BELL // 4]  # before the check: a ring after it moves the doorbell
+                if ready():
+                    return
+                miss = [self.members[i] for i in missing()]
+            except ValueError:  # the views were released: the transport closed just now (raised above)
+                continue
             dead = [m for m in miss if m in t._failed]
             if dead:
                 raise PeerFailureError(
