@@ -116,6 +116,7 @@ class ENV:
     SHM_SPIN_US = "PROCGROUP_SHM_SPIN_US"  # how long a shm wait spins before sleeping on a futex
     SHM_SPLIT = "PROCGROUP_SHM_SPLIT"  # "0": one thread copies a large single-copy message, not two
     SHM_ARENA = "PROCGROUP_SHM_ARENA"  # "0": small collectives within a host use messages, not the shared slots
+    NATIVE = "PROCGROUP_NATIVE"  # "0": the pure-Python path even where the compiled arena fast path was built
     HEARTBEAT_TIMEOUT = "PROCGROUP_HEARTBEAT_TIMEOUT"  # seconds: a multi-node agent this silent is lost
     # -- secret policy and store admission (issue 11 items 12-14)
     SECRET_FILE = "PROCGROUP_SECRET_FILE"  # file holding the job secret; PROCGROUP_SECRET wins over it
@@ -186,6 +187,11 @@ _TABLE = (
     EnvVar(
         ENV.SHM_ARENA,
         "0 sends small collectives among the ranks of one host as messages instead of through shared slots (the arena)",
+        "user",
+    ),
+    EnvVar(
+        ENV.NATIVE,
+        "0: the shared slots run the pure-Python path even where the optional compiled fast path was built",
         "user",
     ),
     # -- secret policy and store admission (issue 11 items 12-14)
@@ -461,6 +467,8 @@ class ShmOptions:
     split: bool = True
     #: small collectives among the ranks of one host through shared slots
     arena: bool = True
+    #: the shared slots' compiled fast path, where it was built (``PROCGROUP_NATIVE``)
+    native: bool = True
 
 
 def shm_options(environ: Optional[Mapping[str, str]] = None) -> ShmOptions:
@@ -470,6 +478,7 @@ def shm_options(environ: Optional[Mapping[str, str]] = None) -> ShmOptions:
         spin_us=env_micros(ENV.SHM_SPIN_US, environ),
         split=env_bool(ENV.SHM_SPLIT, environ, default=True),
         arena=env_bool(ENV.SHM_ARENA, environ, default=True),
+        native=env_bool(ENV.NATIVE, environ, default=True),
     )
 
 

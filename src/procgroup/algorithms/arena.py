@@ -19,7 +19,7 @@ mismatch.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from ..errors import ConfigError
 __all__ = ["allreduce_arena", "bcast_arena", "reduce_arena", "allgather_arena", "barrier_arena", "fits"]
 
 Reducer = Callable[[np.ndarray, np.ndarray], None]
+_EMPTY = np.zeros(0, np.uint8)  # the root's `out` of a broadcast: nothing to copy
 
 
 def fits(comm: Any, nbytes: int) -> bool:
@@ -60,15 +61,38 @@ def _reduce_into(out: np.ndarray, views: Any, reduce: Reducer) -> None:
         reduce(out, np.frombuffer(v, dt, n))
 
 
+#: (ufunc, dtype) -> (op, type) codes of the compiled arena's own reductions (``Arena.exchange_reduce``)
+_FUSED: Dict[Tuple[Any, np.dtype], Tuple[int, int]] = {
+    (uf, np.dtype(dt)): (op, code)
+    for uf, op in ((np.add, 0), (np.multiply, 1), (np.minimum, 2), (np.maximum, 3))
+    for dt, code in (("float32", 0), ("float64", 1), ("int32", 2), ("int64", 3))
+}
+
+
+def _fused(a: Any, comm: Any, buf: np.ndarray, reduce: Reducer, here: bool) -> bool:
+    """Publish and (``here``) reduce in one compiled call where the arena has one for this op and dtype."""
+    xr = getattr(a, "exchange_reduce", None)
+    if xr is None:
+        return False
+    codes = _FUSED.get((getattr(reduce, "ufunc", None), buf.dtype))
+    return codes is not None and xr(buf, codes[0], codes[1], comm.check_word(), comm.deadline, here)
+
+
 def allreduce_arena(comm: Any, buf: np.ndarray, reduce: Reducer) -> None:
     """Everyone publishes ``buf``; everyone reduces all slots in member order into ``buf``."""
-    views = _arena(comm).exchange(_bytes(buf), comm.check_word(), comm.deadline)
+    a = _arena(comm)
+    if _fused(a, comm, buf, reduce, True):
+        return
+    views = a.exchange(_bytes(buf), comm.check_word(), comm.deadline)
     _reduce_into(buf, views, reduce)
 
 
 def reduce_arena(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> None:
     """Everyone publishes ``buf``; the root reduces all slots in member order."""
-    views = _arena(comm).exchange(_bytes(buf), comm.check_word(), comm.deadline)
+    a = _arena(comm)
+    if _fused(a, comm, buf, reduce, comm.rank == root):
+        return
+    views = a.exchange(_bytes(buf), comm.check_word(), comm.deadline)
     if comm.rank == root:
         _reduce_into(buf, views, reduce)
 
@@ -76,14 +100,32 @@ def reduce_arena(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> None
 def bcast_arena(comm: Any, buf: np.ndarray, root: int) -> None:
     """The root publishes ``buf``, the others publish nothing and copy the root's slot."""
     me = comm.rank
-    views = _arena(comm).exchange(_bytes(buf) if me == root else None, comm.check_word(), comm.deadline)
+    a = _arena(comm)
+    xc = getattr(a, "exchange_copy", None)  # the compiled path: publish, wait and copy in one call
+    if xc is not None and buf.flags.c_contiguous:
+        if (
+            xc(buf, _EMPTY, root, comm.check_word(), comm.deadline)
+            if me == root
+            else xc(None, buf, root, comm.check_word(), comm.deadline)
+        ):
+            return
+    views = a.exchange(_bytes(buf) if me == root else None, comm.check_word(), comm.deadline)
     if me != root:
         buf[...] = np.frombuffer(views[root], buf.dtype, buf.shape[0])
 
 
 def allgather_arena(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
     """Everyone publishes ``sendbuf``; ``recvbuf`` gets every slot in member order."""
-    views = _arena(comm).exchange(_bytes(sendbuf), comm.check_word(), comm.deadline)
+    a = _arena(comm)
+    xc = getattr(a, "exchange_copy", None)  # the compiled path: publish, wait and gather in one call
+    if (
+        xc is not None
+        and recvbuf.nbytes == sendbuf.nbytes * len(a.members)
+        and recvbuf.flags.c_contiguous
+        and xc(sendbuf, recvbuf, -1, comm.check_word(), comm.deadline)
+    ):
+        return
+    views = a.exchange(_bytes(sendbuf), comm.check_word(), comm.deadline)
     n = sendbuf.shape[0]
     dt = recvbuf.dtype
     for i, v in enumerate(views):

@@ -15,27 +15,67 @@ publish and one wake instead of log2(p) rounds of matched messages.
 
 Each slot is double-buffered by call parity, so a fast member never
 overwrites a slot a slow member still reads.
+
+Compiled fast path: where the optional extension ``_native`` was built (setup.py; plain C on the CPython API)
+and ``PROCGROUP_NATIVE`` is not 0, publish, fence, check and the spin run in one C call with the GIL released,
+and :meth:`ShmArena.exchange_reduce` also reduces there (SUM/PRODUCT/MIN/MAX on float32/float64/int32/int64, in
+member order, numpy's results bit for bit).  The slot protocol is the same, so ranks on either path exchange
+with each other; the sleep loop (doorbell, deadline, peer failure, abort, close) stays in Python on both, and
+the C call returns to it when its spin ends.  x86-64 only (the ordering the Python path relies on, see layout).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from ...deadline import Deadline
 from ...errors import ClosedError, ConfigError, DistTimeoutError, PeerFailureError
 from ..base import ARENA_BYTES, Arena
 from .doorbell import Doorbell
-from .layout import ARENA_HDR, ARENA_SLOT, OFF_BELL, OFF_SLEEP, Segment, fence
+from .layout import ARENA_HDR, ARENA_SLOT, OFF_BELL, OFF_SLEEP, X86, Segment, fence
 
-__all__ = ["ShmArena", "ArenaHost", "ARENA_SPIN", "ARENA_SPIN_OVERSUBSCRIBED"]
+try:
+    from . import _native
+except ImportError as e:  # not built (no compiler at install time): the pure-Python path
+    _native = None  # type: ignore[assignment]
+    _NATIVE_MISSING = str(e)
+else:
+    _NATIVE_MISSING = ""
+
+__all__ = ["ShmArena", "ArenaHost", "ARENA_SPIN", "ARENA_SPIN_OVERSUBSCRIBED", "native_available", "REDUCE_OPS"]
+
+logger = logging.getLogger("procgroup.transport")
+
+#: the reductions the compiled path does itself: op codes and element-type codes of ``exchange_reduce``
+REDUCE_OPS = {"sum": 0, "product": 1, "min": 2, "max": 3}
+REDUCE_TYPES = {"float32": 0, "float64": 1, "int32": 2, "int64": 3}
 
 #: how long an arena wait polls before it sleeps (s): every local rank has a CPU / the host is oversubscribed
 ARENA_SPIN = 200e-6
 ARENA_SPIN_OVERSUBSCRIBED = 300e-6
 
 _sched_yield = getattr(os, "sched_yield", lambda: None)
+_noticed = False
+
+
+def native_available() -> bool:
+    """True when the compiled fast path was built and can run here (x86-64)."""
+    return _native is not None and X86
+
+
+def _notice_once() -> None:
+    global _noticed
+    if not _noticed:
+        _noticed = True
+        why = "not built (no C compiler at install time?)" if _native is None else "x86-64 only"
+        logger.info(
+            "procgroup: compiled arena fast path %s; small collectives use the pure-Python path "
+            "(reinstall with a C compiler for it; PROCGROUP_NATIVE=0 selects the Python path on purpose)",
+            why,
+        )
 
 
 class ArenaHost(Protocol):
@@ -57,7 +97,8 @@ class ShmArena(Arena):
     """Arena slots of group ``key`` in the segments of ``members`` (``segs``, in member order).
 
     ``spin``: seconds a wait polls before it sleeps (yielding the CPU at every poll when ``oversubscribed``);
-    ``slice_s``: the longest sleep without a deadline.
+    ``slice_s``: the longest sleep without a deadline; ``native``: use the compiled fast path where it was
+    built (``PROCGROUP_NATIVE``).
 
     ``exchange`` raises ClosedError on a closed transport, the abort error after ``abort()``,
     PeerFailureError when a missing member is known dead, DistTimeoutError past the deadline,
@@ -74,6 +115,7 @@ class ShmArena(Arena):
         spin: float,
         oversubscribed: bool,
         slice_s: float,
+        native: bool = True,
     ) -> None:
         self.t = t
         self._spin = spin
@@ -92,21 +134,51 @@ class ShmArena(Arena):
             [memoryview(seg.mm)[off + ARENA_HDR :][:ARENA_BYTES] for seg, off in zip(segs, offs[k])] for k in (0, 1)
         ]
         self._others = [seg for seg in segs if seg is not own]
+        self._segs = segs
         self.count = 0
+        self._nat: Any = None
+        if native:
+            if native_available():
+                self._nat = _native.Slots(
+                    [seg.mm for seg in segs],
+                    offs[0],
+                    offs[1],
+                    self.index,
+                    ARENA_BYTES,
+                    OFF_SLEEP,
+                    int(spin * 1e9),
+                    oversubscribed,
+                )
+            else:
+                _notice_once()
+
+    @property
+    def native(self) -> bool:
+        """True when this arena runs the compiled fast path."""
+        return self._nat is not None
+
+    @property
+    def calls(self) -> int:
+        """Exchanges published so far."""
+        return int(self._nat.count) if self._nat is not None else self.count
 
     def release(self) -> None:
         """Drop the views into the segments (before they are unmapped)."""
+        if self._nat is not None:
+            self._nat.release()  # its exports end once no call of ours is inside it
         for views in self._data:
             for v in views:
                 v.release()
         self._slots = [[], []]
         self._others = []
+        self._segs = []
 
     def _arrived(self, k: int, val: int, check: int) -> bool:
-        for w, c in self._slots[k]:
+        slots = self._slots[k]
+        for w, c in slots:
             if w[c] != val or w[c + 1] != check:
                 return False
-        return True
+        return bool(slots)  # released (the transport closed during the spin): not arrived
 
     def exchange(self, data: Optional[Any], check: int, deadline: Optional[Deadline]) -> Sequence[memoryview]:
         """Publish ``data`` (a byte view, or None) with ``check``; returns every member's slot, in member order."""
@@ -115,44 +187,131 @@ class ShmArena(Arena):
             raise t._aborted
         if t._closed or not self._others:
             raise ClosedError(f"rank {t.rank}: shared-slot exchange on a closed shm transport")
+        nat = self._nat
+        if nat is not None:
+            r = nat.exchange(data, check)
+            if r < 0:
+                if r == -2:
+                    n = memoryview(data or b"").nbytes
+                    raise ConfigError(f"arena exchange of {n} bytes exceeds the slot size {ARENA_BYTES}")
+                self._sleep(nat.arrived, nat.missing, deadline)
+            elif r:
+                self._ring_sleepers()
+            if data is not None:
+                t.bytes_sent += data.nbytes  # for `procgroup top` (procgroup.telemetry)
+            return self._data[(nat.count - 1) & 1]
+        n = 0 if data is None else data.nbytes
+        if n > ARENA_BYTES:  # before counting the call: a refused call must not shift this member's count
+            raise ConfigError(f"arena exchange of {n} bytes exceeds the slot size {ARENA_BYTES}")
         k = self.count & 1
         self.count += 1
         val = (self.count - 1) % 0xFFFFFFFF + 1  # never 0 (0: "never published")
         me = self.index
         views = self._data[k]
-        if data is not None:
-            n = data.nbytes
-            if n > ARENA_BYTES:
-                raise ConfigError(f"arena exchange of {n} bytes exceeds the slot size {ARENA_BYTES}")
-            if n:
-                views[me][:n] = data
-                t.bytes_sent += n  # for `procgroup top` (procgroup.telemetry)
+        if n:
+            views[me][:n] = data  # type: ignore[assignment]  # n > 0: data is a buffer
+            t.bytes_sent += n  # for `procgroup top` (procgroup.telemetry)
         w, c = self._slots[k][me]
         w[c + 1] = check
         w[c] = val  # last: publishes the payload and the check (stores stay in order on x86)
         fence()  # our count before their counts and sleep flags (Dekker with the other arrivers and sleepers)
         if self._arrived(k, val, check):
-            # we completed the exchange; members that may be asleep on it need a wake (see _wait)
-            ring = t.doorbell.ring
-            for seg in self._others:
-                if seg.i[OFF_SLEEP // 4]:
-                    ring(seg, force=True)  # its flag is up: a new doorbell value, then FUTEX_WAKE
+            self._ring_sleepers()  # we completed the exchange; members that may be asleep on it need a wake
             return views
         self._wait(k, val, check, deadline)
         return views
 
-    def _wait(self, k: int, val: int, check: int, deadline: Optional[Deadline]) -> None:
+    def exchange_reduce(
+        self, buf: Any, op: int, dtype: int, check: int, deadline: Optional[Deadline], reduce: bool = True
+    ) -> bool:
+        """Publish ``buf`` and (``reduce``) reduce every member's slot into it, in member order, in one C call.
+
+        ``op``/``dtype``: codes of :data:`REDUCE_OPS`/:data:`REDUCE_TYPES`.  Returns False, having done
+        nothing, where the compiled path is off or ``buf`` is not aligned to its element size: the caller
+        then uses :meth:`exchange` and reduces itself.  Raises as :meth:`exchange`.
+        """
+        nat = self._nat
+        if nat is None:
+            return False
         t = self.t
+        if t._aborted is not None:
+            raise t._aborted
+        if t._closed or not self._others:
+            raise ClosedError(f"rank {t.rank}: shared-slot exchange on a closed shm transport")
+        r = nat.exchange_reduce(buf, check, op, dtype, reduce)
+        if r < 0:
+            if r == -3:
+                return False
+            if r == -2:
+                raise ConfigError(f"arena exchange of {buf.nbytes} bytes exceeds the slot size {ARENA_BYTES}")
+            self._sleep(nat.arrived, nat.missing, deadline)
+            if reduce:
+                nat.reduce(buf, op, dtype)
+        elif r:
+            self._ring_sleepers()
+        t.bytes_sent += buf.nbytes  # for `procgroup top` (procgroup.telemetry)
+        return True
+
+    def exchange_copy(self, data: Optional[Any], out: Any, src: int, check: int, deadline: Optional[Deadline]) -> bool:
+        """Publish ``data`` (None: no bytes) and copy into ``out``, in one C call, member ``src``'s slot (its first
+        ``out.nbytes`` bytes) or, with ``src`` -1, every member's first ``out.nbytes / n`` bytes in member order.
+
+        Returns False, having done nothing, where the compiled path is off or ``out`` does not split into
+        equal parts: the caller then uses :meth:`exchange` and copies itself.  Raises as :meth:`exchange`.
+        """
+        nat = self._nat
+        if nat is None:
+            return False
+        t = self.t
+        if t._aborted is not None:
+            raise t._aborted
+        if t._closed or not self._others:
+            raise ClosedError(f"rank {t.rank}: shared-slot exchange on a closed shm transport")
+        r = nat.exchange_copy(data, check, out, src)
+        if r < 0:
+            if r == -3:
+                return False
+            if r == -2:
+                n = max(memoryview(data or b"").nbytes, out.nbytes if src >= 0 else out.nbytes // len(self.members))
+                raise ConfigError(f"arena exchange of {n} bytes exceeds the slot size {ARENA_BYTES}")
+            self._sleep(nat.arrived, nat.missing, deadline)
+            nat.copy(out, src)
+        elif r:
+            self._ring_sleepers()
+        if data is not None:
+            t.bytes_sent += memoryview(data).nbytes  # for `procgroup top` (procgroup.telemetry)
+        return True
+
+    def _ring_sleepers(self) -> None:
+        ring = self.t.doorbell.ring
+        for seg in self._others:
+            if seg.i[OFF_SLEEP // 4]:
+                ring(seg, force=True)  # its flag is up: a new doorbell value, then FUTEX_WAKE
+
+    def _wait(self, k: int, val: int, check: int, deadline: Optional[Deadline]) -> None:
         arrived = self._arrived
         spin = self._spin
         if spin:
             end = time.monotonic() + spin
             yld = self._oversubscribed
-            while time.monotonic() < end:
-                if arrived(k, val, check):
-                    return
-                if yld:
-                    _sched_yield()  # the member we wait for may be queued behind us
+            try:
+                while time.monotonic() < end:
+                    if arrived(k, val, check):
+                        return
+                    if yld:
+                        _sched_yield()  # the member we wait for may be queued behind us
+            except ValueError:  # the views were released: the transport closed (the sleep loop says so)
+                pass
+        slots = self._slots[k]
+
+        def missing() -> List[int]:
+            return [i for i, (w, c) in enumerate(slots) if w[c] != val or w[c + 1] != check]
+
+        self._sleep(lambda: arrived(k, val, check), missing, deadline)
+
+    def _sleep(self, ready: Callable[[], bool], missing: Callable[[], List[int]], deadline: Optional[Deadline]) -> None:
+        """Sleep on the doorbell until ``ready()``, checking abort, close, dead members and the deadline."""
+        t = self.t
         bell = t.doorbell
         while True:
             seg = t._seg
@@ -160,11 +319,14 @@ class ShmArena(Arena):
                 raise t._aborted
             if t._closed or seg is None:
                 raise ClosedError(f"rank {t.rank}: the shm transport was closed during a shared-slot exchange")
-            snap = seg.i[OFF_BELL // 4]  # before the check: a ring after it moves the doorbell
-            if arrived(k, val, check):
-                return
-            missing = [m for (w, c), m in zip(self._slots[k], self.members) if w[c] != val or w[c + 1] != check]
-            dead = [m for m in missing if m in t._failed]
+            try:
+                snap = seg.i[OFF_BELL // 4]  # before the check: a ring after it moves the doorbell
+                if ready():
+                    return
+                miss = [self.members[i] for i in missing()]
+            except ValueError:  # the views were released: the transport closed just now (raised above)
+                continue
+            dead = [m for m in miss if m in t._failed]
             if dead:
                 raise PeerFailureError(
                     f"rank {t.rank}: shared-slot exchange with ranks {self.members} cannot complete: "
@@ -173,11 +335,7 @@ class ShmArena(Arena):
                 )
             if deadline is not None and deadline.expired():
                 raise DistTimeoutError(
-                    f"rank {t.rank}: shared-slot exchange (call {self.count} of this group's arena): "
-                    f"ranks {missing} of {self.members} did not arrive within {deadline.elapsed():.2f}s"
+                    f"rank {t.rank}: shared-slot exchange (call {self.calls} of this group's arena): "
+                    f"ranks {miss} of {self.members} did not arrive within {deadline.elapsed():.2f}s"
                 )
-            bell.sleep(
-                snap,
-                self._slice if deadline is None else max(deadline.remaining(), 1e-4),
-                lambda: arrived(k, val, check),
-            )
+            bell.sleep(snap, self._slice if deadline is None else max(deadline.remaining(), 1e-4), ready)

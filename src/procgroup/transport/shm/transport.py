@@ -161,6 +161,7 @@ class ShmTransport(EngineTransport):
         # idle: not on an oversubscribed host, and (see _rndv_read_locked) not while a peer reads from us
         self._split_reads = ncpu > 1 and not self._oversubscribed and opts.split
         self._arena_on = opts.arena
+        self._native = opts.native
         self._arenas: List[ShmArena] = []
         self._slice = slice_s
         self._flow = Flow()  # bumped whenever bytes move through a ring: a waiter keeps spinning while they do
@@ -243,7 +244,14 @@ class ShmTransport(EngineTransport):
                 return None
             segs = [seg if m == self.rank else self._peer_segs[m] for m in ms]
             a = ShmArena(
-                self, key, ms, segs, spin=self._arena_spin, oversubscribed=self._oversubscribed, slice_s=self._slice
+                self,
+                key,
+                ms,
+                segs,
+                spin=self._arena_spin,
+                oversubscribed=self._oversubscribed,
+                slice_s=self._slice,
+                native=self._native,
             )
             self._arenas.append(a)
             return a

@@ -1,0 +1,509 @@
+/* Optional compiled fast path of the shared-memory arena (procgroup.transport.shm.arena).
+ *
+ * One call publishes this member's payload, check word and count into its slot, fences, and polls every
+ * member's count and check word -- spinning with the GIL released, yielding the CPU at every poll on an
+ * oversubscribed host -- and, for the common reductions, reduces every member's payload in member order
+ * into the caller's buffer.  It never sleeps: when the spin ends without every member, it returns to Python,
+ * which runs the sleep loop (doorbell futex, deadline, peer failure, abort and close checks) exactly as the
+ * pure-Python path does, asking this object whether the call completed.
+ *
+ * The slot layout and the protocol are those of arena.py / layout.py, so a rank on this path and a rank on
+ * the pure-Python path exchange with each other.  Memory ordering: the payload and the check word are
+ * stored before the count with release semantics, and a sequentially consistent fence (mfence or a locked
+ * instruction on x86-64) follows, before the members' counts and sleep flags are read (Dekker with the
+ * sleepers, see doorbell.py); counts are loaded with acquire semantics before checks and payloads.
+ *
+ * Plain C and the CPython C API only (no build dependency beyond a C compiler); setup.py builds it as an
+ * optional extension.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+#define SLOT_HDR 64 /* ARENA_HDR: count (u32), check (u32), padding, then the payload */
+
+enum { OP_SUM = 0, OP_PROD = 1, OP_MIN = 2, OP_MAX = 3, N_OPS = 4 };
+enum { T_F32 = 0, T_F64 = 1, T_I32 = 2, T_I64 = 3, N_TYPES = 4 };
+static const int type_size[N_TYPES] = {4, 8, 4, 8};
+
+/* exchange results */
+#define R_MISALIGNED (-3)
+#define R_TOO_LARGE (-2)
+#define R_WAIT (-1)
+#define R_DONE 0
+#define R_RING 1
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t n;         /* members */
+    Py_ssize_t me;        /* this member's index */
+    Py_ssize_t max_bytes; /* payload bytes of a slot */
+    Py_ssize_t sleep_off; /* offset of the sleep flag in a segment */
+    Py_buffer *bufs;      /* one export of every member's mapping: keeps it mapped while we hold it */
+    Py_ssize_t nbufs;
+    char **slot[2];       /* per parity, every member's slot */
+    char **seg;           /* every member's segment base */
+    long long spin_ns;
+    int yield;
+    int busy;             /* calls running with the GIL released */
+    int released;
+    unsigned long long count;
+    int k;                /* the last call: parity, count value, check word */
+    uint32_t val, check;
+} Slots;
+
+static void free_bufs(Slots *s) {
+    for (Py_ssize_t i = 0; i < s->nbufs; i++) PyBuffer_Release(&s->bufs[i]);
+    s->nbufs = 0;
+    PyMem_Free(s->bufs);
+    s->bufs = NULL;
+    PyMem_Free(s->slot[0]);
+    PyMem_Free(s->slot[1]);
+    PyMem_Free(s->seg);
+    s->slot[0] = s->slot[1] = s->seg = NULL;
+}
+
+static void Slots_dealloc(Slots *s) {
+    free_bufs(s);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static int Slots_init(Slots *s, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"mappings", "offsets0", "offsets1", "me", "max_bytes", "sleep_off", "spin_ns", "yield_cpu",
+                             NULL};
+    PyObject *mms, *o0, *o1;
+    Py_ssize_t me, max_bytes, sleep_off;
+    long long spin_ns;
+    int yld;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOnnnLp", kwlist, &mms, &o0, &o1, &me, &max_bytes, &sleep_off,
+                                     &spin_ns, &yld))
+        return -1;
+    free_bufs(s);
+    PyObject *m = PySequence_Fast(mms, "mappings must be a sequence");
+    if (!m) return -1;
+    PyObject *f0 = PySequence_Fast(o0, "offsets0 must be a sequence");
+    PyObject *f1 = f0 ? PySequence_Fast(o1, "offsets1 must be a sequence") : NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(m);
+    int rc = -1;
+    if (!f1) goto out;
+    if (PySequence_Fast_GET_SIZE(f0) != n || PySequence_Fast_GET_SIZE(f1) != n || n < 1 || me < 0 || me >= n ||
+        max_bytes < 0 || sleep_off < 0 || sleep_off % 4) {
+        PyErr_SetString(PyExc_ValueError, "arena slots: inconsistent members, offsets or sizes");
+        goto out;
+    }
+    s->bufs = PyMem_Calloc((size_t)n, sizeof(Py_buffer));
+    s->slot[0] = PyMem_Calloc((size_t)n, sizeof(char *));
+    s->slot[1] = PyMem_Calloc((size_t)n, sizeof(char *));
+    s->seg = PyMem_Calloc((size_t)n, sizeof(char *));
+    if (!s->bufs || !s->slot[0] || !s->slot[1] || !s->seg) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(m, i), &s->bufs[i], PyBUF_WRITABLE) < 0) goto out;
+        s->nbufs = i + 1;
+        char *base = s->bufs[i].buf;
+        Py_ssize_t len = s->bufs[i].len;
+        for (int k = 0; k < 2; k++) {
+            Py_ssize_t off = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(k ? f1 : f0, i));
+            if (off == -1 && PyErr_Occurred()) goto out;
+            if (off < 0 || off % 64 || off + SLOT_HDR + max_bytes > len) {
+                PyErr_SetString(PyExc_ValueError, "arena slots: a slot lies outside its mapping");
+                goto out;
+            }
+            s->slot[k][i] = base + off;
+        }
+        if (sleep_off + 4 > len) {
+            PyErr_SetString(PyExc_ValueError, "arena slots: the sleep flag lies outside its mapping");
+            goto out;
+        }
+        s->seg[i] = base;
+    }
+    s->n = n;
+    s->me = me;
+    s->max_bytes = max_bytes;
+    s->sleep_off = sleep_off;
+    s->spin_ns = spin_ns;
+    s->yield = yld;
+    s->count = 0;
+    s->released = 0;
+    s->busy = 0;
+    rc = 0;
+out:
+    if (rc) free_bufs(s);
+    Py_DECREF(m);
+    Py_XDECREF(f0);
+    Py_XDECREF(f1);
+    return rc;
+}
+
+static inline int all_arrived(const Slots *s, int k, uint32_t val, uint32_t check) {
+    char *const *sl = s->slot[k];
+    for (Py_ssize_t i = 0; i < s->n; i++) {
+        uint32_t *w = (uint32_t *)sl[i];
+        if (__atomic_load_n(&w[0], __ATOMIC_ACQUIRE) != val) return 0;
+        if (__atomic_load_n(&w[1], __ATOMIC_RELAXED) != check) return 0;
+    }
+    return 1;
+}
+
+static inline int sleepers_up(const Slots *s) {
+    for (Py_ssize_t i = 0; i < s->n; i++)
+        if (i != s->me && __atomic_load_n((uint32_t *)(s->seg[i] + s->sleep_off), __ATOMIC_RELAXED)) return 1;
+    return 0;
+}
+
+/* poll until every member arrived (1) or the spin ended or the slots were released (0); GIL released.
+ * On an oversubscribed host every poll yields the CPU (the member we wait for may be queued behind us); else the
+ * first PURE_SPIN_NS poll without a syscall, and then each poll yields too: a host busy with other work
+ * behaves as an oversubscribed one, and an idle CPU returns from sched_yield at once. */
+#define PURE_SPIN_NS 20000LL
+static int spin(Slots *s, int k, uint32_t val, uint32_t check) {
+    long long start = now_ns(), end = start + s->spin_ns, pure = s->yield ? start : start + PURE_SPIN_NS;
+    for (;;) {
+        long long now = now_ns();
+        int yld = now >= pure;
+        for (int j = 0; j < (yld ? 1 : 64); j++) {
+            if (all_arrived(s, k, val, check)) return 1;
+            if (yld)
+                sched_yield();
+            else
+                CPU_RELAX();
+        }
+        if (__atomic_load_n(&s->released, __ATOMIC_RELAXED) || now >= end) return 0;
+    }
+}
+
+/* publish, fence, check; spin (GIL released) when not complete.  R_RING: we completed the call and a member's
+ * sleep flag is up (the caller rings its doorbell); R_DONE: complete, nobody to wake; R_WAIT: not complete */
+static int publish_and_poll(Slots *s, const char *data, Py_ssize_t nbytes, uint32_t check) {
+    int k = (int)(s->count & 1);
+    s->count++;
+    uint32_t val = (uint32_t)((s->count - 1) % 0xFFFFFFFFULL + 1); /* never 0 (0: never published) */
+    char *mine = s->slot[k][s->me];
+    if (nbytes) memcpy(mine + SLOT_HDR, data, (size_t)nbytes);
+    uint32_t *w = (uint32_t *)mine;
+    __atomic_store_n(&w[1], check, __ATOMIC_RELAXED);
+    __atomic_store_n(&w[0], val, __ATOMIC_RELEASE); /* payload and check before the count */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);         /* our count before their counts and sleep flags */
+    s->k = k;
+    s->val = val;
+    s->check = check;
+    if (all_arrived(s, k, val, check)) return sleepers_up(s) ? R_RING : R_DONE;
+    if (s->spin_ns <= 0) return R_WAIT;
+    int ok;
+    s->busy++;
+    Py_BEGIN_ALLOW_THREADS ok = spin(s, k, val, check);
+    Py_END_ALLOW_THREADS s->busy--;
+    if (s->released && !s->busy) free_bufs(s);
+    return ok && !s->released ? R_DONE : R_WAIT;
+}
+
+/* ---- reductions: out = slot[0] op slot[1] op ... in member order (numpy's element-wise results, bit for bit) */
+#define MIN_F(a, b) (((a) != (a) || (a) < (b)) ? (a) : (b)) /* np.minimum: NaN wins, a tie gives b */
+#define MAX_F(a, b) (((a) != (a) || (a) > (b)) ? (a) : (b))
+#define MIN_I(a, b) ((a) < (b) ? (a) : (b))
+#define MAX_I(a, b) ((a) > (b) ? (a) : (b))
+#define ADD(a, b) ((a) + (b))
+#define MUL(a, b) ((a) * (b))
+
+#define REDUCE_LOOP(T, EXPR)                                                  \
+    do {                                                                      \
+        T *o = (T *)out;                                                      \
+        const T *x = (const T *)(sl[0] + SLOT_HDR);                           \
+        const T *y = (const T *)(sl[1] + SLOT_HDR);                           \
+        for (Py_ssize_t i = 0; i < cnt; i++) o[i] = EXPR(x[i], y[i]);         \
+        for (Py_ssize_t m = 2; m < s->n; m++) {                               \
+            const T *z = (const T *)(sl[m] + SLOT_HDR);                       \
+            for (Py_ssize_t i = 0; i < cnt; i++) o[i] = EXPR(o[i], z[i]);     \
+        }                                                                     \
+    } while (0)
+
+#define REDUCE_TYPE(T, UT, MINX, MAXX)                 \
+    switch (op) {                                      \
+    case OP_SUM: REDUCE_LOOP(UT, ADD); break;          \
+    case OP_PROD: REDUCE_LOOP(UT, MUL); break;         \
+    case OP_MIN: REDUCE_LOOP(T, MINX); break;          \
+    default: REDUCE_LOOP(T, MAXX); break;              \
+    }
+
+static void reduce_slots(const Slots *s, int k, char *out, Py_ssize_t cnt, int op, int type) {
+    char *const *sl = s->slot[k];
+    if (s->n == 1) {
+        memcpy(out, sl[0] + SLOT_HDR, (size_t)(cnt * type_size[type]));
+        return;
+    }
+    switch (type) {
+    case T_F32: REDUCE_TYPE(float, float, MIN_F, MAX_F); break;
+    case T_F64: REDUCE_TYPE(double, double, MIN_F, MAX_F); break;
+    case T_I32: REDUCE_TYPE(int32_t, uint32_t, MIN_I, MAX_I); break; /* sums and products wrap, as numpy's */
+    default: REDUCE_TYPE(int64_t, uint64_t, MIN_I, MAX_I); break;
+    }
+}
+
+static int check_live(Slots *s) {
+    if (s->released || !s->bufs) {
+        PyErr_SetString(PyExc_ValueError, "arena slots were released");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Slots_exchange(Slots *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "exchange(data, check)");
+        return NULL;
+    }
+    if (check_live(s)) return NULL;
+    unsigned long check = PyLong_AsUnsignedLongMask(args[1]);
+    if (check == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+    int r;
+    if (args[0] == Py_None) {
+        r = publish_and_poll(s, NULL, 0, (uint32_t)check);
+    } else {
+        Py_buffer b;
+        if (PyObject_GetBuffer(args[0], &b, PyBUF_SIMPLE) < 0) return NULL;
+        if (b.len > s->max_bytes)
+            r = R_TOO_LARGE;
+        else
+            r = publish_and_poll(s, b.buf, b.len, (uint32_t)check);
+        PyBuffer_Release(&b);
+    }
+    return PyLong_FromLong(r);
+}
+
+static int parse_op(PyObject *o, PyObject *t, int *op, int *type) {
+    long a = PyLong_AsLong(o), b = PyLong_AsLong(t);
+    if (PyErr_Occurred()) return -1;
+    if (a < 0 || a >= N_OPS || b < 0 || b >= N_TYPES) {
+        PyErr_SetString(PyExc_ValueError, "arena slots: unknown reduction");
+        return -1;
+    }
+    *op = (int)a;
+    *type = (int)b;
+    return 0;
+}
+
+/* exchange_reduce(buf, check, op, type, reduce): publish buf; when complete and `reduce`, buf = the reduction */
+static PyObject *Slots_exchange_reduce(Slots *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "exchange_reduce(buf, check, op, type, reduce)");
+        return NULL;
+    }
+    if (check_live(s)) return NULL;
+    int op, type;
+    if (parse_op(args[2], args[3], &op, &type)) return NULL;
+    unsigned long check = PyLong_AsUnsignedLongMask(args[1]);
+    if (check == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+    int red = PyObject_IsTrue(args[4]);
+    if (red < 0) return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(args[0], &b, red ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) return NULL;
+    int sz = type_size[type];
+    int r;
+    if (b.len > s->max_bytes)
+        r = R_TOO_LARGE;
+    else if (b.len % sz || (uintptr_t)b.buf % (uintptr_t)sz)
+        r = R_MISALIGNED;
+    else {
+        r = publish_and_poll(s, b.buf, b.len, (uint32_t)check);
+        if (r >= 0 && red) reduce_slots(s, s->k, b.buf, b.len / sz, op, type);
+    }
+    PyBuffer_Release(&b);
+    return PyLong_FromLong(r);
+}
+
+/* reduce(buf, op, type): buf = the reduction of the last call's slots (after the caller saw it complete) */
+static PyObject *Slots_reduce(Slots *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "reduce(buf, op, type)");
+        return NULL;
+    }
+    if (check_live(s)) return NULL;
+    int op, type;
+    if (parse_op(args[1], args[2], &op, &type)) return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(args[0], &b, PyBUF_WRITABLE) < 0) return NULL;
+    int sz = type_size[type];
+    if (b.len > s->max_bytes || b.len % sz || (uintptr_t)b.buf % (uintptr_t)sz) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "arena slots: bad reduction buffer");
+        return NULL;
+    }
+    reduce_slots(s, s->k, b.buf, b.len / sz, op, type);
+    PyBuffer_Release(&b);
+    Py_RETURN_NONE;
+}
+
+static void copy_slots(const Slots *s, int k, char *out, Py_ssize_t nbytes, Py_ssize_t src) {
+    char *const *sl = s->slot[k];
+    if (src >= 0) {
+        memcpy(out, sl[src] + SLOT_HDR, (size_t)nbytes);
+        return;
+    }
+    Py_ssize_t each = nbytes / s->n;
+    for (Py_ssize_t m = 0; m < s->n; m++) memcpy(out + m * each, sl[m] + SLOT_HDR, (size_t)each);
+}
+
+/* exchange_copy(data, check, out, src): publish data (None: no bytes); when complete, out = member src's slot
+ * (its first len(out) bytes), or with src -1 every member's first len(out)/n bytes, in member order */
+static PyObject *Slots_exchange_copy(Slots *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "exchange_copy(data, check, out, src)");
+        return NULL;
+    }
+    if (check_live(s)) return NULL;
+    unsigned long check = PyLong_AsUnsignedLongMask(args[1]);
+    if (check == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t src = PyLong_AsSsize_t(args[3]);
+    if (src == -1 && PyErr_Occurred()) return NULL;
+    if (src < -1 || src >= s->n) {
+        PyErr_SetString(PyExc_ValueError, "exchange_copy: no such member");
+        return NULL;
+    }
+    Py_buffer o, b;
+    if (PyObject_GetBuffer(args[2], &o, PyBUF_WRITABLE) < 0) return NULL;
+    b.buf = NULL;
+    b.len = 0;
+    if (args[0] != Py_None && PyObject_GetBuffer(args[0], &b, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&o);
+        return NULL;
+    }
+    int r;
+    if (b.len > s->max_bytes || (src >= 0 ? o.len : o.len / s->n) > s->max_bytes)
+        r = R_TOO_LARGE;
+    else if (src < 0 && o.len % s->n) {
+        r = R_MISALIGNED; /* not n equal parts: the caller copies */
+    } else {
+        r = publish_and_poll(s, b.buf, b.len, (uint32_t)check);
+        if (r >= 0) copy_slots(s, s->k, o.buf, o.len, src);
+    }
+    if (args[0] != Py_None) PyBuffer_Release(&b);
+    PyBuffer_Release(&o);
+    return PyLong_FromLong(r);
+}
+
+/* copy(out, src): as exchange_copy's copy, for the last call (after the caller saw it complete) */
+static PyObject *Slots_copy(Slots *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "copy(out, src)");
+        return NULL;
+    }
+    if (check_live(s)) return NULL;
+    Py_ssize_t src = PyLong_AsSsize_t(args[1]);
+    if (src == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer o;
+    if (PyObject_GetBuffer(args[0], &o, PyBUF_WRITABLE) < 0) return NULL;
+    if (src < -1 || src >= s->n || (src >= 0 ? o.len : o.len / s->n) > s->max_bytes || (src < 0 && o.len % s->n)) {
+        PyBuffer_Release(&o);
+        PyErr_SetString(PyExc_ValueError, "copy: bad member or buffer");
+        return NULL;
+    }
+    copy_slots(s, s->k, o.buf, o.len, src);
+    PyBuffer_Release(&o);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Slots_arrived(Slots *s, PyObject *unused) {
+    if (s->released || !s->bufs || !s->count) Py_RETURN_FALSE;
+    return PyBool_FromLong(all_arrived(s, s->k, s->val, s->check));
+}
+
+/* missing(): indices of the members that have not published the last call (with its check word) */
+static PyObject *Slots_missing(Slots *s, PyObject *unused) {
+    PyObject *l = PyList_New(0);
+    if (!l || s->released || !s->bufs || !s->count) return l;
+    for (Py_ssize_t i = 0; i < s->n; i++) {
+        uint32_t *w = (uint32_t *)s->slot[s->k][i];
+        if (__atomic_load_n(&w[0], __ATOMIC_ACQUIRE) != s->val || __atomic_load_n(&w[1], __ATOMIC_RELAXED) != s->check) {
+            PyObject *v = PyLong_FromSsize_t(i);
+            if (!v || PyList_Append(l, v) < 0) {
+                Py_XDECREF(v);
+                Py_DECREF(l);
+                return NULL;
+            }
+            Py_DECREF(v);
+        }
+    }
+    return l;
+}
+
+static PyObject *Slots_release(Slots *s, PyObject *unused) {
+    s->released = 1;
+    if (!s->busy) free_bufs(s);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Slots_methods[] = {
+    {"exchange", (PyCFunction)(void (*)(void))Slots_exchange, METH_FASTCALL,
+     "exchange(data, check) -> -2 too large, -1 not complete, 0 complete, 1 complete and a member sleeps"},
+    {"exchange_reduce", (PyCFunction)(void (*)(void))Slots_exchange_reduce, METH_FASTCALL,
+     "exchange_reduce(buf, check, op, type, reduce) -> as exchange, or -3 for a buffer not aligned to its "
+     "element size (nothing done); reduces into buf when complete"},
+    {"reduce", (PyCFunction)(void (*)(void))Slots_reduce, METH_FASTCALL,
+     "reduce(buf, op, type): reduce the last call's slots into buf"},
+    {"exchange_copy", (PyCFunction)(void (*)(void))Slots_exchange_copy, METH_FASTCALL,
+     "exchange_copy(data, check, out, src) -> as exchange (-3: out is not n equal parts, nothing done); copies "
+     "member src's slot (src -1: every member's, in order) into out when complete"},
+    {"copy", (PyCFunction)(void (*)(void))Slots_copy, METH_FASTCALL, "copy(out, src): exchange_copy's copy"},
+    {"arrived", (PyCFunction)Slots_arrived, METH_NOARGS, "True when every member published the last call"},
+    {"missing", (PyCFunction)Slots_missing, METH_NOARGS, "indices of the members missing from the last call"},
+    {"release", (PyCFunction)Slots_release, METH_NOARGS, "drop the exports of the mappings"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Slots_members[] = {
+    {"count", T_ULONGLONG, offsetof(Slots, count), 0, "calls published so far"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject SlotsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "procgroup.transport.shm._native.Slots",
+    .tp_basicsize = sizeof(Slots),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Every member's arena slots of one group and parity (see arena.py).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Slots_init,
+    .tp_dealloc = (destructor)Slots_dealloc,
+    .tp_methods = Slots_methods,
+    .tp_members = Slots_members,
+};
+
+static struct PyModuleDef moddef = {
+    PyModuleDef_HEAD_INIT, "_native", "Compiled fast path of the shm arena (optional).", -1, NULL, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    if (PyType_Ready(&SlotsType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moddef);
+    if (!m) return NULL;
+    Py_INCREF(&SlotsType);
+    if (PyModule_AddObject(m, "Slots", (PyObject *)&SlotsType) < 0) {
+        Py_DECREF(&SlotsType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "SLOT_HDR", SLOT_HDR) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
