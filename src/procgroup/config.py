@@ -116,6 +116,7 @@ class ENV:
     SHM_SPIN_US = "PROCGROUP_SHM_SPIN_US"  # how long a shm wait spins before sleeping on a futex
     SHM_SPLIT = "PROCGROUP_SHM_SPLIT"  # "0": one thread copies a large single-copy message, not two
     SHM_ARENA = "PROCGROUP_SHM_ARENA"  # "0": small collectives within a host use messages, not the shared slots
+    SHM_BIG_SLOT = "PROCGROUP_SHM_BIG_SLOT"  # bytes per big shared buffer (issue 14.1); 0: no big-slot collectives
     HEARTBEAT_TIMEOUT = "PROCGROUP_HEARTBEAT_TIMEOUT"  # seconds: a multi-node agent this silent is lost
     # -- secret policy and store admission (issue 11 items 12-14)
     SECRET_FILE = "PROCGROUP_SECRET_FILE"  # file holding the job secret; PROCGROUP_SECRET wins over it
@@ -186,6 +187,13 @@ _TABLE = (
     EnvVar(
         ENV.SHM_ARENA,
         "0 sends small collectives among the ranks of one host as messages instead of through shared slots (the arena)",
+        "user",
+    ),
+    EnvVar(
+        ENV.SHM_BIG_SLOT,
+        "bytes of each of the two big shared buffers a rank keeps per group for collectives above 32 KiB "
+        "within a host (default 1048576, less when /dev/shm is small; a multiple of 4096 >= 65536; "
+        "0: those collectives use messages)",
         "user",
     ),
     # -- secret policy and store admission (issue 11 items 12-14)
@@ -461,6 +469,8 @@ class ShmOptions:
     split: bool = True
     #: small collectives among the ranks of one host through shared slots
     arena: bool = True
+    #: bytes of each big shared buffer for the larger collectives within a host (None: default; 0: none)
+    big_slot: Optional[int] = None
 
 
 def shm_options(environ: Optional[Mapping[str, str]] = None) -> ShmOptions:
@@ -470,6 +480,7 @@ def shm_options(environ: Optional[Mapping[str, str]] = None) -> ShmOptions:
         spin_us=env_micros(ENV.SHM_SPIN_US, environ),
         split=env_bool(ENV.SHM_SPLIT, environ, default=True),
         arena=env_bool(ENV.SHM_ARENA, environ, default=True),
+        big_slot=env_int(ENV.SHM_BIG_SLOT, environ, minimum=0),
     )
 
 
