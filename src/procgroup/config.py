@@ -117,6 +117,7 @@ class ENV:
     SHM_SPLIT = "PROCGROUP_SHM_SPLIT"  # "0": one thread copies a large single-copy message, not two
     SHM_ARENA = "PROCGROUP_SHM_ARENA"  # "0": small collectives within a host use messages, not the shared slots
     NATIVE = "PROCGROUP_NATIVE"  # "0": the pure-Python path even where the compiled arena fast path was built
+    SHM_BIG_SLOT = "PROCGROUP_SHM_BIG_SLOT"  # bytes per big shared buffer (issue 14.1); 0: no big-slot collectives
     HEARTBEAT_TIMEOUT = "PROCGROUP_HEARTBEAT_TIMEOUT"  # seconds: a multi-node agent this silent is lost
     # -- secret policy and store admission (issue 11 items 12-14)
     SECRET_FILE = "PROCGROUP_SECRET_FILE"  # file holding the job secret; PROCGROUP_SECRET wins over it
@@ -192,6 +193,13 @@ _TABLE = (
     EnvVar(
         ENV.NATIVE,
         "0: the shared slots run the pure-Python path even where the optional compiled fast path was built",
+        "user",
+    ),
+    EnvVar(
+        ENV.SHM_BIG_SLOT,
+        "bytes of each of the two big shared buffers a rank keeps per group for collectives above 32 KiB "
+        "within a host (default 1048576, less when /dev/shm is small; a multiple of 4096 >= 65536; "
+        "0: those collectives use messages)",
         "user",
     ),
     # -- secret policy and store admission (issue 11 items 12-14)
@@ -469,6 +477,8 @@ class ShmOptions:
     arena: bool = True
     #: the shared slots' compiled fast path, where it was built (``PROCGROUP_NATIVE``)
     native: bool = True
+    #: bytes of each big shared buffer for the larger collectives within a host (None: default; 0: none)
+    big_slot: Optional[int] = None
 
 
 def shm_options(environ: Optional[Mapping[str, str]] = None) -> ShmOptions:
@@ -479,6 +489,7 @@ def shm_options(environ: Optional[Mapping[str, str]] = None) -> ShmOptions:
         split=env_bool(ENV.SHM_SPLIT, environ, default=True),
         arena=env_bool(ENV.SHM_ARENA, environ, default=True),
         native=env_bool(ENV.NATIVE, environ, default=True),
+        big_slot=env_int(ENV.SHM_BIG_SLOT, environ, minimum=0),
     )
 
 

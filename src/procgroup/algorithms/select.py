@@ -36,6 +36,26 @@ one host, see ``algorithms.arena``) and one rank's bytes fit its slot
 (``ARENA_BYTES``, 32 KiB), all_reduce, broadcast, reduce, all_gather and
 barrier are a single arena exchange.  ``FORCE`` still wins.
 
+Above the arena size, when the arena has big slots (``comm.arena.big``: two
+shared buffers per member, ``PROCGROUP_SHM_BIG_SLOT``, 1 MiB by default;
+see ``algorithms.bigarena``) and the per-rank bytes are at most
+``BIG_LIMIT[collective]``, all_reduce, reduce, reduce_scatter, broadcast and
+all_gather go through them: chunked, double-buffered copies and in-place
+reductions in shared memory, no messages.
+
+=================  ==============================  ===================================================
+collective         big-slot algorithm              n compared with BIG_LIMIT
+=================  ==============================  ===================================================
+all_reduce         reduce-scatter + all-gather     bytes per rank
+reduce             reduce-scatter + root gathers   bytes per rank
+reduce_scatter     per-piece reduce                bytes of sendbuf (p blocks)
+broadcast          pipelined copy in / copy out    bytes
+all_gather         pipelined copy in / copy out    bytes per rank (sendbuf)
+=================  ==============================  ===================================================
+
+``BIG_LIMIT[collective]`` hands calls above it back to the table above (the
+message algorithms, with the single-copy path for large messages).
+
 Every choice is computed from values all ranks of the call agree on (the
 group size and the per-rank message size), so all ranks pick the same
 algorithm -- except all_to_all with uneven counts, where each rank looks at
@@ -66,6 +86,7 @@ from .allreduce import (
 from .alltoall import alltoall_linear, alltoall_pairwise
 from .arena import allgather_arena, allreduce_arena, barrier_arena, bcast_arena, fits, reduce_arena
 from .bcast import bcast_binomial, bcast_scatter_allgather
+from .bigarena import allgather_big, allreduce_big, bcast_big, reduce_big, reduce_scatter_big
 from .dissemination import barrier_dissemination
 from .gathering import (
     allgather_bruck,
@@ -89,6 +110,7 @@ __all__ = [
     "GATHER_SMALL",
     "ALLTOALL_SMALL",
     "HIERARCHICAL",
+    "BIG_LIMIT",
     "FORCE",
     "ALGORITHMS",
     "choose_all_reduce",
@@ -124,6 +146,14 @@ GATHER_SMALL = 256 * 1024
 ALLTOALL_SMALL = 256 * 1024
 #: use the hierarchical all_reduce when the host layout allows it
 HIERARCHICAL = True
+#: collective -> the most bytes (see the table in the docstring) that go through the big slots
+BIG_LIMIT: Dict[str, int] = {
+    "all_reduce": 1 << 62,
+    "reduce": 1 << 62,
+    "reduce_scatter": 1 << 62,
+    "broadcast": 1 << 62,
+    "all_gather": 1 << 62,
+}
 
 #: collective -> algorithm name, overriding the size-based choice
 FORCE: Dict[str, str] = {}
@@ -136,11 +166,22 @@ ALGORITHMS: Dict[str, Dict[str, Callable[..., None]]] = {
         "hierarchical": allreduce_hierarchical,
         "multileader": allreduce_multileader,
         "arena": allreduce_arena,
+        "big": allreduce_big,
     },
-    "broadcast": {"binomial": bcast_binomial, "scatter_allgather": bcast_scatter_allgather, "arena": bcast_arena},
-    "reduce": {"binomial": reduce_binomial, "reduce_scatter_gather": reduce_scatter_gather, "arena": reduce_arena},
-    "reduce_scatter": {"allreduce": reduce_scatter_allreduce, "ring": reduce_scatter_ring},
-    "all_gather": {"bruck": allgather_bruck, "ring": allgather_ring, "arena": allgather_arena},
+    "broadcast": {
+        "binomial": bcast_binomial,
+        "scatter_allgather": bcast_scatter_allgather,
+        "arena": bcast_arena,
+        "big": bcast_big,
+    },
+    "reduce": {
+        "binomial": reduce_binomial,
+        "reduce_scatter_gather": reduce_scatter_gather,
+        "arena": reduce_arena,
+        "big": reduce_big,
+    },
+    "reduce_scatter": {"allreduce": reduce_scatter_allreduce, "ring": reduce_scatter_ring, "big": reduce_scatter_big},
+    "all_gather": {"bruck": allgather_bruck, "ring": allgather_ring, "arena": allgather_arena, "big": allgather_big},
     "all_gatherv": {"gather_bcast": allgatherv_gather_bcast, "ring": allgatherv_ring},
     "gather": {"binomial": gather_binomial, "linear": gather_linear},
     "scatter": {"binomial": scatter_binomial, "linear": scatter_linear},
@@ -163,6 +204,12 @@ def _forced(collective: str) -> Optional[Callable[..., None]]:
 
 
 # ----------------------------------------------------------------------------- choices
+def _big(comm: Any, collective: str, nbytes: int) -> bool:
+    """True when ``comm`` has big slots and ``nbytes`` is above the arena size and within BIG_LIMIT."""
+    a = comm.arena
+    return a is not None and a.big is not None and a.max_bytes < nbytes <= BIG_LIMIT[collective]
+
+
 def choose_all_reduce_flat(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
     """All-reduce among ``p`` ranks without host structure: recursive doubling or ring."""
     if nbytes <= ALLREDUCE_SMALL or nelems < p:
@@ -197,6 +244,8 @@ def choose_all_reduce(comm: Any, nbytes: int, nelems: int) -> Callable[..., None
         return f
     if fits(comm, nbytes):
         return allreduce_arena
+    if _big(comm, "all_reduce", nbytes):
+        return allreduce_big
     if _hierarchical_applies(comm.hosts, comm.size):
         if nbytes > ALLREDUCE_SMALL and _host_structure(comm.hosts, comm.size)[1]:
             return allreduce_multileader
@@ -236,8 +285,11 @@ def broadcast(comm: Any, buf: np.ndarray, root: int) -> None:
     buf = flat(buf, "broadcast buffer")
     if comm.size == 1 or buf.nbytes == 0:
         return
-    if fits(comm, buf.nbytes) and "broadcast" not in FORCE:
-        return bcast_arena(comm, buf, root)
+    if "broadcast" not in FORCE:
+        if fits(comm, buf.nbytes):
+            return bcast_arena(comm, buf, root)
+        if _big(comm, "broadcast", buf.nbytes):
+            return bcast_big(comm, buf, root)
     choose_broadcast(comm.size, buf.nbytes)(comm, buf, root)
 
 
@@ -254,8 +306,11 @@ def reduce(comm: Any, buf: np.ndarray, reduce: Callable[[np.ndarray, np.ndarray]
     buf = flat(buf, "reduce buffer")
     if comm.size == 1 or buf.shape[0] == 0:
         return
-    if fits(comm, buf.nbytes) and "reduce" not in FORCE:
-        return reduce_arena(comm, buf, reduce, root)
+    if "reduce" not in FORCE:
+        if fits(comm, buf.nbytes):
+            return reduce_arena(comm, buf, reduce, root)
+        if _big(comm, "reduce", buf.nbytes):
+            return reduce_big(comm, buf, reduce, root)
     choose_reduce(comm.size, buf.nbytes, buf.shape[0])(comm, buf, reduce, root)
 
 
@@ -266,6 +321,8 @@ def all_gather(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
     if f is None:
         if fits(comm, sendbuf.nbytes):
             f = allgather_arena
+        elif _big(comm, "all_gather", sendbuf.nbytes):
+            f = allgather_big
         else:
             f = allgather_bruck if sendbuf.nbytes * comm.size <= ALLGATHER_SMALL else allgather_ring
     f(comm, sendbuf, recvbuf)
@@ -305,6 +362,8 @@ def reduce_scatter(
     """Rank r gets block r of ``sendbuf`` reduced over ranks; ``sendbuf`` is not modified."""
     sendbuf, recvbuf = flat(sendbuf, "reduce_scatter sendbuf"), flat(recvbuf, "reduce_scatter recvbuf")
     f = _forced("reduce_scatter")
+    if f is None and _big(comm, "reduce_scatter", sendbuf.nbytes):
+        f = reduce_scatter_big
     if f is None:
         f = reduce_scatter_allreduce if sendbuf.nbytes <= REDUCE_SCATTER_SMALL else reduce_scatter_ring
     f(comm, sendbuf, recvbuf, reduce)

@@ -48,13 +48,25 @@ rewritten while a peer may still read it (two slots per member alternate).
 Members whose ``check`` differs never complete (the group layer's watchdog
 names the mismatch); waits honour the deadline, peer death, ``abort`` and
 ``close`` like requests do.  Callers serialise exchanges of one arena.
+
+Big slots (optional, issue 14 item 1).  An arena may carry a :class:`BigArena`
+(``arena.big``, else None): two large buffers per member (``arrays[k][i]``,
+writable only by member ``i``) and a counter per member.  A collective above
+the arena size announces how often it will synchronise (``begin(check,
+nsync)``), then alternates writing into its own buffer and ``sync(deadline)``
+(publish the counter, wait until every member's is there) with reading the
+others' buffers.  The rules that make double buffering safe (see
+``algorithms.bigarena``): step ``t`` uses buffers ``t & 1`` (``turn`` counts
+the steps, across calls), every step syncs at least once after its writes,
+and a member reads a step's buffers only before its next step's first sync.
+Members whose ``check`` differs never get through a sync together.
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 from ..deadline import Deadline
 
@@ -62,6 +74,7 @@ __all__ = [
     "ANY_SOURCE",
     "ARENA_BYTES",
     "Arena",
+    "BigArena",
     "Status",
     "Request",
     "Transport",
@@ -200,12 +213,40 @@ class Arena(abc.ABC):
     index: int
     #: the most bytes one member may publish per exchange
     max_bytes: int
+    #: the group's big slots (see the module docstring), or None
+    big: Optional["BigArena"] = None
 
     @abc.abstractmethod
     def exchange(self, data: Optional[Buffer], check: int, deadline: Optional[Deadline]) -> Sequence[memoryview]:
         """Publish ``data`` (None: no bytes), wait for every member's, return them all (member order).
 
         ``check`` (a u32) must be equal on every member for the same call.
+        """
+
+
+class BigArena(abc.ABC):
+    """Two big buffers per member plus a published counter (see the module docstring)."""
+
+    #: members (global ranks) in member order, and this process's index among them
+    members: Sequence[int]
+    index: int
+    #: bytes of one buffer
+    slot_bytes: int
+    #: ``arrays[k][i]``: buffer ``k`` (0, 1) of member ``i``, a uint8 numpy array of ``slot_bytes``
+    arrays: Sequence[Sequence[Any]]
+    #: steps taken so far by the algorithms (step t uses buffers ``t & 1``); the same on every member
+    turn: int = 0
+
+    @abc.abstractmethod
+    def begin(self, check: int, nsync: int) -> None:
+        """Start a call that will :meth:`sync` exactly ``nsync`` times; ``check`` (u32) equal on every member."""
+
+    @abc.abstractmethod
+    def sync(self, deadline: Optional[Deadline]) -> None:
+        """Publish this member's next count and wait until every member has published it (for this call).
+
+        Raises like :meth:`Arena.exchange` waits do: ClosedError, the abort error, PeerFailureError,
+        DistTimeoutError past ``deadline``.
         """
 
 

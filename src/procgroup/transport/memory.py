@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from ..deadline import Deadline
 from ..errors import ClosedError, ConfigError, DistTimeoutError, PeerFailureError, ProcGroupError
@@ -21,6 +23,7 @@ from .base import (
     ARENA_BYTES,
     TAG_LIMIT,
     Arena,
+    BigArena,
     Buffer,
     CompletedRequest,
     Request,
@@ -123,6 +126,10 @@ class MemoryHub:
         self.aborted: Dict[int, BaseException] = {}  # rank -> error its requests fail with
         #: (key, members) -> per parity, per member: its slot
         self.arenas: Dict[Tuple[int, Tuple[int, ...]], List[List[_Slot]]] = {}
+        #: bytes of each big-slot buffer (small, so the unit tests' sizes take several steps); 0: no big slots
+        self.big_slot = 64 << 10
+        #: (key, members) -> [counts, checks, arrays] of the group's big slots
+        self.bigs: Dict[Tuple[int, Tuple[int, ...]], List[Any]] = {}
 
     def transport(self, rank: int) -> "MemoryTransport":
         return MemoryTransport(self, rank)
@@ -197,6 +204,66 @@ class _MemoryArena(Arena):
                 hub.cond.wait(remaining)
 
 
+class _MemoryBigArena(BigArena):
+    """The reference :class:`BigArena`: counters and buffers in the hub, waits on the hub's condition."""
+
+    def __init__(self, t: "MemoryTransport", key: int, members: Sequence[int]) -> None:
+        self.t = t
+        self.members = list(members)
+        self.index = self.members.index(t.rank)
+        hub = t.hub
+        self.slot_bytes = hub.big_slot
+        p = len(self.members)
+        with hub.cond:
+            self._shared = hub.bigs.setdefault(
+                (key, tuple(self.members)),
+                [[0] * p, [0] * p, [[np.zeros(self.slot_bytes, np.uint8) for _ in range(p)] for _ in (0, 1)]],
+            )
+        self.arrays = self._shared[2]
+        self.count = self._shared[0][self.index]
+        self.turn = 0
+        self._end = self.count
+        self._check = 0
+
+    def begin(self, check: int, nsync: int) -> None:
+        self._check = check & 0xFFFFFFFF
+        self._end = self.count + nsync
+
+    def sync(self, deadline: Optional[Deadline]) -> None:
+        hub, me = self.t.hub, self.t.rank
+        counts, checks = self._shared[0], self._shared[1]
+        self.count += 1
+        val, end, check = self.count, self._end, self._check
+        with hub.cond:
+            self.t._check(me, "big-slot collective")
+            checks[self.index] = check
+            counts[self.index] = val
+            hub.cond.notify_all()
+            while True:
+                missing = [
+                    m
+                    for i, m in enumerate(self.members)
+                    if counts[i] <= end and (counts[i] < val or checks[i] != check)
+                ]
+                if not missing:
+                    return
+                self.t._check(me, "big-slot collective")
+                dead = [m for m in missing if m in hub.failed]
+                if dead:
+                    raise PeerFailureError(
+                        f"rank {me}: big-slot collective cannot complete: rank {dead[0]} failed "
+                        f"({hub.failed[dead[0]]})",
+                        peer=dead[0],
+                    )
+                remaining = None if deadline is None else deadline.remaining_or_none()
+                if deadline is not None and remaining is not None and remaining <= 0:
+                    raise DistTimeoutError(
+                        f"rank {me}: big-slot collective: ranks {missing} did not arrive "
+                        f"after {deadline.elapsed():.2f}s"
+                    )
+                hub.cond.wait(remaining)
+
+
 class MemoryTransport(Transport):
     kind = "memory"
 
@@ -206,6 +273,7 @@ class MemoryTransport(Transport):
         self.hub = hub
         self.rank = rank
         self.world_size = hub.world_size
+        self._bigs: Dict[Tuple[int, Tuple[int, ...]], _MemoryBigArena] = {}  # one per group: its turn persists
 
     def _check(self, peer: int, what: str, allow_any: bool = False) -> None:
         if self.rank in self.hub.aborted:
@@ -271,7 +339,16 @@ class MemoryTransport(Transport):
         return None
 
     def arena(self, key: int, members: Sequence[int]) -> Optional[Arena]:
-        return _MemoryArena(self, key, members) if self.rank in members and len(members) > 1 else None
+        if self.rank not in members or len(members) < 2:
+            return None
+        a = _MemoryArena(self, key, members)
+        if self.hub.big_slot:
+            k = (key, tuple(members))
+            b = self._bigs.get(k)
+            if b is None:
+                b = self._bigs[k] = _MemoryBigArena(self, key, members)
+            a.big = b
+        return a
 
     def abort(self, exc: BaseException) -> None:
         with self.hub.cond:

@@ -27,6 +27,7 @@ from .layout import (
     OFF_ADDR,
     Segment,
     attach_segment,
+    choose_big_slot,
     choose_ring_size,
     create_segment,
     segment_prefix,
@@ -58,6 +59,7 @@ def form_segments(
     ring_size: Optional[int],
     deadline: Deadline,
     cma: bool,
+    big_slot: Optional[int] = None,
 ) -> Formed:
     """Create this rank's segment, attach to every local peer's, and unlink them all once everyone attached.
 
@@ -66,9 +68,11 @@ def form_segments(
     (and record the answer in the peer's ring control block of our segment).  Raises DistTimeoutError
     past ``deadline`` (naming the ranks missing), PeerFailureError when a peer dies meanwhile, ConfigError
     for a bad ``ring_size`` or a full /dev/shm; on failure nothing stays mapped or in /dev/shm.
+    ``big_slot``: bytes of each big-slot buffer (None: :func:`~.layout.choose_big_slot`'s default; 0: none).
     """
     peers = [r for r in local if r != rank]
     cap = choose_ring_size(len(peers), ring_size)
+    big = choose_big_slot(len(local), big_slot)
     name = f"{segment_prefix(job_id)}{os.urandom(6).hex()}-r{rank}"  # (not secrets: its import costs ~10 ms)
     pidns = pid_namespace()
     learned = [name]
@@ -78,7 +82,7 @@ def form_segments(
     ok = False
     try:
         store.set(f"{prefix}/seg/{rank}", json.dumps({"name": name, "pid": os.getpid(), "pidns": pidns}).encode())
-        seg = create_segment(name, rank, world_size, peers, cap)
+        seg = create_segment(name, rank, world_size, peers, cap, big)
         for p in peers:
             info = json.loads(
                 _store_get(store, rank, deadline, f"{prefix}/seg/{p}", f"rank {p} to publish its shared memory segment")

@@ -17,6 +17,8 @@ skipping the owner)::
       56   8  offset A of the arena region
       64   4  doorbell (futex word, own cache line)
       72   4  sleep flag: 1 while an owner thread may be asleep on the doorbell
+      80   8  big-slot buffer size L (0: no big slots)
+      88   8  offset Z of the big-slot region
       128  4*S slot table: the source rank of each slot
     4096                 S * 128       ring control blocks, per slot:
       +0   8  head  (bytes ever written; written by the producer only)
@@ -30,6 +32,11 @@ skipping the owner)::
       +0   4  published count (u32, 0: never; written last)
       +4   4  check word
       +64  B  payload (B = ``ARENA_BYTES``)
+    Z                    BIG_GROUPS * (64 + 2 * L)  big slots (:mod:`.bigarena`): group g at
+                                       Z + g * (64 + 2L); per slot
+      +0   8  published count (u64, 0: never; written last)
+      +8   4  check word
+      +64  2L two buffers of L bytes, alternating by step
 
 Memory ordering
 ---------------
@@ -80,6 +87,9 @@ __all__ = [
     "choose_ring_size",
     "fence",
     "ARENA_GROUPS",
+    "BIG_GROUPS",
+    "DEFAULT_BIG_SLOT",
+    "choose_big_slot",
     "DEFAULT_RING_SIZE",
     "MIN_RING_SIZE",
 ]
@@ -87,13 +97,14 @@ __all__ = [
 logger = logging.getLogger("procgroup.transport")
 
 MAGIC = b"PGSHM\x00\x01\x00"
-VERSION = 2
+VERSION = 3
 ST_INIT, ST_READY, ST_CLOSED = 0, 1, 2
 HDR_SIZE = 4096
 OFF_VERSION, OFF_STATE, OFF_WS, OFF_OWNER, OFF_PID, OFF_CAP, OFF_NSLOTS, OFF_ADDR = 8, 12, 16, 20, 24, 32, 40, 48
 OFF_ARENA = 56
 OFF_BELL = 64
 OFF_SLEEP = 72  # 1 while the owner has a thread asleep on its doorbell (ringers skip the wake syscall otherwise)
+OFF_BIG, OFF_BIG_REGION = 80, 88  # big-slot buffer size (0: none) and offset of the big-slot region
 OFF_SLOTS = 128
 CTRL = 128  # control block per slot
 C_HEAD, C_WANT, C_CMA, C_TAIL = 0, 8, 16, 64
@@ -102,6 +113,12 @@ C_HEAD, C_WANT, C_CMA, C_TAIL = 0, 8, 16, 64
 ARENA_GROUPS = 16
 ARENA_HDR = 64
 ARENA_SLOT = ARENA_HDR + ARENA_BYTES
+#: groups with an id below this get big slots too (two buffers of the chosen size per member)
+BIG_GROUPS = 4
+#: default size of one big-slot buffer (``ShmOptions.big_slot`` / PROCGROUP_SHM_BIG_SLOT), and the least
+#: worth having (less than this, when /dev/shm is small, and groups get no big slots)
+DEFAULT_BIG_SLOT = 1 << 20
+MIN_BIG_SLOT = 64 << 10
 
 #: default ring capacity per (producer, consumer) pair
 DEFAULT_RING_SIZE = 4 << 20
@@ -176,7 +193,7 @@ class Segment:
     ``layout()`` reads the ring geometry from the header (after the owner wrote it).
     """
 
-    __slots__ = ("name", "mm", "q", "i", "addr", "cap", "nslots", "data_off", "size", "arena_off")
+    __slots__ = ("name", "mm", "q", "i", "addr", "cap", "nslots", "data_off", "size", "arena_off", "big", "big_off")
 
     def __init__(self, name: str, mm: mmap.mmap) -> None:
         self.name = name
@@ -191,6 +208,8 @@ class Segment:
         self.nslots = 0
         self.data_off = 0
         self.arena_off = 0
+        self.big = 0
+        self.big_off = 0
 
     def layout(self) -> None:
         """Read capacity, slot count and the arena offset from the header."""
@@ -198,6 +217,8 @@ class Segment:
         self.nslots = self.i[OFF_NSLOTS // 4]
         self.data_off = HDR_SIZE + _align(self.nslots * CTRL, 4096)
         self.arena_off = self.q[OFF_ARENA // 8]
+        self.big = self.q[OFF_BIG // 8]
+        self.big_off = self.q[OFF_BIG_REGION // 8]
 
     def slot_of(self, src: int) -> int:
         """Index of the ring that rank ``src`` writes into; ConfigError if the segment has none for it."""
@@ -229,9 +250,37 @@ def rings_size(nslots: int, cap: int) -> int:
     return HDR_SIZE + _align(nslots * CTRL, 4096) + nslots * cap
 
 
-def segment_size(nslots: int, cap: int) -> int:
-    """Total size of a segment: its rings plus the arena slots."""
-    return rings_size(nslots, cap) + ARENA_GROUPS * 2 * ARENA_SLOT
+def big_region_size(big: int) -> int:
+    """Bytes of the big-slot region for buffers of ``big`` bytes (0: none)."""
+    return BIG_GROUPS * (ARENA_HDR + 2 * big) if big else 0
+
+
+def segment_size(nslots: int, cap: int, big: int = 0) -> int:
+    """Total size of a segment: its rings, the arena slots and the big slots (buffers of ``big`` bytes)."""
+    return rings_size(nslots, cap) + ARENA_GROUPS * 2 * ARENA_SLOT + big_region_size(big)
+
+
+def choose_big_slot(nlocal: int, big_slot: Optional[int]) -> int:
+    """The big-slot buffer size: ``big_slot`` if given (0: none; ConfigError unless 0 or a multiple of 4096
+    >= MIN_BIG_SLOT), else the default, halved until every local rank's big slots fit in a quarter of /dev/shm
+    (0 when not even MIN_BIG_SLOT does: groups then use the message-based algorithms above the arena size)."""
+    if big_slot is not None:
+        if big_slot and (big_slot < MIN_BIG_SLOT or big_slot % 4096):
+            raise ConfigError(
+                f"big_slot={big_slot} must be 0 (off) or a multiple of 4096 >= {MIN_BIG_SLOT} (PROCGROUP_SHM_BIG_SLOT)"
+            )
+        return big_slot
+    if nlocal < 2:
+        return 0
+    big = DEFAULT_BIG_SLOT
+    try:
+        st = os.statvfs(SHM_DIR)
+        budget = st.f_bavail * st.f_frsize // (4 * nlocal)
+    except OSError:
+        return big
+    while big >= MIN_BIG_SLOT and big_region_size(big) > budget:
+        big >>= 1
+    return big if big >= MIN_BIG_SLOT else 0
 
 
 def choose_ring_size(npeers: int, ring_size: Optional[int]) -> int:
@@ -253,12 +302,12 @@ def choose_ring_size(npeers: int, ring_size: Optional[int]) -> int:
     return max(MIN_RING_SIZE, min(DEFAULT_RING_SIZE, _pow2_floor(budget // npeers)))
 
 
-def create_segment(name: str, rank: int, world_size: int, peers: List[int], cap: int) -> Segment:
+def create_segment(name: str, rank: int, world_size: int, peers: List[int], cap: int, big: int = 0) -> Segment:
     """Create, size and initialise this rank's segment (state READY last).
 
     Raises ConfigError when /dev/shm has no room (naming the fixes), OSError for other failures.
     """
-    size = segment_size(len(peers), cap)
+    size = segment_size(len(peers), cap, big)
     path = os.path.join(SHM_DIR, name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -268,8 +317,9 @@ def create_segment(name: str, rank: int, world_size: int, peers: List[int], cap:
             if e.errno in (errno.ENOSPC, errno.ENOMEM):
                 raise ConfigError(
                     f"not enough space in {SHM_DIR} for a {size >> 20} MiB shared memory segment "
-                    f"({len(peers)} rings of {cap >> 10} KiB): enlarge {SHM_DIR} (docker: --shm-size), "
-                    "pass a smaller ring_size, or use PROCGROUP_TRANSPORT=tcp"
+                    f"({len(peers)} rings of {cap >> 10} KiB, big slots of {big >> 10} KiB): enlarge {SHM_DIR} "
+                    "(docker: --shm-size), pass a smaller ring_size or PROCGROUP_SHM_BIG_SLOT, "
+                    "or use PROCGROUP_TRANSPORT=tcp"
                 ) from e
             os.ftruncate(fd, size)  # filesystems without fallocate
         mm = mmap.mmap(fd, size)
@@ -286,6 +336,8 @@ def create_segment(name: str, rank: int, world_size: int, peers: List[int], cap:
     i[OFF_NSLOTS // 4] = len(peers)
     q[OFF_ADDR // 8] = seg.addr  # where this segment lives in the owner's address space (the CMA probe)
     q[OFF_ARENA // 8] = rings_size(len(peers), cap)
+    q[OFF_BIG // 8] = big
+    q[OFF_BIG_REGION // 8] = segment_size(len(peers), cap)  # after the arena slots
     for s, p in enumerate(peers):
         i[OFF_SLOTS // 4 + s] = p
     seg.layout()
@@ -324,7 +376,7 @@ def attach_segment(
                             "run the same procgroup version on every rank"
                         )
                     seg.layout()
-                    if seg.size < segment_size(seg.nslots, seg.cap):
+                    if seg.size < segment_size(seg.nslots, seg.cap, seg.big):
                         seg.close()
                         raise BrokenError(f"shared memory segment {name} of rank {peer} is truncated")
                     return seg

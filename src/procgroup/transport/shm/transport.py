@@ -57,10 +57,12 @@ from .. import _cma, _futex
 from .._engine import EngineTransport, RecvReq, SendReq, Unexpected, timeout_error
 from ..base import Arena, CompletedRequest, Request, Status
 from .arena import ARENA_SPIN, ARENA_SPIN_OVERSUBSCRIBED, ShmArena
+from .bigarena import ShmBigArena, big_arena_for
 from .doorbell import Doorbell
 from .formation import form_segments
 from .layout import (
     ARENA_GROUPS,
+    BIG_GROUPS,
     OFF_STATE,
     ST_CLOSED,
     X86,
@@ -163,6 +165,7 @@ class ShmTransport(EngineTransport):
         self._arena_on = opts.arena
         self._native = opts.native
         self._arenas: List[ShmArena] = []
+        self._bigs: Dict[int, ShmBigArena] = {}  # group key -> its big slots (one object per key: its turn persists)
         self._slice = slice_s
         self._flow = Flow()  # bumped whenever bytes move through a ring: a waiter keeps spinning while they do
         self._bell = Doorbell(rank, world_size, self._lock, slice_s, self._kick, self._maybe_check_peers_locked)
@@ -187,6 +190,7 @@ class ShmTransport(EngineTransport):
             ring_size=ring_size,
             deadline=self._deadline,
             cma=_cma.enabled(opts),
+            big_slot=opts.big_slot,
         )
         seg = self._seg = self._bell.seg = formed.seg
         self._peer_segs = formed.peer_segs
@@ -211,6 +215,9 @@ class ShmTransport(EngineTransport):
         for a in self._arenas:
             a.release()
         self._arenas.clear()
+        for b in self._bigs.values():
+            b.release()
+        self._bigs.clear()
         for ir in self._in.values():
             ir.data.release()
         for o in self._out.values():
@@ -254,6 +261,21 @@ class ShmTransport(EngineTransport):
                 native=self._native,
             )
             self._arenas.append(a)
+            if key < BIG_GROUPS:
+                b = self._bigs.get(key)
+                if b is None or b.members != ms:
+                    b = big_arena_for(
+                        self,
+                        key,
+                        ms,
+                        segs,
+                        spin=self._arena_spin,
+                        oversubscribed=self._oversubscribed,
+                        slice_s=self._slice,
+                    )
+                    if b is not None:
+                        self._bigs[key] = b
+                a.big = b
             return a
 
     def _notify_locked(self) -> None:

@@ -1,0 +1,225 @@
+"""Collectives above the arena size through big shared buffers (issue 14 item 1).
+
+When a group's ranks share a host, its arena may carry big slots
+(``comm.arena.big``, a :class:`~procgroup.transport.base.BigArena`): two
+buffers of ``slot_bytes`` per member, in shared memory, and a counter per
+member.  The collectives here move the payload in *steps* of at most one
+buffer; step ``t`` uses buffers ``t & 1`` (``big.turn`` counts steps across
+calls), so a member writes the next step while slower members still read
+the last one:
+
+* all_reduce: each member copies its chunk into its buffer; sync; member
+  ``i`` reduces slice ``i`` of the chunk from every member's buffer, in
+  member order (so every rank gets bit-identical results), into its own
+  result and back into its buffer; sync; everyone copies the other slices
+  out of their owners' buffers.  A reduce-scatter plus an all-gather in
+  shared memory, with no messages (DeepSpeed's CPU shm all_reduce does the
+  same; this one keeps the deadlines, peer-death checks and check words).
+* reduce: the same, the root alone copying the slices out.
+* reduce_scatter: each member copies piece ``[a, a+k)`` of every block into
+  its buffer; sync; member ``i`` reduces piece ``i`` of every buffer into its
+  result.  One sync per step.
+* broadcast: the root copies a chunk in; sync; the others copy it out.
+* all_gather: each member copies a chunk of its input in; sync; everyone
+  copies every member's chunk out.
+
+Broadcast and all_gather use steps of a quarter of the message (at least
+64 KiB, at most a buffer) so that the root's copy-in of the next step
+overlaps the others' copy-out of this one.
+
+Safety of the double buffering: a member reads step ``t``'s buffers only
+before it publishes its first sync of step ``t + 1``, and writes step
+``t + 2``'s buffers (the same ones) only after that sync completed on every
+member.  Every call announces its number of syncs and a check word (the
+call's sequence number and fingerprint, the op, the size, the root), so
+members of different calls never pass a sync together (see
+:mod:`procgroup.transport.shm.bigarena`).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Any, Callable, List, Optional
+
+import numpy as np
+
+from ..errors import ConfigError
+from ._util import scratch_as
+
+__all__ = [
+    "big_of",
+    "allreduce_big",
+    "reduce_big",
+    "reduce_scatter_big",
+    "bcast_big",
+    "allgather_big",
+    "PIPE_MIN",
+]
+
+Reducer = Callable[[np.ndarray, np.ndarray], None]
+
+#: broadcast / all_gather: the smallest step (bytes) of the pipelined copy
+PIPE_MIN = 64 << 10
+#: scratch slot of reduce's non-root partial results (not used by the primitives in ``_util``)
+SLOT_BIG = 24
+
+_OP_ALLREDUCE, _OP_REDUCE, _OP_REDSCAT, _OP_BCAST, _OP_ALLGATHER = 1, 2, 3, 4, 5
+_CHECK = struct.Struct("<IIqqq")
+
+
+def big_of(comm: Any) -> Optional[Any]:
+    """The group's big slots (``comm.arena.big``), or None."""
+    a = comm.arena
+    return None if a is None else a.big
+
+
+def _slots(comm: Any) -> Any:
+    big = big_of(comm)
+    if big is None:
+        raise ConfigError(
+            "the big-slot algorithms need a group whose ranks share a host, with big slots "
+            "(PROCGROUP_SHM_BIG_SLOT not 0, group id below transport.shm.layout.BIG_GROUPS)"
+        )
+    return big
+
+
+def _check(comm: Any, op: int, nbytes: int, dtype: np.dtype, root: int = -1) -> int:
+    """The call's check word: the group's (sequence number, fingerprint) folded with op, size, dtype, root."""
+    return zlib.crc32(_CHECK.pack(comm.check_word(), op, nbytes, root, dtype.num))
+
+
+def _typed(arrs: List[np.ndarray], nbytes: int, dt: np.dtype) -> List[np.ndarray]:
+    return [x[:nbytes].view(dt) for x in arrs]
+
+
+def _pipe_elems(nbytes: int, itemsize: int, slot: int) -> int:
+    """Elements per step of a pipelined copy: a quarter of the message, within [PIPE_MIN, slot]."""
+    target = min(slot, max(PIPE_MIN, (nbytes // 4 + 4095) & ~4095))
+    return max(1, target // itemsize)
+
+
+def _reduce_chain(out: np.ndarray, parts: List[np.ndarray], reduce: Reducer) -> None:
+    """``out = parts[0] op parts[1] op ...``, left to right (member order)."""
+    uf = getattr(reduce, "ufunc", None)
+    if uf is not None and len(parts) > 1:
+        uf(parts[0], parts[1], out=out)
+        rest = parts[2:]
+    else:
+        out[...] = parts[0]
+        rest = parts[1:]
+    for v in rest:
+        reduce(out, v)
+
+
+def _reduce_slices(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> None:
+    """all_reduce (``root`` < 0) or reduce to ``root``: reduce-scatter + gather through the big slots."""
+    big = _slots(comm)
+    p, me, dl = comm.size, comm.rank, comm.deadline
+    dt = buf.dtype
+    isz = dt.itemsize
+    n = buf.shape[0]
+    step = big.slot_bytes // isz
+    nsteps = -(-n // step)
+    big.begin(_check(comm, _OP_ALLREDUCE if root < 0 else _OP_REDUCE, buf.nbytes, dt, root), 2 * nsteps)
+    keep = root < 0 or me == root  # may overwrite buf with results
+    # our own slice stays in buf for the reduction (saves its copy in), except where the result overwrites it
+    # before it is read (members 2.. when the result goes to buf: left-to-right order reads it third or later;
+    # member 1 too when the kernel is not a ufunc: _reduce_chain then copies parts[0] into out first)
+    own_in_shm = keep and (me >= 2 or (me == 1 and getattr(reduce, "ufunc", None) is None))
+    for a in range(0, n, step):
+        k = min(step, n - a)
+        arrs = _typed(big.arrays[big.turn & 1], k * isz, dt)
+        big.turn += 1
+        mine = arrs[me]
+        lo, hi = k * me // p, k * (me + 1) // p
+        if own_in_shm:
+            mine[...] = buf[a : a + k]
+        else:
+            mine[:lo] = buf[a : a + lo]
+            mine[hi:] = buf[a + hi : a + k]
+        big.sync(dl)
+        if hi > lo:
+            parts = [x[lo:hi] for x in arrs]
+            if not own_in_shm:
+                parts[me] = buf[a + lo : a + hi]
+            out = buf[a + lo : a + hi] if keep else scratch_as(comm, hi - lo, dt, SLOT_BIG)
+            _reduce_chain(out, parts, reduce)
+            mine[lo:hi] = out
+        big.sync(dl)
+        if keep:
+            for j in range(p):
+                if j != me:
+                    jlo, jhi = k * j // p, k * (j + 1) // p
+                    buf[a + jlo : a + jhi] = arrs[j][jlo:jhi]
+
+
+def allreduce_big(comm: Any, buf: np.ndarray, reduce: Reducer) -> None:
+    """``buf`` = the reduction over members, in place (reduce-scatter + all-gather in the big slots)."""
+    _reduce_slices(comm, buf, reduce, -1)
+
+
+def reduce_big(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> None:
+    """The reduction into ``root``'s ``buf`` (the others' ``buf`` unchanged), through the big slots."""
+    _reduce_slices(comm, buf, reduce, root)
+
+
+def reduce_scatter_big(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, reduce: Reducer) -> None:
+    """``recvbuf`` = block ``rank`` of ``sendbuf`` reduced over members in member order (one sync per step)."""
+    big = _slots(comm)
+    p, me, dl = comm.size, comm.rank, comm.deadline
+    dt = recvbuf.dtype
+    isz = dt.itemsize
+    m = recvbuf.shape[0]
+    step = max(1, big.slot_bytes // (isz * p))
+    nsteps = -(-m // step)
+    big.begin(_check(comm, _OP_REDSCAT, recvbuf.nbytes, dt), nsteps)
+    blocks = sendbuf[: p * m].reshape(p, m)
+    for a in range(0, m, step):
+        k = min(step, m - a)
+        arrs = _typed(big.arrays[big.turn & 1], p * k * isz, dt)
+        big.turn += 1
+        arrs[me].reshape(p, k)[...] = blocks[:, a : a + k]
+        big.sync(dl)
+        _reduce_chain(recvbuf[a : a + k], [x[me * k : (me + 1) * k] for x in arrs], reduce)
+
+
+def bcast_big(comm: Any, buf: np.ndarray, root: int) -> None:
+    """``root``'s ``buf`` to every member: pipelined copy in, sync, copy out."""
+    big = _slots(comm)
+    me, dl = comm.rank, comm.deadline
+    dt = buf.dtype
+    isz = dt.itemsize
+    n = buf.shape[0]
+    step = _pipe_elems(buf.nbytes, isz, big.slot_bytes)
+    big.begin(_check(comm, _OP_BCAST, buf.nbytes, dt, root), -(-n // step))
+    for a in range(0, n, step):
+        k = min(step, n - a)
+        src = big.arrays[big.turn & 1][root][: k * isz].view(dt)
+        big.turn += 1
+        if me == root:
+            src[...] = buf[a : a + k]
+            big.sync(dl)
+        else:
+            big.sync(dl)
+            buf[a : a + k] = src
+
+
+def allgather_big(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+    """``recvbuf`` = every member's ``sendbuf`` in member order: pipelined copy in, sync, copy out."""
+    big = _slots(comm)
+    p, me, dl = comm.size, comm.rank, comm.deadline
+    dt = recvbuf.dtype
+    isz = dt.itemsize
+    n = sendbuf.shape[0]
+    step = _pipe_elems(sendbuf.nbytes, isz, big.slot_bytes)
+    big.begin(_check(comm, _OP_ALLGATHER, sendbuf.nbytes, dt), -(-n // step))
+    out = recvbuf[: p * n].reshape(p, n)
+    for a in range(0, n, step):
+        k = min(step, n - a)
+        arrs = _typed(big.arrays[big.turn & 1], k * isz, dt)
+        big.turn += 1
+        arrs[me][...] = sendbuf[a : a + k]
+        big.sync(dl)
+        for j in range(p):
+            out[j, a : a + k] = sendbuf[a : a + k] if j == me else arrs[j]

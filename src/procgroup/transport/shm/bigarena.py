@@ -1,0 +1,186 @@
+"""Big slots: two large buffers per member and group, for the collectives above the arena size (issue 14.1).
+
+Groups with an id below ``BIG_GROUPS`` whose members share this host get,
+next to their :class:`~.arena.ShmArena`, a :class:`ShmBigArena` (``arena.big``):
+in every member's segment, a header (u64 count, u32 check word) and two
+buffers of ``L`` bytes (``Segment.big``; ``PROCGROUP_SHM_BIG_SLOT``).  The
+algorithms (``algorithms.bigarena``) write their own buffer, :meth:`sync`,
+then read the others' buffers straight from shared memory: no messages, no
+matching, no intermediate copies beyond the one into the buffer.
+
+Slots are per group, not per transport: two groups may run collectives at
+the same time from different threads, and a slot shared between them would
+need a cross-process lock held across whole calls.  Per-group slots cost
+``2 L`` of /dev/shm per group (tmpfs pages are reserved at formation), hence
+only the first ``BIG_GROUPS`` groups get them.
+
+A sync publishes ``count + 1`` (check word first, then the count: TSO keeps
+the order), fences, and waits until every member's count reaches it.  A
+member's count inside this call's range must come with this call's check
+word; a count past the range means the member finished this call, which it
+can only do after seeing ours with its own check, so it agreed.  Members
+whose calls differ (another op, size, sequence number: the check word) never
+pass a sync together, and the watchdog names the mismatch.  Waits poll
+(yielding the CPU at every poll on an oversubscribed host), then sleep on
+the doorbell like the arena's, checking abort, close, peer death and the
+deadline at every slice; whoever completes a sync rings the members whose
+sleep flag is up.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, List, Optional, Sequence
+
+import numpy as np
+
+from ...deadline import Deadline
+from ...errors import ClosedError, DistTimeoutError, PeerFailureError
+from ..base import BigArena
+from .arena import ArenaHost
+from .layout import ARENA_HDR, OFF_BELL, OFF_SLEEP, Segment, fence
+
+__all__ = ["ShmBigArena"]
+
+_sched_yield = getattr(os, "sched_yield", lambda: None)
+
+
+class ShmBigArena(BigArena):
+    """The big slots of group ``key`` in the segments ``segs`` of ``members`` (member order).
+
+    ``big``: bytes per buffer (the least of the members' ``Segment.big``); ``spin``, ``oversubscribed``,
+    ``slice_s``: as for :class:`~.arena.ShmArena`.
+    """
+
+    def __init__(
+        self,
+        t: ArenaHost,
+        key: int,
+        members: List[int],
+        segs: List[Segment],
+        big: int,
+        *,
+        spin: float,
+        oversubscribed: bool,
+        slice_s: float,
+    ) -> None:
+        self.t = t
+        self.members = members
+        self.index = members.index(t.rank)
+        self.slot_bytes = big
+        self._spin = spin
+        self._oversubscribed = oversubscribed
+        self._slice = slice_s
+        self._segs = segs
+        offs = [seg.big_off + key * (ARENA_HDR + 2 * seg.big) for seg in segs]
+        # per member: (u64 view, index of the count) and (u32 view, index of the check word)
+        self._count_at = [(seg.q, off // 8) for seg, off in zip(segs, offs)]
+        self._check_at = [(seg.i, off // 4 + 2) for seg, off in zip(segs, offs)]
+        self.arrays: List[List[Any]] = [
+            [np.frombuffer(seg.mm, np.uint8, big, off + ARENA_HDR + k * seg.big) for seg, off in zip(segs, offs)]
+            for k in (0, 1)
+        ]
+        self._others = [seg for i, seg in enumerate(segs) if i != self.index]
+        self.turn = 0
+        self.count = self._count_at[self.index][0][self._count_at[self.index][1]]  # 0 in a fresh segment
+        self._end = self.count
+        self._check = 0
+
+    def release(self) -> None:
+        """Drop the views into the segments (before they are unmapped)."""
+        self.arrays = [[], []]
+        self._count_at = []
+        self._check_at = []
+        self._others = []
+        self._segs = []
+
+    def begin(self, check: int, nsync: int) -> None:
+        """Start a call of ``nsync`` syncs with ``check``."""
+        self._check = check & 0xFFFFFFFF
+        self._end = self.count + nsync
+
+    def _arrived(self, val: int) -> bool:
+        end, check = self._end, self._check
+        for (q, c), (w, k) in zip(self._count_at, self._check_at):
+            n = q[c]
+            if n > end:
+                continue
+            if n < val or w[k] != check:
+                return False
+        return True
+
+    def _missing(self, val: int) -> List[int]:
+        end, check = self._end, self._check
+        return [
+            m
+            for m, (q, c), (w, k) in zip(self.members, self._count_at, self._check_at)
+            if q[c] <= end and (q[c] < val or w[k] != check)
+        ]
+
+    def sync(self, deadline: Optional[Deadline]) -> None:
+        """Publish the next count and wait for every member's (see the module docstring)."""
+        t = self.t
+        if t._aborted is not None:
+            raise t._aborted
+        if t._closed or not self._others:
+            raise ClosedError(f"rank {t.rank}: big-slot collective on a closed shm transport")
+        self.count += 1
+        val = self.count
+        w, k = self._check_at[self.index]
+        q, c = self._count_at[self.index]
+        w[k] = self._check
+        q[c] = val  # last: publishes what we wrote into our buffer, and the check word
+        fence()  # our count before their counts and sleep flags (Dekker, as in ShmArena.exchange)
+        if self._arrived(val):
+            ring = t.doorbell.ring
+            for seg in self._others:
+                if seg.i[OFF_SLEEP // 4]:
+                    ring(seg, force=True)
+            return
+        self._wait(val, deadline)
+
+    def _wait(self, val: int, deadline: Optional[Deadline]) -> None:
+        t = self.t
+        arrived = self._arrived
+        if self._spin:
+            # poll, yielding the CPU at every poll (as the rings' waits do): a big-slot step is long enough
+            # that the member we wait for is often descheduled on a loaded host, and the yield lets it run
+            end = time.monotonic() + self._spin
+            while time.monotonic() < end:
+                if arrived(val):
+                    return
+                if self._oversubscribed:
+                    _sched_yield()
+        bell = t.doorbell
+        while True:
+            seg = t._seg
+            if t._aborted is not None:
+                raise t._aborted
+            if t._closed or seg is None:
+                raise ClosedError(f"rank {t.rank}: the shm transport was closed during a big-slot collective")
+            snap = seg.i[OFF_BELL // 4]
+            if arrived(val):
+                return
+            missing = self._missing(val)
+            dead = [m for m in missing if m in t._failed]
+            if dead:
+                raise PeerFailureError(
+                    f"rank {t.rank}: big-slot collective with ranks {self.members} cannot complete: "
+                    f"{t._failed[dead[0]]}",
+                    peer=dead[0],
+                )
+            if deadline is not None and deadline.expired():
+                raise DistTimeoutError(
+                    f"rank {t.rank}: big-slot collective (sync {val} of this group's big slots): "
+                    f"ranks {missing} of {self.members} did not arrive within {deadline.elapsed():.2f}s"
+                )
+            bell.sleep(snap, self._slice if deadline is None else max(deadline.remaining(), 1e-4), lambda: arrived(val))
+
+
+def big_arena_for(t: Any, key: int, members: List[int], segs: Sequence[Segment], **kw: Any) -> Optional[ShmBigArena]:
+    """A :class:`ShmBigArena` when every member's segment has big slots (None otherwise)."""
+    big = min(seg.big for seg in segs)
+    if not big:
+        return None
+    return ShmBigArena(t, key, members, list(segs), big, **kw)
