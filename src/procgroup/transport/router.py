@@ -16,9 +16,12 @@ Between wakes the waiter re-tests the members (which also drives the shm
 progress engine and its peer-liveness checks) at least every 50 ms.
 
 Progress: shm progress happens only inside waits, so a wait on a tcp (or
-loopback) request goes through the same loop and keeps driving the shm
-engine: otherwise a rank blocked on a tcp receive could hold back the rest
-of a large shm message that the tcp sender is itself waiting for.
+loopback) request keeps driving the shm engine: otherwise a rank blocked on
+a tcp receive could hold back the rest of a large shm message that the tcp
+sender is itself waiting for.  A tcp request is waited for by reading its
+socket in the waiting thread (``TcpTransport._wait_slice``), in slices
+between shm progress passes: 1 ms while the shm side is busy, 20 ms while it
+is quiet.
 
 Sub-transports must be :class:`~procgroup.transport._engine.EngineTransport`
 instances (loopback, shm, tcp) for ANY_SOURCE to span them.
@@ -46,6 +49,8 @@ from .shm import Doorbell, ShmTransport
 __all__ = ["RouterTransport"]
 
 _SLICE = 0.05
+_DIRECT_BUSY = 0.001  # a tcp waiter's read slice while the shm side has work (see RouterTransport._direct_slice)
+_DIRECT_QUIET = 0.02
 
 
 class _Routed(Request):
@@ -68,7 +73,22 @@ class _Routed(Request):
         Returns its status, or raises its error (a timeout past ``deadline``).
         """
         inner = self._inner
-        if not inner.test():
+        direct = getattr(getattr(inner, "owner", None), "_wait_slice", None)
+        if direct is not None:  # tcp: read our own socket between shm progress passes
+            router = self._router
+            bell = router._bell
+            snap = bell.snapshot() if bell is not None else 0
+            while not self.test():
+                t = router._direct_slice(snap)
+                if bell is not None:
+                    snap = bell.snapshot()
+                if deadline is not None:
+                    rem = deadline.remaining()
+                    if rem <= 0:
+                        break
+                    t = min(t, rem)
+                direct(inner, t)
+        elif not inner.test():
             self._router._wait_loop(self.test, deadline)
         return inner.wait(deadline)  # the result, or the request's own error (a timeout once the deadline passed)
 
@@ -313,6 +333,19 @@ class RouterTransport(Transport):
     def _kick(self) -> None:
         if self._bell is not None:
             self._bell.kick()
+
+    def _direct_slice(self, snap: int) -> float:
+        """How long a tcp waiter may read its socket before the next shm progress pass.
+
+        Short while the shm side is busy (a send of ours is pending, or the doorbell moved since ``snap``):
+        a local peer may wait for that progress; longer while it is quiet.
+        """
+        shm = self._shm
+        if shm is None:
+            return _SLICE
+        if shm._pending_out or (self._bell is not None and self._bell.snapshot() != snap):
+            return _DIRECT_BUSY
+        return _DIRECT_QUIET
 
     def _wait_loop(self, done: Callable[[], bool], deadline: Optional[Deadline]) -> None:
         """Until ``done()`` (which must drive progress) or the deadline: sleep on the shared notification."""

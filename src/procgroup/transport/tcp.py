@@ -18,15 +18,13 @@ Data: frames of :mod:`procgroup.protocol.frames`.  A send goes out in the
 caller's thread as one ``sendmsg([header, payload])`` (no concatenation);
 whatever the socket does not take at once is finished by a per-connection
 writer thread, so ``isend`` never blocks and ``wait(deadline)`` is honoured.
-A reader thread per connection drains it continuously.  It is a thin I/O
-shell around the sans-IO :class:`~procgroup.protocol.frames.FrameDecoder`
-(its message view: the parsing, bounds and continuation checks are the
-decoder's, and are what the unit tests and the fuzz harness exercise): it
-``recv_into``-s wherever the decoder asks, so headers go through a small
-buffer and payloads straight into the matching posted receive buffer (or a
-fresh buffer for an unexpected message).  Because readers always drain, two ranks sending large messages
-to each other cannot deadlock.  EOF, a reset or a protocol violation fails
-every pending and later request that involves the peer with
+Receiving (:mod:`procgroup.transport._tcp_read`): the thread that waits for a
+message reads its peer's socket itself, through the sans-IO
+:class:`~procgroup.protocol.frames.FrameDecoder` (payloads straight into the
+posted buffer); one watcher thread per transport drains the connections
+nobody is reading, so two ranks sending large messages to each other cannot
+deadlock and EOF, a reset or a protocol violation is noticed at once: it
+fails every pending and later request that involves the peer with
 :class:`~procgroup.errors.PeerFailureError` naming its rank and address.
 """
 
@@ -41,7 +39,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Set, Union
 
-from ..deadline import Deadline, as_deadline
+from ..deadline import as_deadline
 from ..errors import (
     AuthenticationError,
     BrokenError,
@@ -59,14 +57,11 @@ from ..protocol.frames import (
     HEADER_SIZE,
     MAGIC,
     VERSION,
-    FrameDecoder,
-    FrameStart,
-    Message,
-    MessageEnd,
     message_frames,
 )
-from ._engine import EngineRequest, EngineTransport, RecvReq, SendReq, Unexpected, timeout_error
+from ._engine import RecvReq, SendReq, Unexpected
 from ._engine import delete_key_quiet as _delete_key
+from ._tcp_read import TcpReading, _Conn
 from .base import CompletedRequest, Request, Status
 
 __all__ = ["TcpTransport"]
@@ -77,7 +72,6 @@ _IDENT = struct.Struct("<4sHHIII")
 _IDENT_MAGIC = b"PGTC"
 _IDENT_VERSION = 1
 _ACK_OK, _ACK_REJECT = b"\x01", b"\x02"
-_RBUF = 64 << 10
 _HANDSHAKE_TIMEOUT = 10.0
 _MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 
@@ -96,37 +90,12 @@ class _Outgoing:
         self.done = done  # bytes of the concatenation already handed to the kernel
 
 
-class _Inbound:
-    """A message arriving in several pieces: its posted receive or unexpected entry, and (unexpected) its buffers."""
-
-    __slots__ = ("target", "chunks")
-
-    def __init__(self, target: Union[RecvReq, Unexpected], chunks: Optional[List[bytearray]]) -> None:
-        self.target = target
-        self.chunks = chunks
-
-
-class _Conn:
-    __slots__ = ("peer", "sock", "where", "send_lock", "send_cv", "queue", "writer", "reader", "broken")
-
-    def __init__(self, peer: int, sock: socket.socket, where: str) -> None:
-        self.peer = peer
-        self.sock = sock
-        self.where = where
-        self.send_lock = threading.Lock()
-        self.send_cv = threading.Condition(self.send_lock)
-        self.queue: List[SendReq] = []
-        self.writer: Optional[threading.Thread] = None
-        self.reader: Optional[threading.Thread] = None
-        self.broken: Optional[str] = None
-
-
 def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
 
 
-class TcpTransport(EngineTransport):
+class TcpTransport(TcpReading):
     """Transport over TCP connections to ``peers`` (see the module docstring).
 
     Collective: every rank of ``peers + [rank]`` constructs it with the same
@@ -166,11 +135,7 @@ class TcpTransport(EngineTransport):
         except BaseException:
             self._shutdown_sockets()
             raise
-        for c in self._conns.values():
-            c.reader = threading.Thread(
-                target=self._reader, args=(c,), name=f"procgroup-tcp-r{rank}<-{c.peer}", daemon=True
-            )
-            c.reader.start()
+        self._start_reading()
 
     # -- formation --------------------------------------------------------------------------
     def _form(self, store: Any, prefix: str, advertise: str) -> None:
@@ -456,145 +421,7 @@ class TcpTransport(EngineTransport):
                 done -= len(parts[i])
                 i += 1
 
-    # -- receiving -------------------------------------------------------------------------------
-    def _reader(self, c: _Conn) -> None:
-        """Drain the connection from ``c.peer`` until EOF, an error or close: the I/O shell of :class:`FrameDecoder`.
-
-        The decoder parses; this shell reads (``recv_into`` wherever the decoder says), matches messages
-        to posted receives under the transport lock and places each frame's payload: into the posted
-        buffer, into a fresh buffer of an unexpected message, or nowhere (a receive that failed).  EOF, an
-        ``OSError`` or a :class:`ProtocolError` fail the peer (:meth:`_conn_lost`).
-        """
-        sock, src, lock = c.sock, c.peer, self._lock
-        dec = FrameDecoder(self._max_frame, buffer_size=_RBUF)
-        rx: Optional[_Inbound] = None  # the message whose frames are arriving (placed with FrameStart)
-        watch: Optional[RecvReq] = None  # its posted receive, if any: checked between reads
-        next_event, get_buffer, buffer_updated = dec.next_event, dec.get_buffer, dec.buffer_updated
-        recv_into = sock.recv_into
-        try:
-            while True:
-                ev = next_event()
-                if ev is None:
-                    if watch is not None and watch.error is not None:
-                        dec.drop_target()  # failed meanwhile (abort, close): the buffer is the user's again
-                    buffer_updated(recv_into(get_buffer()))
-                    continue
-                if type(ev) is Message:  # the common small message: one lock section
-                    tag, payload = ev
-                    n = payload.nbytes
-                    with lock:
-                        if self._closed:
-                            return
-                        req = self._match_locked(src, tag)
-                        if req is not None:
-                            if n > req.out.nbytes:
-                                req.error = self._size_error(req, src, n)
-                            else:
-                                if n:
-                                    req.out[:n] = payload
-                                req.status = Status(src, n)
-                            req.out = None  # type: ignore[assignment]  # drop the export; out is typed for live use
-                        else:
-                            self._add_unexpected_locked(tag, Unexpected(src, bytearray(payload), n, True))
-                        self._notify_locked()
-                    req = None
-                    del payload
-                elif isinstance(ev, FrameStart):
-                    with lock:
-                        if self._closed:
-                            return
-                        rx = self._place_frame_locked(dec, src, ev, rx)
-                    watch = rx.target if type(rx.target) is RecvReq else None
-                elif isinstance(ev, MessageEnd):
-                    assert rx is not None, "MessageEnd without FrameStart"
-                    with lock:
-                        self._inflight.pop(src, None)
-                        if self._closed:
-                            return
-                        self._finish_locked(rx, src, ev.nbytes)
-                        self._notify_locked()
-                    rx = watch = None  # keep no export of the user's buffer
-                else:  # CLOSED: EOF at a message boundary
-                    reason = f"rank {src} at {c.where} closed the connection"
-                    break
-        except ProtocolError as e:
-            if self._closed:
-                return
-            logger.error(
-                "rank %d: protocol error on the connection to rank %d at %s: %s; closing it", self.rank, src, c.where, e
-            )
-            reason = f"protocol error on the connection to rank {src} at {c.where}: {e}"
-        except OSError as e:
-            reason = self._lost_reason(c, e)
-        except BaseException as e:  # noqa: BLE001 - a reader must never die silently: fail the peer instead
-            if self._closed:
-                return
-            logger.exception("rank %d: reader of the connection to rank %d at %s failed", self.rank, src, c.where)
-            reason = f"the reader of the connection to rank {src} at {c.where} failed: {e!r}"
-        if not self._closed:
-            self._conn_lost(c, reason)
-
-    def _place_frame_locked(self, dec: FrameDecoder, src: int, ev: FrameStart, rx: Optional[_Inbound]) -> _Inbound:
-        """Tell ``dec`` where the payload of the frame ``ev`` goes; returns the message it belongs to.
-
-        A first frame is matched: to a posted receive (the payload goes into its buffer, at the frame's
-        offset) or to a new unexpected entry (one fresh buffer per frame, joined at the end).  A frame that
-        does not fit the posted buffer fails that receive with a size error and is discarded, like the
-        rest of its message.  Lock held.
-        """
-        if ev.offset == 0:
-            req = self._match_locked(src, ev.tag)
-            if req is None:
-                buf = bytearray(ev.length)
-                entry = Unexpected(src, buf, ev.length, False)
-                self._add_unexpected_locked(ev.tag, entry)
-                self._inflight[src] = entry
-                dec.set_target(memoryview(buf))
-                return _Inbound(entry, [buf])
-            rx = _Inbound(req, None)
-            self._inflight[src] = req
-        else:
-            assert rx is not None, "continuation frame without its first frame"
-            if rx.chunks is not None:
-                buf = bytearray(ev.length)
-                rx.chunks.append(buf)
-                dec.set_target(memoryview(buf))
-                return rx
-        posted = rx.target
-        assert isinstance(posted, RecvReq), "an unexpected message without its buffers"
-        end = ev.offset + ev.length
-        if posted.error is not None:
-            dec.set_target(None)
-        elif end > posted.out.nbytes:
-            posted.error = self._size_error(posted, src, end)
-            self._notify_locked()
-            dec.set_target(None)
-        else:
-            dec.set_target(posted.out[ev.offset : end])
-        return rx
-
-    def _finish_locked(self, rx: _Inbound, src: int, nbytes: int) -> None:
-        """The last frame of ``rx`` arrived: complete its receive, or mark its unexpected entry complete.  Lock held."""
-        t = rx.target
-        if isinstance(t, RecvReq):
-            if t.error is None and t.status is None:
-                t.status = Status(src, nbytes)
-            t.out = None  # type: ignore[assignment]  # drop the buffer export; out is typed for live use
-        else:
-            if rx.chunks is not None and len(rx.chunks) > 1:
-                t.buf = bytearray().join(rx.chunks)
-            t.nbytes = nbytes
-            self._entry_done_locked(t)
-
     # -- failures -----------------------------------------------------------------------------------
-    def _lost_reason(self, c: _Conn, e: Optional[BaseException]) -> str:
-        return f"the connection to rank {c.peer} at {c.where} failed ({e})"
-
-    def _conn_lost(self, c: _Conn, reason: str) -> None:
-        with self._lock:
-            if c.peer not in self._failed and not self._closed:
-                self._fail_peer_locked(c.peer, reason)
-
     def _fail_peer_locked(self, peer: int, reason: str) -> None:
         target = self._inflight.pop(peer, None)
         if target is not None:
@@ -622,33 +449,6 @@ class TcpTransport(EngineTransport):
                 pass
         super()._fail_peer_locked(peer, reason)
 
-    # -- waiting ----------------------------------------------------------------------------------------
-    def _notify_locked(self) -> None:
-        self._cond.notify_all()
-        for fn in self._hooks:
-            fn()
-
-    def _test_req(self, req: EngineRequest) -> bool:
-        if req.status is None and req.error is None:
-            time.sleep(0)  # release the GIL: the reader thread that completes requests needs it
-        return req.status is not None or req.error is not None
-
-    def _wait_req(self, req: EngineRequest, deadline: Optional[Deadline]) -> Status:
-        with self._cond:
-            while True:
-                st = req.status
-                if st is not None:
-                    return st
-                if req.error is not None:
-                    raise req.error
-                if deadline is None:
-                    self._cond.wait(1.0)
-                    continue
-                rem = deadline.remaining()
-                if rem <= 0:
-                    raise timeout_error(self.rank, req, deadline, self.kind)
-                self._cond.wait(min(rem, 1.0))
-
     # -- closing ----------------------------------------------------------------------------------------
     def _fail_inflight_locked(self, err: BaseException) -> None:
         for target in self._inflight.values():
@@ -666,6 +466,7 @@ class TcpTransport(EngineTransport):
                 # the writer finishes the frame it is sending (the stream stays well framed); drop the rest
                 del c.queue[1 if c.writer is not None and c.queue else 0 :]
                 c.send_cv.notify_all()
+        self._wake_all()  # readers polling their sockets see the abort (or close) at once
 
     def _shutdown_sockets(self) -> None:
         self._stop_accept = True
@@ -681,9 +482,10 @@ class TcpTransport(EngineTransport):
                 pass
         me = threading.current_thread()
         for c in list(self._conns.values()):
-            for t in (c.reader, c.writer):
-                if t is not None and t is not me:
-                    t.join(2.0)
+            if c.writer is not None and c.writer is not me:
+                c.writer.join(2.0)
+        self._stop_reading()
+        for c in list(self._conns.values()):
             try:
                 c.sock.close()
             except OSError:

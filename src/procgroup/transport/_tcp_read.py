@@ -1,0 +1,516 @@
+"""The receiving side of the TCP transport: the waiting thread reads its own socket.
+
+Each connection has a *reading role* (``_Conn.role``, a lock taken only without blocking).  Whoever
+holds it drives the connection's :class:`~procgroup.protocol.frames.FrameDecoder` (its state lives in
+the connection, so the role can pass from thread to thread between any two reads) and dispatches what
+it decodes: a message for its own receive, and also those for other tags or other threads (into their
+posted buffers or the unexpected queue, waking their waiters).
+
+* A thread that waits for a receive from peer P takes P's role and reads P's socket itself:
+  ``recv_into(MSG_DONTWAIT)``, and ``poll`` (with the deadline as the timeout) when nothing is there,
+  until its request completes.  No hand-off from another thread: the waiter is the reader.
+* If another thread holds the role, the waiter sleeps on the transport condition; the holder wakes it
+  when it dispatches the waiter's message, or when it gives the role back (the waiter then takes it).
+* One *watcher* thread per transport notices what arrives while nobody waits: an ``epoll`` set with
+  every connection whose role is free, one-shot (the holder of a role disarms its socket while it
+  reads and re-arms it when it gives the role back), so the watcher is never woken for data that a
+  waiter reads.  It drains what is ready without blocking: unexpected messages, the stream of a
+  message whose receiver is not waiting yet (so two ranks sending large messages to each other cannot
+  deadlock), and EOF, resets or protocol violations, which fail the peer
+  (:class:`~procgroup.errors.PeerFailureError` naming its rank and address) whether or not anyone waits.
+
+Bounds and authentication are unchanged: every byte goes through the decoder (lengths checked against
+``max_frame_size`` before use), and connections exist only after the HMAC handshake of formation.
+Abort and close write the transport's wake pipe, which every reader polls too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from typing import Dict, List, Optional, Set, Union
+
+from ..deadline import Deadline
+from ..errors import ProtocolError
+from ..protocol.frames import FrameDecoder, FrameStart, Message, MessageEnd
+from ._engine import EngineRequest, EngineTransport, RecvReq, SendReq, Unexpected, timeout_error
+from .base import ANY_SOURCE, Status
+
+__all__ = ["TcpReading"]
+
+logger = logging.getLogger("procgroup.transport")
+
+_RBUF = 64 << 10
+_MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
+_SLICE = 1.0  # longest single sleep of a reader or waiter (a safety net: every wake-up has a cause)
+_GRACE = 0.002  # a connection a waiter just read stays with the waiters this long before the watcher reads it
+_HAS_EPOLL = hasattr(select, "epoll")
+_POLLIN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
+if _HAS_EPOLL:
+    _ARMED = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT
+    _DISARMED = select.EPOLLONESHOT
+
+
+class _Inbound:
+    """A message arriving in several pieces: its posted receive or unexpected entry, and (unexpected) its buffers."""
+
+    __slots__ = ("target", "chunks")
+
+    def __init__(self, target: Union[RecvReq, Unexpected], chunks: Optional[List[bytearray]]) -> None:
+        self.target = target
+        self.chunks = chunks
+
+
+class _Conn:
+    """One connection: its socket, the sending queue, and the reading state that passes with the role."""
+
+    __slots__ = (
+        "peer",
+        "sock",
+        "fd",
+        "where",
+        "send_lock",
+        "send_cv",
+        "queue",
+        "writer",
+        "broken",
+        "role",
+        "dec",
+        "rx",
+        "watch",
+        "poller",
+        "armed",
+        "wanted",
+        "dead",
+        "given_at",
+    )
+
+    def __init__(self, peer: int, sock: socket.socket, where: str) -> None:
+        self.peer = peer
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.where = where
+        self.send_lock = threading.Lock()
+        self.send_cv = threading.Condition(self.send_lock)
+        self.queue: List[SendReq] = []
+        self.writer: Optional[threading.Thread] = None
+        self.broken: Optional[str] = None
+        self.role = threading.Lock()  # the reading role: acquired only with blocking=False
+        self.dec: Optional[FrameDecoder] = None
+        self.rx: Optional[_Inbound] = None  # the message whose frames are arriving (placed with FrameStart)
+        self.watch: Optional[RecvReq] = None  # its posted receive, if any: checked between reads
+        self.poller: Optional["select.poll"] = None
+        self.armed = False  # registered for the watcher (an optimisation hint: the role holder re-arms)
+        self.wanted = 0  # threads sleeping until the role is free (under the transport lock)
+        self.dead = False  # EOF / error seen: nobody reads it again
+        self.given_at = 0.0  # when a waiter last gave the role back (the watcher re-arms GRACE later)
+
+
+def _done(req: EngineRequest) -> bool:
+    return req.status is not None or req.error is not None
+
+
+class TcpReading(EngineTransport):
+    """The reading half of :class:`~procgroup.transport.tcp.TcpTransport` (see the module docstring)."""
+
+    _conns: Dict[int, _Conn]
+    _inflight: Dict[int, Union[RecvReq, Unexpected]]
+    _max_frame: int
+
+    # -- set-up and tear-down -------------------------------------------------------------------------
+    def _start_reading(self) -> None:
+        """After formation: decoders, pollers, the wake pipe and the watcher thread."""
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._by_fd: Dict[int, _Conn] = {}
+        self._pending: Set[_Conn] = set()  # given back by waiters, not re-armed yet (the watcher does it)
+        self._watch_idle = False  # the watcher sleeps without a re-arm due: givers re-arm themselves
+        self._ep = select.epoll() if _HAS_EPOLL else None
+        for c in self._conns.values():
+            c.dec = FrameDecoder(self._max_frame, buffer_size=_RBUF)
+            p = select.poll()
+            p.register(c.fd, _POLLIN)
+            p.register(self._wake_r, select.POLLIN)
+            c.poller = p
+            self._by_fd[c.fd] = c
+            if self._ep is not None:
+                self._ep.register(c.fd, _DISARMED)
+            self._arm(c)
+        if self._ep is not None:
+            self._ep.register(self._wake_r, select.EPOLLIN | select.EPOLLONESHOT)
+        self._watcher = threading.Thread(target=self._watch, name=f"procgroup-tcp-watch-r{self.rank}", daemon=True)
+        self._watcher.start()
+
+    def _wake_all(self) -> None:
+        """Abort or close: every reader's poll returns (the pipe stays readable: both states are final)."""
+        try:
+            if getattr(self, "_wake_w", -1) >= 0:
+                os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _stop_reading(self) -> None:
+        """After the sockets were shut down: end the watcher, release the pipe and the epoll set."""
+        self._wake_all()
+        w = getattr(self, "_watcher", None)
+        if w is not None and w is not threading.current_thread():
+            w.join(2.0)
+        if getattr(self, "_ep", None) is not None:
+            self._ep.close()
+        for fd in (getattr(self, "_wake_r", -1), getattr(self, "_wake_w", -1)):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._wake_r = self._wake_w = -1
+
+    # -- the role ---------------------------------------------------------------------------------------
+    def _arm(self, c: _Conn) -> None:
+        c.armed = True
+        ep = self._ep
+        if ep is not None:
+            try:
+                ep.modify(c.fd, _ARMED)
+            except (OSError, ValueError):  # closed meanwhile
+                pass
+
+    def _take(self, c: _Conn) -> bool:
+        """Take the reading role of ``c`` if it is free (never blocks); stops the watcher's interest in it."""
+        if not c.role.acquire(False):
+            return False
+        if c.armed:
+            c.armed = False
+            ep = self._ep
+            if ep is not None:
+                try:
+                    ep.modify(c.fd, _DISARMED)
+                except (OSError, ValueError):
+                    pass
+        return True
+
+    def _give(self, c: _Conn, rearm: bool = False) -> None:
+        """Give the role back and wake the threads that wait for it.
+
+        The watcher's interest comes back ``_GRACE`` later (or at once with ``rearm``, or when the
+        watcher is idle): a waiter that reads a conversation usually comes back for the next message
+        within microseconds, and a watcher woken meanwhile would take the message and hand it over.
+        """
+        c.role.release()
+        if not c.dead and not self._closed:
+            if rearm:
+                self._arm(c)
+            else:
+                c.given_at = time.monotonic()
+                self._pending.add(c)
+                if self._watch_idle:
+                    self._arm(c)
+        if c.wanted:
+            with self._lock:
+                self._cond.notify_all()
+
+    # -- reading ------------------------------------------------------------------------------------------
+    def _pump(self, c: _Conn, req: Optional[EngineRequest], deadline: Optional[Deadline]) -> None:
+        """Role held: read and dispatch ``c``'s frames until ``req`` is done (None: until no byte is ready).
+
+        Returns at the deadline, on abort or close, and when the connection ends (EOF, an ``OSError`` or a
+        :class:`ProtocolError` fail the peer first).
+        """
+        if c.dead:
+            return
+        dec = c.dec
+        assert dec is not None, "reading before _start_reading"
+        sock, src, lock = c.sock, c.peer, self._lock
+        next_event, get_buffer, buffer_updated = dec.next_event, dec.get_buffer, dec.buffer_updated
+        recv_into = sock.recv_into
+        reason: Optional[str] = None
+        try:
+            while True:
+                ev = next_event()
+                if ev is None:
+                    if req is not None and (req.status is not None or req.error is not None):
+                        return
+                    w = c.watch
+                    if w is not None and w.error is not None:
+                        dec.drop_target()  # failed meanwhile (abort, close): the buffer is the user's again
+                    try:
+                        n = recv_into(get_buffer(), 0, _MSG_DONTWAIT)
+                    except (BlockingIOError, InterruptedError):
+                        if req is None or self._closed or self._aborted is not None:
+                            return
+                        t = _SLICE
+                        if deadline is not None:
+                            t = deadline.remaining()
+                            if t <= 0:
+                                return
+                            t = min(t, _SLICE)
+                        c.poller.poll(t * 1000.0)  # type: ignore[union-attr]  # set by _start_reading
+                        continue
+                    buffer_updated(n)
+                    continue
+                if type(ev) is Message:  # the common small message: one lock section
+                    tag, payload = ev
+                    n = payload.nbytes
+                    with lock:
+                        if self._closed:
+                            return
+                        r = self._match_locked(src, tag)
+                        if r is not None:
+                            if n > r.out.nbytes:
+                                r.error = self._size_error(r, src, n)
+                            else:
+                                if n:
+                                    r.out[:n] = payload
+                                r.status = Status(src, n)
+                            r.out = None  # type: ignore[assignment]  # drop the export; out is typed for live use
+                        else:
+                            self._add_unexpected_locked(tag, Unexpected(src, bytearray(payload), n, True))
+                        self._notify_locked()
+                    r = None
+                    del payload
+                elif isinstance(ev, FrameStart):
+                    with lock:
+                        if self._closed:
+                            return
+                        c.rx = rx = self._place_frame_locked(dec, src, ev, c.rx)
+                    c.watch = rx.target if type(rx.target) is RecvReq else None
+                elif isinstance(ev, MessageEnd):
+                    rx = c.rx
+                    assert rx is not None, "MessageEnd without FrameStart"
+                    c.rx = c.watch = None  # keep no export of the user's buffer
+                    with lock:
+                        self._inflight.pop(src, None)
+                        if self._closed:
+                            return
+                        self._finish_locked(rx, src, ev.nbytes)
+                        self._notify_locked()
+                    del rx
+                else:  # CLOSED: EOF at a message boundary
+                    reason = f"rank {src} at {c.where} closed the connection"
+                    break
+        except ProtocolError as e:
+            if not self._closed:
+                logger.error(
+                    "rank %d: protocol error on the connection to rank %d at %s: %s; closing it",
+                    self.rank,
+                    src,
+                    c.where,
+                    e,
+                )
+            reason = f"protocol error on the connection to rank {src} at {c.where}: {e}"
+        except OSError as e:
+            reason = self._lost_reason(c, e)
+        except BaseException as e:  # noqa: BLE001 - a reader must never die silently: fail the peer instead
+            if not self._closed:
+                logger.exception("rank %d: reading the connection to rank %d at %s failed", self.rank, src, c.where)
+            reason = f"reading the connection to rank {src} at {c.where} failed: {e!r}"
+        c.dead = True
+        if not self._closed:
+            self._conn_lost(c, reason)
+
+    def _place_frame_locked(self, dec: FrameDecoder, src: int, ev: FrameStart, rx: Optional[_Inbound]) -> _Inbound:
+        """Tell ``dec`` where the payload of the frame ``ev`` goes; returns the message it belongs to.
+
+        A first frame is matched: to a posted receive (the payload goes into its buffer, at the frame's
+        offset) or to a new unexpected entry (one fresh buffer per frame, joined at the end).  A frame that
+        does not fit the posted buffer fails that receive with a size error and is discarded, like the
+        rest of its message.  Lock held.
+        """
+        if ev.offset == 0:
+            req = self._match_locked(src, ev.tag)
+            if req is None:
+                buf = bytearray(ev.length)
+                entry = Unexpected(src, buf, ev.length, False)
+                self._add_unexpected_locked(ev.tag, entry)
+                self._inflight[src] = entry
+                dec.set_target(memoryview(buf))
+                return _Inbound(entry, [buf])
+            rx = _Inbound(req, None)
+            self._inflight[src] = req
+        else:
+            assert rx is not None, "continuation frame without its first frame"
+            if rx.chunks is not None:
+                buf = bytearray(ev.length)
+                rx.chunks.append(buf)
+                dec.set_target(memoryview(buf))
+                return rx
+        posted = rx.target
+        assert isinstance(posted, RecvReq), "an unexpected message without its buffers"
+        end = ev.offset + ev.length
+        if posted.error is not None:
+            dec.set_target(None)
+        elif end > posted.out.nbytes:
+            posted.error = self._size_error(posted, src, end)
+            self._notify_locked()
+            dec.set_target(None)
+        else:
+            dec.set_target(posted.out[ev.offset : end])
+        return rx
+
+    def _finish_locked(self, rx: _Inbound, src: int, nbytes: int) -> None:
+        """The last frame of ``rx`` arrived: complete its receive, or mark its unexpected entry complete.  Lock held."""
+        t = rx.target
+        if isinstance(t, RecvReq):
+            if t.error is None and t.status is None:
+                t.status = Status(src, nbytes)
+            t.out = None  # type: ignore[assignment]  # drop the buffer export; out is typed for live use
+        else:
+            if rx.chunks is not None and len(rx.chunks) > 1:
+                t.buf = bytearray().join(rx.chunks)
+            t.nbytes = nbytes
+            self._entry_done_locked(t)
+
+    def _watch(self) -> None:
+        """The watcher thread: read, without blocking, every connection that turns readable while its role is free."""
+        ep = self._ep
+        try:
+            while not self._closed:
+                if ep is None:  # no epoll (not Linux): poll the free connections in slices
+                    self._watch_slice()
+                    continue
+                timeout = self._rearm_due()
+                try:
+                    events = ep.poll(timeout)
+                except InterruptedError:
+                    continue
+                finally:
+                    self._watch_idle = False
+                for fd, _ in events:
+                    c = self._by_fd.get(fd)
+                    if c is None:  # the wake pipe: abort (not re-armed) or close (the loop ends)
+                        continue
+                    c.armed = False  # one-shot: the kernel disarmed it
+                    if self._closed:
+                        return
+                    if self._take(c):
+                        try:
+                            self._pump(c, None, None)
+                        finally:
+                            self._give(c, rearm=True)
+        except (OSError, ValueError):  # the epoll set was closed under us: the transport is closing
+            if not self._closed:
+                logger.exception("rank %d: the tcp watcher failed", self.rank)
+
+    def _rearm_due(self) -> float:
+        """Re-arm the connections given back ``_GRACE`` ago and still free; the watcher's next timeout."""
+        while True:
+            now = time.monotonic()
+            nxt = 0.0
+            for c in list(self._pending):
+                if c.dead or c.armed or c.role.locked():  # its holder puts it back when done
+                    self._pending.discard(c)
+                    continue
+                due = c.given_at + _GRACE
+                if due <= now:
+                    self._pending.discard(c)
+                    self._arm(c)
+                elif not nxt or due < nxt:
+                    nxt = due
+            if nxt:
+                return max(nxt - now, 1e-4)
+            self._watch_idle = True  # then look again: a giver that missed the flag left its connection here
+            if not self._pending:
+                return _SLICE
+            self._watch_idle = False
+
+    def _watch_slice(self) -> None:
+        p = select.poll()
+        p.register(self._wake_r, select.POLLIN)
+        for c in self._conns.values():
+            if not c.dead and not c.role.locked():
+                p.register(c.fd, _POLLIN)
+        for fd, _ in p.poll(50.0):
+            c = self._by_fd.get(fd)
+            if c is None:
+                if self._closed:
+                    return
+                continue
+            if self._take(c):
+                try:
+                    self._pump(c, None, None)
+                finally:
+                    self._give(c, rearm=True)
+
+    # -- waiting ----------------------------------------------------------------------------------------
+    def _reading_conn(self, req: EngineRequest) -> Optional[_Conn]:
+        """The connection a waiter for ``req`` reads itself: its peer's (the only one for ANY_SOURCE)."""
+        if type(req) is not RecvReq and not isinstance(req, RecvReq):
+            return None
+        p = req.peer
+        if p == ANY_SOURCE:
+            if len(self._conns) != 1 or req.group is not None:
+                return None
+            return next(iter(self._conns.values()))
+        return self._conns.get(p)
+
+    def _test_req(self, req: EngineRequest) -> bool:
+        if req.status is None and req.error is None:
+            c = self._reading_conn(req)
+            if c is not None and not c.dead and self._take(c):
+                try:
+                    self._pump(c, None, None)
+                finally:
+                    self._give(c)
+        return req.status is not None or req.error is not None
+
+    def _wait_req(self, req: EngineRequest, deadline: Optional[Deadline]) -> Status:
+        c = self._reading_conn(req)
+        while True:
+            st = req.status
+            if st is not None:
+                return st
+            if req.error is not None:
+                raise req.error
+            rem = _SLICE
+            if deadline is not None:
+                rem = deadline.remaining()
+                if rem <= 0:
+                    raise timeout_error(self.rank, req, deadline, self.kind)
+            if c is not None and not c.dead and self._take(c):
+                try:
+                    self._pump(c, req, deadline)
+                finally:
+                    self._give(c)
+                continue
+            with self._cond:
+                if req.status is not None or req.error is not None:
+                    continue
+                if c is not None and not c.dead:
+                    c.wanted += 1
+                    try:
+                        if c.role.locked():  # its holder wakes us when it gives the role back
+                            self._cond.wait(min(rem, _SLICE))
+                    finally:
+                        c.wanted -= 1
+                else:
+                    self._cond.wait(min(rem, _SLICE))
+
+    def _wait_slice(self, req: EngineRequest, timeout: float) -> None:
+        """Wait for ``req`` at most ``timeout`` seconds, reading its socket if we can; never raises for time.
+
+        For a caller that must do other work between slices (the router drives shm progress).
+        """
+        from ..deadline import as_deadline
+
+        try:
+            self._wait_req(req, as_deadline(timeout))
+        except Exception:  # noqa: BLE001 - the caller's req.wait() reports the outcome
+            pass
+
+    # -- failures -----------------------------------------------------------------------------------------
+    def _lost_reason(self, c: _Conn, e: Optional[BaseException]) -> str:
+        return f"the connection to rank {c.peer} at {c.where} failed ({e})"
+
+    def _conn_lost(self, c: _Conn, reason: str) -> None:
+        with self._lock:
+            if c.peer not in self._failed and not self._closed:
+                self._fail_peer_locked(c.peer, reason)
+
+    def _notify_locked(self) -> None:
+        self._cond.notify_all()
+        for fn in self._hooks:
+            fn()
