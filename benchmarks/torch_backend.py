@@ -8,7 +8,7 @@ gloo, ...) and reports medians over rounds:
 
 * all_reduce of 4 B and of 64 MiB (float32 SUM): time per call, and procgroup / gloo;
 * per-call overhead of procgroup through torch over procgroup's own API (``procgroup.all_reduce`` on the group
-  under the torch group, the same 4 B float32);
+  under the torch group, the same 4 B float32, as a numpy array, and as the torch tensor itself);
 * (N=2 only) a DDP training step of an MLP with 33.6 MB of fp32 gradients: a small batch (communication
   dominates) and a big one (compute about half); both DDP models start identical and train on the same data, and
   their final parameters are checked bit for bit.
@@ -69,6 +69,8 @@ def worker(args: argparse.Namespace) -> None:
             rec(f"4B {name}", _timeit(lambda g=grp: dist.all_reduce(small, group=g), args.small_iters))
         dist.barrier(group=gloo_group)
         rec("4B procgroup own API", _timeit(lambda: procgroup.all_reduce(small_np, group=own), args.small_iters))
+        dist.barrier(group=gloo_group)
+        rec("4B procgroup own API tensor", _timeit(lambda: procgroup.all_reduce(small, group=own), args.small_iters))
         for name, grp in (("gloo", gloo_group), ("procgroup", pg_group)):
             dist.barrier(group=gloo_group)
             rec(f"64MiB {name}", _timeit(lambda g=grp: dist.all_reduce(big, group=g), args.big_iters))
@@ -169,6 +171,10 @@ def table(results: list[dict], load: str) -> str:
             f"| {n} | 4B: through torch minus own API (µs/call) | | {(m['4B procgroup'] - own) * us:.1f} "
             f"(own API {own * us:.1f}) | |"
         )
+        if "4B procgroup own API tensor" in m:
+            out.append(
+                f"| {n} | 4B: own API on the torch tensor (µs/call) | | {m['4B procgroup own API tensor'] * us:.1f} | |"
+            )
         for label, d in res.get("ddp", {}).items():
             g, p = m[f"DDP {label} gloo"], m[f"DDP {label} procgroup"]
             out.append(

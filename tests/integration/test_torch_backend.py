@@ -60,6 +60,14 @@ def test_collectives_every_op_dtype_root(n: int) -> None:
     run(n, "collectives+async+coalescing+edges", timeout=140)
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_blocking_all_reduce_hot_path(n: int) -> None:
+    """dist.all_reduce's cached numpy views and reused Works: every served dtype and op, sizes 0/1/odd/large,
+    one tensor changed under the cache (resize_, set_, .data =, t_()), dying tensors, kept Works' futures."""
+    run(n, "hot_path", timeout=140)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("n", [2, 3])
 def test_point_to_point(n: int) -> None:

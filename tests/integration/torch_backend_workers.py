@@ -273,6 +273,100 @@ def _coalesced() -> None:
         check(float(lists[r][0]) == r and lists[r][1].tolist() == [10.0 * r] * 2, f"all_gather_coalesced {lists}")
 
 
+def hot_path() -> None:
+    """The blocking one-tensor all_reduce's cached views and reused Works (procgroup.torch._fast).
+
+    The same tensor object again and again, then changed under the cache (resized, re-pointed with set_(),
+    given another dtype through .data, transposed in place), tensors dying and new ones taking their ids,
+    every dtype the cache serves and every op, sizes 0, 1, odd and large, 0-dim, a per-call timeout, and
+    Works the caller keeps (their futures must keep their own tensors).
+    """
+    pg = default_pg()
+    native = [torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64]
+    native += [torch.uint8]
+    for dt in native:
+        ops = {dist.ReduceOp.SUM: S, dist.ReduceOp.MAX: WS, dist.ReduceOp.MIN: 1, dist.ReduceOp.PRODUCT: 0}
+        if dt.is_floating_point:
+            ops[dist.ReduceOp.AVG] = (WS + 1) / 2
+        else:
+            ops.update({dist.ReduceOp.BAND: 0, dist.ReduceOp.BOR: 0, dist.ReduceOp.BXOR: 0})
+        for n in (0, 1, 7, 300_001):
+            t = torch.zeros(n, dtype=dt)
+            for op, want in ops.items():
+                for _ in range(2):  # the second call finds the view cached
+                    t.fill_(RANK + 1)
+                    dist.all_reduce(t, op=op)
+                    if op == dist.ReduceOp.PRODUCT:
+                        want = math.prod(range(1, WS + 1)) if dt not in (torch.int8, torch.uint8) or WS < 5 else 0
+                    elif op in (dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR):
+                        vals = list(range(1, WS + 1))
+                        want = vals[0]
+                        for v in vals[1:]:
+                            want = {
+                                dist.ReduceOp.BAND: want & v,
+                                dist.ReduceOp.BOR: want | v,
+                                dist.ReduceOp.BXOR: want ^ v,
+                            }[op]
+                    eq(t, want, f"hot all_reduce {op} {dt} n={n}")
+    b = torch.tensor([RANK + 1], dtype=torch.bool) if RANK else torch.tensor([False])
+    for _ in range(2):
+        b.fill_(RANK > 0)
+        dist.all_reduce(b, op=dist.ReduceOp.MAX)
+        check(bool(b) == (WS > 1), f"hot bool all_reduce {b}")
+    s0 = torch.tensor(float(RANK + 1))
+    for _ in range(2):
+        s0.fill_(RANK + 1)
+        dist.all_reduce(s0)
+        eq(s0, S, "hot 0-dim all_reduce")
+    # the same tensor object, changed under the cache
+    t = torch.full((4,), float(RANK + 1))
+    dist.all_reduce(t)
+    eq(t, S, "hot before resize")
+    t.resize_(1000).fill_(RANK + 1)  # a new, larger storage
+    dist.all_reduce(t)
+    eq(t, S, "hot after resize_")
+    other = torch.full((6,), float(RANK + 2))
+    t.set_(other)  # t now views other's storage
+    dist.all_reduce(t)
+    eq(other, S + WS, "hot after set_ (the new storage holds the result)")
+    t.data = torch.full((3,), RANK + 1, dtype=torch.int64)  # same object, another dtype and storage
+    dist.all_reduce(t)
+    check(t.dtype == torch.int64, f"hot .data dtype {t.dtype}")
+    eq(t, S, "hot after .data =")
+    m = torch.zeros(3, 5)
+    dist.all_reduce(m)
+    m.t_()  # transposed in place: same data pointer, not contiguous any more
+    base = m.clone()
+    m.copy_(torch.arange(15.0).reshape(5, 3) * (RANK + 1))
+    dist.all_reduce(m)
+    check(torch.equal(m, torch.arange(15.0).reshape(5, 3) * S), f"hot after t_() {m} (was {base.shape})")
+    # tensors that die, and new ones that may take their ids (and data pointers): other dtypes and shapes
+    for i in range(200):
+        dt = (torch.float32, torch.int32, torch.float64, torch.bfloat16)[i % 4]
+        x = torch.full((1 + i % 5,), RANK + 1, dtype=dt)
+        dist.all_reduce(x)
+        eq(x, S, f"hot fresh tensor {i} {dt}")
+        del x
+    leaf = torch.full((2,), float(RANK + 1), requires_grad=True)
+    dist.all_reduce(leaf)
+    eq(leaf.detach(), S, "hot leaf that requires grad")
+    # a per-call timeout in the options, and Works the caller keeps
+    o = dist.AllreduceOptions()
+    o.reduceOp = dist.ReduceOp.SUM
+    o.asyncOp = False
+    o.timeout = timedelta(seconds=30)
+    kept = []
+    for i in range(3):
+        u = torch.full((2,), float(RANK + i))
+        w = pg.allreduce([u], o)
+        kept.append((w, u, S - WS + WS * i))
+    for w, u, want in kept:
+        check(w.is_completed() and w.wait(), "a blocking call's Work is complete")
+        got = w.get_future().value()
+        check(len(got) == 1 and got[0] is u, "a kept Work's future carries its own call's tensor")
+        eq(got[0], want, "a kept Work's future value")
+
+
 def async_ops() -> None:
     """async_op=True: Works with wait(timeout), is_completed() and futures that carry the result."""
     works, ts = [], []
@@ -573,6 +667,7 @@ SCENARIOS: Dict[str, Callable[[], None]] = {
     "basic": basic,
     "collectives": collectives,
     "async": async_ops,
+    "hot_path": hot_path,
     "p2p": p2p,
     "subgroups": subgroups,
     "fallthrough": fallthrough,

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions
 
 from . import _core
+from ._fast import DoneWork, DoneWorks, ViewCache, op_of, set_op_table
 from ._store import TorchStoreAdapter
 from ._work import Executor, P2PWork, Work, seconds
 
@@ -88,6 +89,7 @@ _OPS: Dict[Any, Any] = {
     getattr(dist.ReduceOp, n): (None if n == "PREMUL_SUM" else _core.ReduceOp.coerce(n))
     for n in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
 }
+set_op_table(_OPS)  # the hot path's cheaper lookup (_fast.op_of)
 
 
 def _reduce_op(op: Any) -> Optional[Any]:
@@ -168,6 +170,8 @@ class ProcgroupBackend(dist.ProcessGroup):
             name or "torch", store=adapter, rank=self._rank, world_size=self._size, timeout=self._timeout
         )
         self._exec = Executor(name or "torch")
+        self._views = ViewCache()  # numpy views of the tensors of blocking one-tensor calls
+        self._done = DoneWorks("allreduce")  # the completed Work those calls return, reused when unreferenced
         self._others: Dict[str, Any] = {}  # backend name -> torch Backend built underneath
         #: op name -> how many calls fell through to the fallback backend (for tests and diagnostics)
         self.fallthrough_counts: Dict[str, int] = {}
@@ -326,7 +330,7 @@ class ProcgroupBackend(dist.ProcessGroup):
             fn()
             if after is not None:
                 after()
-            return Work(op, result, 0.0, done=True)
+            return DoneWork(op, result)
         work = Work(
             f"{op} (procgroup, rank {self._rank} of group {self._group_name!r})",
             result,
@@ -344,22 +348,16 @@ class ProcgroupBackend(dist.ProcessGroup):
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]  # stubs differ
         """All-reduce each tensor in place (torch's ``dist.all_reduce``)."""
         opts = dist.AllreduceOptions() if opts is None else opts
-        op = _OPS.get(opts.reduceOp.op)
-        if len(tensors) == 1 and op is not None and not opts.asyncOp and not self._closed:
-            # the hot path: one contiguous CPU tensor, blocking (dist.all_reduce without async_op)
-            t = tensors[0]
-            if (
-                t.is_cpu
-                and self._cpu_native
-                and t.layout is torch.strided
-                and t.dtype in NATIVE_DTYPES
-                and t.is_contiguous()
-            ):
+        op = op_of(opts)
+        if op is not None and not opts.asyncOp and len(tensors) == 1 and self._cpu_native and not self._closed:
+            # the hot path: one CPU tensor, blocking (dist.all_reduce without async_op); see _fast
+            arr = self._views.view(tensors[0])
+            if arr is not None:
                 if self._exec.busy():
                     self._exec.drain()
                 to = opts.timeout
-                _C.all_reduce(t, op=op, group=self._pg, timeout=to.total_seconds() if to > _NO_TIMEOUT else None)
-                return Work("allreduce", tensors, 0.0, done=True)
+                _C.all_reduce(arr, op, self._pg, False, to.total_seconds() if to > _NO_TIMEOUT else None)
+                return self._done.get(tensors)
         if op is None:
             op = _reduce_op(opts.reduceOp)
         why = self._route(tensors) or (None if op is not None else "PREMUL_SUM")
