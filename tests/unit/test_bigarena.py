@@ -283,3 +283,18 @@ def test_big_slot_setting() -> None:
     with pytest.raises(ConfigError):
         shm_options({ENV.SHM_BIG_SLOT: "-1"})
     assert storage("float32") == np.dtype("float32")
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_reduce_scatter_into_its_own_block_of_sendbuf(world: Any, p: int) -> None:
+    ts = world(p)
+
+    def body(r: int, make: Callable[[int], Comm]) -> None:
+        for k, m in enumerate([1, 999, SLOT // 4 + 3]):
+            send = np.arange(p * m, dtype=np.float64) + r
+            recv = send[r * m : (r + 1) * m]  # in place: the result overwrites this rank's block
+            BIG.reduce_scatter_big(make(k + 1), send, recv, kernel(ReduceOp.SUM, "float64"))
+            want = p * np.arange(r * m, (r + 1) * m, dtype=np.float64) + p * (p - 1) / 2
+            assert np.array_equal(recv, want), (k, r)
+
+    _run(ts, body)

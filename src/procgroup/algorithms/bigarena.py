@@ -175,13 +175,24 @@ def reduce_scatter_big(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, redu
     nsteps = -(-m // step)
     big.begin(_check(comm, _OP_REDSCAT, recvbuf.nbytes, dt), nsteps)
     blocks = sendbuf[: p * m].reshape(p, m)
+    # our own block stays in sendbuf for the reduction (saves its copy in), unless the result overwrites it
+    # before it is read (recvbuf inside sendbuf)
+    own_in_shm = np.may_share_memory(sendbuf, recvbuf)
     for a in range(0, m, step):
         k = min(step, m - a)
         arrs = _typed(big.arrays[big.turn & 1], p * k * isz, dt)
         big.turn += 1
-        arrs[me].reshape(p, k)[...] = blocks[:, a : a + k]
+        mine = arrs[me].reshape(p, k)
+        if own_in_shm:
+            mine[...] = blocks[:, a : a + k]
+        else:
+            mine[:me] = blocks[:me, a : a + k]
+            mine[me + 1 :] = blocks[me + 1 :, a : a + k]
         big.sync(dl)
-        _reduce_chain(recvbuf[a : a + k], [x[me * k : (me + 1) * k] for x in arrs], reduce)
+        parts = [x[me * k : (me + 1) * k] for x in arrs]
+        if not own_in_shm:
+            parts[me] = blocks[me, a : a + k]
+        _reduce_chain(recvbuf[a : a + k], parts, reduce)
 
 
 def bcast_big(comm: Any, buf: np.ndarray, root: int) -> None:
