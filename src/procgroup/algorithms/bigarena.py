@@ -59,8 +59,10 @@ __all__ = [
 
 Reducer = Callable[[np.ndarray, np.ndarray], None]
 
-#: broadcast / all_gather: the smallest step (bytes) of the pipelined copy
+#: broadcast / all_gather: the smallest step (bytes) of the pipelined copy, and how many steps a message
+#: within one buffer is cut into (more steps overlap the copy in with the copy out, but each is a sync)
 PIPE_MIN = 64 << 10
+PIPE_PARTS = 2
 #: scratch slot of reduce's non-root partial results (not used by the primitives in ``_util``)
 SLOT_BIG = 24
 
@@ -94,8 +96,8 @@ def _typed(arrs: List[np.ndarray], nbytes: int, dt: np.dtype) -> List[np.ndarray
 
 
 def _pipe_elems(nbytes: int, itemsize: int, slot: int) -> int:
-    """Elements per step of a pipelined copy: a quarter of the message, within [PIPE_MIN, slot]."""
-    target = min(slot, max(PIPE_MIN, (nbytes // 4 + 4095) & ~4095))
+    """Elements per step of a pipelined copy: 1/PIPE_PARTS of the message, within [PIPE_MIN, slot]."""
+    target = min(slot, max(PIPE_MIN, (nbytes // PIPE_PARTS + 4095) & ~4095))
     return max(1, target // itemsize)
 
 
