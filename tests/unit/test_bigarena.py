@@ -283,3 +283,52 @@ def test_big_slot_setting() -> None:
     with pytest.raises(ConfigError):
         shm_options({ENV.SHM_BIG_SLOT: "-1"})
     assert storage("float32") == np.dtype("float32")
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_reduce_scatter_into_its_own_block_of_sendbuf(world: Any, p: int) -> None:
+    ts = world(p)
+
+    def body(r: int, make: Callable[[int], Comm]) -> None:
+        for k, m in enumerate([1, 999, SLOT // 4 + 3]):
+            send = np.arange(p * m, dtype=np.float64) + r
+            recv = send[r * m : (r + 1) * m]  # in place: the result overwrites this rank's block
+            BIG.reduce_scatter_big(make(k + 1), send, recv, kernel(ReduceOp.SUM, "float64"))
+            want = p * np.arange(r * m, (r + 1) * m, dtype=np.float64) + p * (p - 1) / 2
+            assert np.array_equal(recv, want), (k, r)
+
+    _run(ts, body)
+
+
+def test_two_groups_run_big_slot_collectives_at_once_from_two_threads(world: Any) -> None:
+    """Big slots are per group: the world and a second group (same members) at once never mix their data."""
+    import threading
+
+    ts = world(2)
+
+    def rank(t: Transport) -> None:
+        errs: List[BaseException] = []
+
+        def loop(key: int) -> None:
+            try:
+                a = t.arena(key, [0, 1])
+                assert a is not None and a.big is not None
+                pool = ScratchPool()
+                for k in range(40):
+                    c = Comm(t, [0, 1], t.rank, 1000 * key + k + 1, Deadline.after(30), scratch=pool, arena=a)
+                    n = 20000 + 17 * k + key
+                    buf = np.full(n, (key + 1) * (t.rank + 1), np.int64)
+                    BIG.allreduce_big(c, buf, kernel(ReduceOp.SUM, "int64"))
+                    assert (buf == 3 * (key + 1)).all(), (key, k)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errs.append(e)
+
+        th = [threading.Thread(target=loop, args=(key,)) for key in (0, 1)]
+        for x in th:
+            x.start()
+        for x in th:
+            x.join(60)
+        if errs:
+            raise errs[0]
+
+    run_ranks(ts, rank, 90)

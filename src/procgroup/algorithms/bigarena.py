@@ -59,8 +59,10 @@ __all__ = [
 
 Reducer = Callable[[np.ndarray, np.ndarray], None]
 
-#: broadcast / all_gather: the smallest step (bytes) of the pipelined copy
+#: broadcast / all_gather: the smallest step (bytes) of the pipelined copy, and how many steps a message
+#: within one buffer is cut into (more steps overlap the copy in with the copy out, but each is a sync)
 PIPE_MIN = 64 << 10
+PIPE_PARTS = 2
 #: scratch slot of reduce's non-root partial results (not used by the primitives in ``_util``)
 SLOT_BIG = 24
 
@@ -94,8 +96,8 @@ def _typed(arrs: List[np.ndarray], nbytes: int, dt: np.dtype) -> List[np.ndarray
 
 
 def _pipe_elems(nbytes: int, itemsize: int, slot: int) -> int:
-    """Elements per step of a pipelined copy: a quarter of the message, within [PIPE_MIN, slot]."""
-    target = min(slot, max(PIPE_MIN, (nbytes // 4 + 4095) & ~4095))
+    """Elements per step of a pipelined copy: 1/PIPE_PARTS of the message, within [PIPE_MIN, slot]."""
+    target = min(slot, max(PIPE_MIN, (nbytes // PIPE_PARTS + 4095) & ~4095))
     return max(1, target // itemsize)
 
 
@@ -175,13 +177,24 @@ def reduce_scatter_big(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, redu
     nsteps = -(-m // step)
     big.begin(_check(comm, _OP_REDSCAT, recvbuf.nbytes, dt), nsteps)
     blocks = sendbuf[: p * m].reshape(p, m)
+    # our own block stays in sendbuf for the reduction (saves its copy in), unless the result overwrites it
+    # before it is read (recvbuf inside sendbuf)
+    own_in_shm = np.may_share_memory(sendbuf, recvbuf)
     for a in range(0, m, step):
         k = min(step, m - a)
         arrs = _typed(big.arrays[big.turn & 1], p * k * isz, dt)
         big.turn += 1
-        arrs[me].reshape(p, k)[...] = blocks[:, a : a + k]
+        mine = arrs[me].reshape(p, k)
+        if own_in_shm:
+            mine[...] = blocks[:, a : a + k]
+        else:
+            mine[:me] = blocks[:me, a : a + k]
+            mine[me + 1 :] = blocks[me + 1 :, a : a + k]
         big.sync(dl)
-        _reduce_chain(recvbuf[a : a + k], [x[me * k : (me + 1) * k] for x in arrs], reduce)
+        parts = [x[me * k : (me + 1) * k] for x in arrs]
+        if not own_in_shm:
+            parts[me] = blocks[me, a : a + k]
+        _reduce_chain(recvbuf[a : a + k], parts, reduce)
 
 
 def bcast_big(comm: Any, buf: np.ndarray, root: int) -> None:

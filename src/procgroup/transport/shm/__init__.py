@@ -2,7 +2,7 @@
 
 Every rank owns one segment in /dev/shm holding its incoming rings, one
 single-producer/single-consumer ring per local peer, its doorbell (a futex
-word) and its arena slots.  The modules:
+word), its arena slots and its big slots.  The modules:
 
 * :mod:`.layout` -- segment layout, naming, creation, attachment, cleanup, memory ordering;
 * :mod:`.formation` -- segments exchanged through the store, attach-then-unlink;
@@ -10,6 +10,7 @@ word) and its arena slots.  The modules:
 * :mod:`.doorbell` -- sleeping and waking (the public :class:`Doorbell` the router uses);
 * :mod:`.peers` -- peer liveness;
 * :mod:`.arena` -- shared slots for the small collectives of a host's ranks;
+* :mod:`.bigarena` -- big double-buffered slots for the larger ones (issue 14 item 1);
 * :mod:`.transport` -- :class:`ShmTransport`, which ties them to the matching engine.
 """
 
