@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
+import numpy as np
+
 from . import algorithms as alg
+from . import plans
+from .algorithms.select import FORCE as _FORCE
 from .arguments import API_SLOT_A, API_SLOT_B
 from .arguments import member_group as _group
 from .arguments import peer_rank as _peer
@@ -19,7 +23,8 @@ from .arguments import root_rank as _root
 from .data import Flat, after, as_flat
 from .errors import ConfigError
 from .ops import ReduceOp, finalize, reducer
-from .process_group import P2P_CODE_MASK, P2P_CODE_SHIFT, Work, dtype_code, dtype_of_code, p2p_tag
+from .process_group import P2P_CODE_MASK, P2P_CODE_SHIFT, SLOW, Work, dtype_code, dtype_of_code, p2p_tag
+from .state import _state
 from .transport.base import ANY_SOURCE
 
 __all__ = [
@@ -68,6 +73,16 @@ def _dname(dt: Any) -> str:
     return name
 
 
+_ndarray = np.ndarray
+_BARRIER = (plans.BA,)
+
+
+def _ready(arr: Any) -> bool:
+    """True when ``arr`` may take a planned call as a result buffer: a C-contiguous writable numpy array."""
+    fl = arr.flags
+    return fl.c_contiguous and fl.writeable
+
+
 def _avg_or_none(op: Any) -> ReduceOp:
     if type(op) is ReduceOp:
         return op
@@ -93,13 +108,25 @@ def broadcast(
     timeout: Any = None,
 ) -> Optional[Work]:
     """Copy ``tensor`` from ``src`` (global rank) to every member, in place; a Work when ``async_op``."""
+    key = None
+    if type(tensor) is _ndarray and not async_op and timeout is None and group_src is None and not _FORCE:
+        pg = plans.planned(_state.default if group is None else group)
+        if pg is not None:
+            key = (plans.BC, src, tensor.dtype, tensor.size)
+            plan = pg.plans.get(key)
+            if plan is not None and _ready(tensor):
+                if pg.run_plan(plan, tensor if tensor.ndim == 1 else tensor.reshape(-1)) is not SLOW:
+                    return None
     g = _group(group, "broadcast")
     if g is None:
         return None
     root = _root(g, "broadcast", src, group_src, "src")
     f = as_flat(tensor, "broadcast tensor")
     eng = g.world.engine
-    bcast = (eng.broadcast(g, f.dtype) if eng is not None else None) or alg.broadcast
+    fast = eng.broadcast(g, f.dtype) if eng is not None else None
+    bcast = fast or alg.broadcast
+    if key is not None and f.back is None:
+        plans.remember(g, key, plans.broadcast(g, f.dtype, f.numel, root, _dname(f.dtype), fast))
     return g.run(
         "broadcast",
         after(lambda c: bcast(c, f.array, root), (f,)),
@@ -117,6 +144,15 @@ def all_reduce(
     tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, timeout: Any = None
 ) -> Optional[Work]:
     """Reduce ``tensor`` over the group with ``op``, in place on every member; a Work when ``async_op``."""
+    key = None
+    if type(tensor) is _ndarray and type(op) is ReduceOp and not async_op and timeout is None and not _FORCE:
+        pg = plans.planned(_state.default if group is None else group)
+        if pg is not None:
+            key = (plans.AR, op._value_, tensor.dtype, tensor.size)
+            plan = pg.plans.get(key)
+            if plan is not None and _ready(tensor):
+                if pg.run_plan(plan, tensor if tensor.ndim == 1 else tensor.reshape(-1)) is not SLOW:
+                    return None
     g = _group(group, "all_reduce")
     if g is None:
         return None
@@ -134,6 +170,8 @@ def all_reduce(
     dname, opname, kern, avg = plan
     eng = g.world.engine
     fast = eng.all_reduce(g, dt, op) if eng is not None else None
+    if key is not None and f.back is None:
+        plans.remember(g, key, plans.all_reduce(g, dt, arr.size, op, dname, kern, fast))
 
     def run(c: Any) -> None:
         if fast is None:
@@ -162,6 +200,22 @@ def reduce(
     timeout: Any = None,
 ) -> Optional[Work]:
     """Reduce ``tensor`` over the group into ``dst``'s tensor, in place there; others' tensors may change."""
+    key = None
+    if (
+        type(tensor) is _ndarray
+        and type(op) is ReduceOp
+        and not async_op
+        and timeout is None
+        and group_dst is None
+        and not _FORCE
+    ):
+        pg = plans.planned(_state.default if group is None else group)
+        if pg is not None:
+            key = (plans.RD, dst, op._value_, tensor.dtype, tensor.size)
+            plan = pg.plans.get(key)
+            if plan is not None and _ready(tensor):
+                if pg.run_plan(plan, tensor if tensor.ndim == 1 else tensor.reshape(-1)) is not SLOW:
+                    return None
     g = _group(group, "reduce")
     if g is None:
         return None
@@ -171,6 +225,8 @@ def reduce(
     kern = reducer(op, f.dtype)
     eng = g.world.engine
     fast = eng.reduce(g, f.dtype, op) if eng is not None else None
+    if key is not None and f.back is None:
+        plans.remember(g, key, plans.reduce(g, f.dtype, f.numel, op, root, _dname(f.dtype), kern, fast))
 
     def run(c: Any) -> None:
         if fast is None:
@@ -225,6 +281,23 @@ def all_gather_into_tensor(
     output_tensor: Any, input_tensor: Any, group: Any = None, async_op: bool = False, timeout: Any = None
 ) -> Optional[Work]:
     """Every member's input concatenated in group-rank order into ``output_tensor``."""
+    key = None
+    if (
+        type(output_tensor) is _ndarray
+        and type(input_tensor) is _ndarray
+        and not async_op
+        and timeout is None
+        and not _FORCE
+    ):
+        pg = plans.planned(_state.default if group is None else group)
+        if pg is not None:
+            key = (plans.AG, input_tensor.dtype, input_tensor.size, output_tensor.dtype, output_tensor.size)
+            plan = pg.plans.get(key)
+            if plan is not None and _ready(output_tensor) and input_tensor.flags.c_contiguous:
+                a = input_tensor if input_tensor.ndim == 1 else input_tensor.reshape(-1)
+                b = output_tensor if output_tensor.ndim == 1 else output_tensor.reshape(-1)
+                if pg.run_plan(plan, a, b) is not SLOW:
+                    return None
     g = _group(group, "all_gather_into_tensor")
     if g is None:
         return None
@@ -232,7 +305,10 @@ def all_gather_into_tensor(
     out = as_flat(output_tensor, "all_gather_into_tensor output")
     _same("all_gather_into_tensor", src, out, "the input", "the output", g.size())
     eng = g.world.engine
-    gather_all = (eng.all_gather(g, src.dtype) if eng is not None else None) or alg.all_gather
+    fast = eng.all_gather(g, src.dtype) if eng is not None else None
+    gather_all = fast or alg.all_gather
+    if key is not None and out.back is None and src.back is None:
+        plans.remember(g, key, plans.all_gather(g, src.dtype, src.numel, _dname(src.dtype), fast))
     return g.run(
         "all_gather_into_tensor",
         after(lambda c: gather_all(c, src.array, out.array), (out,)),
@@ -514,11 +590,21 @@ def all_to_all_single(
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, timeout: Any = None) -> Optional[Work]:
     """Return once every member has entered the barrier (a Work when ``async_op``)."""
+    planned = not async_op and timeout is None and not _FORCE
+    if planned:
+        pg = plans.planned(_state.default if group is None else group)
+        if pg is not None:
+            plan = pg.plans.get(_BARRIER)
+            if plan is not None and pg.run_plan(plan) is not SLOW:
+                return None
     g = _group(group, "barrier")
     if g is None:
         return None
     eng = g.world.engine
-    fn = (eng.barrier(g) if eng is not None else None) or alg.barrier
+    fast = eng.barrier(g) if eng is not None else None
+    fn = fast or alg.barrier
+    if planned:
+        plans.remember(g, _BARRIER, plans.barrier(g, fast))
     return g.run("barrier", fn, async_op=async_op, timeout=timeout, signature=("barrier",))
 
 

@@ -19,7 +19,7 @@ def describe_signature(sig: tuple) -> str:
     return f"{sig[0]}({', '.join(str(x) for x in sig[1:])})"
 
 
-@dataclass
+@dataclass(slots=True)  # slots: one is made per collective, and a slotted one is ~3x cheaper
 class FlightRecord:
     """One collective of a group: sequence number, op, signature, start/end (monotonic) and state."""
 

@@ -82,7 +82,17 @@ from .watchdog import (
 )
 from .work import BREAKING, P2PWork, Work
 
-__all__ = ["World", "ProcessGroup", "Work", "GID_LIMIT", "P2P_TAG_LIMIT", "P2P_CODE_MASK", "p2p_tag", "dtype_code"]
+__all__ = [
+    "World",
+    "ProcessGroup",
+    "Work",
+    "SLOW",
+    "GID_LIMIT",
+    "P2P_TAG_LIMIT",
+    "P2P_CODE_MASK",
+    "p2p_tag",
+    "dtype_code",
+]
 
 GID_LIMIT = 1 << 14
 SEQ_MASK = (1 << 16) - 1
@@ -117,6 +127,10 @@ _DTYPE_CODES = {n: i for i, n in enumerate(_DTYPE_NAMES) if n}
 _CODE_CACHE: Dict[Any, int] = {}
 CHAIN_WINDOW = 4096
 _get_ident = threading.get_ident
+_monotonic = time.monotonic
+_crc32 = zlib.crc32
+#: what :meth:`ProcessGroup.run_plan` returns when the call must take :meth:`ProcessGroup.run` instead
+SLOW = object()
 
 
 _FP_CACHE: Dict[tuple, int] = {}
@@ -293,6 +307,8 @@ class ProcessGroup:
         self._closed = False
         self._child_groups = 0  # groups created with this one as parent (for consistent ids)
         self._arena: Any = _UNSET  # the transport's shared slots for this group (None: it has none), made on first use
+        #: planned calls (procgroup.plans): what a repeated collective derives once, keyed by the call's shape
+        self.plans: Dict[tuple, Any] = {}
         #: why this group refuses every call (None: usable): "closed", "broken", "forked"; checked first by every call
         self._halt: Optional[str] = None
         #: the error that broke this group (or its world), once one has
@@ -521,12 +537,7 @@ class ProcessGroup:
         try:
             result = fn(comm)
         except ProcGroupError as e:
-            rec.state, rec.end = "failed", time.monotonic()
-            err = self._context(e, op, seq, dl, describe_signature(sig))  # the roll call shows this rank in seq
-            self.inflight = None
-            if isinstance(err, BREAKING):
-                self.mark_broken(err, op, seq)
-            raise err  # noqa: B904 - _context sets __cause__ itself
+            raise self._failed(rec, e, op, seq, dl, sig)  # noqa: B904 - _context sets __cause__ itself
         except BaseException:
             rec.state, rec.end = "failed", time.monotonic()
             self.inflight = None
@@ -535,6 +546,71 @@ class ProcessGroup:
         self.last_completed = seq
         self.inflight = None
         return result
+
+    def _failed(
+        self, rec: FlightRecord, e: ProcGroupError, op: str, seq: int, dl: Deadline, sig: tuple
+    ) -> BaseException:
+        """Record the failure of call ``seq`` and return its error in context (breaking the group when it must)."""
+        rec.state, rec.end = "failed", time.monotonic()
+        err = self._context(e, op, seq, dl, describe_signature(sig))  # the roll call shows this rank in seq
+        self.inflight = None
+        if isinstance(err, BREAKING):
+            self.mark_broken(err, op, seq)
+        return err
+
+    def run_plan(self, plan: Any, a: Any = None, b: Any = None) -> Any:
+        """Run a planned blocking collective (:class:`procgroup.plans.Plan`) with the call's arrays ``a``, ``b``.
+
+        The lean twin of :meth:`run` + :meth:`_execute` for a call that the plan already resolved: the same
+        guards (halted, one thread at a time), sequence number, fingerprint chain, flight record, deadline
+        and tag, hence the same check word and the same errors.  Returns :data:`SLOW` without taking a
+        sequence number when the call needs :meth:`run`'s general path: another thread is inside a call (run
+        raises ConcurrentUseError), a nested call, async work outstanding, or a thread other than the home one
+        (its name joins the signature).
+        """
+        if self._halt is not None:
+            raise self.halted(plan.op)
+        me = _get_ident()
+        if self._pending or (self._home and me != self._home) or not self._busy.acquire(False):
+            return SLOW
+        self._owner = me
+        try:
+            seq = self._seq
+            self._seq = seq + 1
+            self._chain = chain = _crc32(plan.fpb, self._chain)
+            self.chain.append((seq, chain))
+            now = _monotonic()
+            dl = Deadline(now + self.timeout, now)
+            rec = FlightRecord(seq, plan.op, plan.sig, now)
+            self.flight.append(rec)
+            self.inflight = rec
+            tag = (self.gid << 32) | ((seq & SEQ_MASK) << 16) | plan.fpx
+            comm = self._comm
+            if comm is None or self._comm_busy:
+                comm = Comm(
+                    self.world.transport, self.ranks, self._rank, tag, dl, self._hosts, self._scratch, self.arena()
+                )
+                if self._comm is None:
+                    self._comm = comm
+            else:
+                comm.tag = tag << STEP_BITS
+                comm.deadline = dl
+            try:
+                plan.fn(comm, a, b)
+            except ProcGroupError as e:
+                raise self._failed(rec, e, plan.op, seq, dl, plan.sig)  # noqa: B904 - _context sets __cause__
+            except BaseException:
+                rec.state, rec.end = "failed", _monotonic()
+                self.inflight = None
+                raise
+            rec.state = "completed"
+            rec.end = _monotonic()
+            self.last_completed = seq
+            self.inflight = None
+            return None
+        finally:
+            self._owner = 0
+            self._busy.release()
 
     def status(self) -> GroupStatus:
         """A snapshot of this group's progress for the watchdog and the roll call (copies; no locks held)."""
@@ -611,6 +687,7 @@ class ProcessGroup:
             self._queue.put(_STOP)
             self._thread.join(timeout=5.0)
         self._scratch.clear()
+        self.plans.clear()
         if self.world.engine is not None and self.gid != 0:  # its id may be reused: the engine must not keep it
             self.world.engine.forget_group(self.gid)
 

@@ -29,6 +29,18 @@ def test_mismatched_collectives_raise_on_every_rank(kind, calls, transport):
         assert secs < 10, report(results)
 
 
+@pytest.mark.parametrize("kind", ["op", "dtype", "shape", "root"])
+@pytest.mark.timeout(60)
+def test_mismatch_is_found_when_every_call_runs_from_a_warm_plan(kind):
+    """Issue 14 item 2: planned calls keep the fingerprint, chain and flight record the detection reads."""
+    results = collect(spawn_world(2, "mismatch", [kind, "1"], env={"PROCGROUP_TRANSPORT": "shm"}), 45)
+    for r in results:
+        assert r.returncode == 3, report(results)
+        assert "collective mismatch in group WORLD at seq" in r.stdout, report(results)
+        secs = float(r.stdout.split("mismatch after ")[1].split("s")[0])
+        assert secs < 10, report(results)
+
+
 @pytest.mark.timeout(60)
 def test_deadline_error_names_op_seq_and_roll_call():
     results = collect(spawn_world(2, "timeout_rollcall"), 45)

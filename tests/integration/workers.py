@@ -175,12 +175,24 @@ def init_only() -> None:
     dist.destroy_process_group()
 
 
-def mismatch(kind: str = "op") -> None:
-    """Rank 0 and rank 1 call different collectives at the same point; both must raise, showing both calls."""
+def mismatch(kind: str = "op", warm: str = "0") -> None:
+    """Rank 0 and rank 1 call different collectives at the same point; both must raise, showing both calls.
+
+    ``warm`` "1": first make both ranks call both sides' collectives a few times, so that every call of the
+    mismatch runs from a warm plan (procgroup.plans)."""
     dist.init_process_group(timeout=30)
     r = dist.get_rank()
     dist.barrier()
     x = np.ones(4, np.float32)
+    if warm == "1":
+        for _ in range(3):
+            dist.all_reduce(np.ones(4, np.float32))
+            dist.all_reduce(np.ones(4, np.float64))
+            dist.all_reduce(np.ones(8, np.float32))
+            dist.broadcast(np.ones(4, np.float32), src=0)
+            dist.broadcast(np.ones(4, np.float32), src=1)
+            dist.barrier()
+        check(len(dist.group.WORLD.plans) == 6, f"plans not warm: {dist.group.WORLD.plans}")
     t0 = time.monotonic()
     try:
         if kind == "op":

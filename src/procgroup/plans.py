@@ -1,0 +1,166 @@
+"""Planned calls: what a repeated small collective derives once, per group (issue 14 item 2).
+
+A loop that calls ``all_reduce(x)`` on the same kind of buffer spent most of a 4 B call's ~10 us in Python
+deriving, on every call, what was the same as last time: the group, the flat view, the dtype's name, the
+reduce kernel, the signature and its fingerprint, the engine's plan, the algorithm.  A :class:`Plan` keeps
+all of that for one call shape: the group (a plan lives in ``ProcessGroup.plans``), the collective, dtype,
+element count, reduce op and root.  A planned call then does only what must happen per call
+(:meth:`ProcessGroup.run_plan`): the halted/thread/fork guards, the sequence number, the fingerprint chain,
+the flight record the watchdog and the mismatch detection read, the deadline, the exchange, the reduction.
+
+What a plan holds never depends on the buffer itself (its address, its data): a buffer reallocated with the
+same shape and dtype uses the same plan, and the call's arrays are passed in on every call.  The arrays are
+checked per call (a numpy array, C-contiguous, writable where results go); anything else takes the general
+path, which builds the plan.  Signature, fingerprint and check word are exactly the general path's, so ranks
+that take different paths for the same call still meet.
+
+Invalidation: plans belong to one ProcessGroup object, so a destroyed group's plans die with it (close()
+also clears them) and a group that reuses its id starts with none; a broken, destroyed or forked group
+refuses the call before the plan runs.  The algorithm choice is cached only where it does not depend on a
+tunable threshold: the arena (one member's bytes fit its slot) and the backend engine's plans; everything
+else asks ``algorithms.select`` on every call.  While ``select.FORCE`` pins any algorithm, no plan is used.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from . import algorithms as alg
+from .algorithms.arena import allgather_arena, allreduce_arena, barrier_arena, bcast_arena, fits, reduce_arena
+from .algorithms.comm import Comm
+from .algorithms.select import choose_all_reduce
+from .deadline import Deadline
+from .ops import ReduceOp, finalize
+from .process_group import FP_MASK, ProcessGroup, fingerprint
+
+__all__ = ["Plan", "PLAN_LIMIT", "remember", "all_reduce", "broadcast", "reduce", "barrier", "all_gather"]
+
+#: plans one group keeps; past that the cache starts over (a loop over many shapes still works, unplanned)
+PLAN_LIMIT = 256
+
+#: keys of the plan caches: the collective
+AR, BC, RD, BA, AG = 1, 2, 3, 4, 5
+
+Fn = Callable[[Any, Any, Any], None]
+
+
+class Plan:
+    """One call shape of one group: op name, signature, fingerprint (bytes for the chain, and xor the
+    group's generation for the tag) and ``fn(comm, a, b)``, the call's work on its arrays ``a``, ``b``."""
+
+    __slots__ = ("op", "sig", "fpb", "fpx", "fn")
+
+    def __init__(self, g: ProcessGroup, op: str, sig: tuple, fn: Fn) -> None:
+        fp = fingerprint(sig)
+        self.op = op
+        self.sig = sig
+        self.fpb = fp.to_bytes(2, "little")
+        self.fpx = (fp ^ g._gen_fp) & FP_MASK
+        self.fn = fn
+
+    def __repr__(self) -> str:
+        return f"Plan({self.op}, {self.sig})"
+
+
+def remember(g: ProcessGroup, key: tuple, plan: Plan) -> Plan:
+    """Keep ``plan`` under ``key`` in ``g``'s cache (bounded by PLAN_LIMIT)."""
+    plans = g.plans
+    if len(plans) >= PLAN_LIMIT:
+        plans.clear()
+    plans[key] = plan
+    return plan
+
+
+def _probe(g: ProcessGroup) -> Comm:
+    """A Comm of ``g`` for asking the selection (no messages: size, hosts and arena only)."""
+    return Comm(g.world.transport, g.ranks, g.rank(), 0, Deadline(float("inf")), g._hosts, None, g.arena())
+
+
+def _arena_fits(g: ProcessGroup, nbytes: int) -> bool:
+    return g.size() > 1 and nbytes > 0 and fits(_probe(g), nbytes)
+
+
+def all_reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, kern: Any, fast: Any) -> Plan:
+    """The plan of ``all_reduce`` of ``n`` elements of ``dt`` with ``op`` (``fast``: the engine's plan)."""
+    avg = op is ReduceOp.AVG
+    core: Callable[..., None]
+    if fast is not None:
+        core = fast
+    else:
+        algo = alg.all_reduce
+        if _arena_fits(g, n * _itemsize(dt)) and choose_all_reduce(_probe(g), n * _itemsize(dt), n) is allreduce_arena:
+            algo = allreduce_arena
+
+        def core(c: Any, a: Any) -> None:
+            algo(c, a, kern)
+
+    if avg:
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            core(c, a)
+            finalize(op, a, c.size, dt)
+
+    else:
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            core(c, a)
+
+    return Plan(g, "all_reduce", ("all_reduce", dname, n, op.name), fn)
+
+
+def broadcast(g: ProcessGroup, dt: Any, n: int, root: int, dname: str, fast: Any) -> Plan:
+    """The plan of ``broadcast`` of ``n`` elements of ``dt`` from group rank ``root``."""
+    algo = fast or (bcast_arena if _arena_fits(g, n * _itemsize(dt)) else alg.broadcast)
+
+    def fn(c: Any, a: Any, b: Any) -> None:
+        algo(c, a, root)
+
+    return Plan(g, "broadcast", ("broadcast", dname, n, f"root={root}"), fn)
+
+
+def reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, root: int, dname: str, kern: Any, fast: Any) -> Plan:
+    """The plan of ``reduce`` of ``n`` elements of ``dt`` with ``op`` into group rank ``root``."""
+    avg = op is ReduceOp.AVG
+    if fast is not None:
+        core = fast
+    else:
+        algo = reduce_arena if _arena_fits(g, n * _itemsize(dt)) else alg.reduce
+
+        def core(c: Any, a: Any, r: int) -> None:
+            algo(c, a, kern, r)
+
+    def fn(c: Any, a: Any, b: Any) -> None:
+        core(c, a, root)
+        if avg and c.rank == root:
+            finalize(op, a, c.size, dt)
+
+    return Plan(g, "reduce", ("reduce", dname, n, op.name, f"root={root}"), fn)
+
+
+def barrier(g: ProcessGroup, fast: Any) -> Plan:
+    """The plan of ``barrier`` (``fast``: the engine's)."""
+    algo = fast or (barrier_arena if g.size() > 1 and g.arena() is not None else alg.barrier)
+
+    def fn(c: Any, a: Any, b: Any) -> None:
+        algo(c)
+
+    return Plan(g, "barrier", ("barrier",), fn)
+
+
+def all_gather(g: ProcessGroup, dt: Any, n: int, dname: str, fast: Any) -> Plan:
+    """The plan of ``all_gather_into_tensor`` of ``n`` elements of ``dt`` per rank (``a`` in, ``b`` out)."""
+    algo = fast or (allgather_arena if _arena_fits(g, n * _itemsize(dt)) else alg.all_gather)
+
+    def fn(c: Any, a: Any, b: Any) -> None:
+        algo(c, a, b)
+
+    return Plan(g, "all_gather_into_tensor", ("all_gather", dname, n), fn)
+
+
+def _itemsize(dt: Any) -> int:
+    return 2 if isinstance(dt, str) else int(dt.itemsize)  # "bfloat16" travels as uint16
+
+
+def planned(g: Optional[Any]) -> Optional[ProcessGroup]:
+    """``g`` when a planned call may run on it (a ProcessGroup this rank is a member of), else None."""
+    return g if type(g) is ProcessGroup and g._rank >= 0 else None
