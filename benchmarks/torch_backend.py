@@ -7,6 +7,7 @@ and a procgroup group over the same store, then runs interleaved rounds (gloo, p
 gloo, ...) and reports medians over rounds:
 
 * all_reduce of 4 B and of 64 MiB (float32 SUM): time per call, and procgroup / gloo;
+* (N=1) the same per-call overhead as this thread's CPU time, which the load of other processes hardly moves;
 * per-call overhead of procgroup through torch over procgroup's own API (``procgroup.all_reduce`` on the group
   under the torch group, the same 4 B float32, as a numpy array, and as the torch tensor itself);
 * (N=2 only) a DDP training step of an MLP with 33.6 MB of fp32 gradients: a small batch (communication
@@ -30,12 +31,12 @@ from pathlib import Path
 MiB = 1 << 20
 
 
-def _timeit(fn, iters: int) -> float:
+def _timeit(fn, iters: int, clock=time.perf_counter) -> float:
     fn()
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(iters):
         fn()
-    return (time.perf_counter() - t0) / iters
+    return (clock() - t0) / iters
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -71,6 +72,12 @@ def worker(args: argparse.Namespace) -> None:
         rec("4B procgroup own API", _timeit(lambda: procgroup.all_reduce(small_np, group=own), args.small_iters))
         dist.barrier(group=gloo_group)
         rec("4B procgroup own API tensor", _timeit(lambda: procgroup.all_reduce(small, group=own), args.small_iters))
+        if world == 1:  # the per-call cost alone: this thread's CPU time, which other processes' load hardly moves
+            for key, fn in (
+                ("cpu 4B procgroup", lambda: dist.all_reduce(small, group=pg_group)),
+                ("cpu 4B procgroup own API", lambda: procgroup.all_reduce(small_np, group=own)),
+            ):
+                rec(key, _timeit(fn, args.small_iters * 10, time.thread_time))
         for name, grp in (("gloo", gloo_group), ("procgroup", pg_group)):
             dist.barrier(group=gloo_group)
             rec(f"64MiB {name}", _timeit(lambda g=grp: dist.all_reduce(big, group=g), args.big_iters))
@@ -171,6 +178,12 @@ def table(results: list[dict], load: str) -> str:
             f"| {n} | 4B: through torch minus own API (µs/call) | | {(m['4B procgroup'] - own) * us:.1f} "
             f"(own API {own * us:.1f}) | |"
         )
+        if "cpu 4B procgroup" in m:
+            c, o = m["cpu 4B procgroup"], m["cpu 4B procgroup own API"]
+            out.append(
+                f"| {n} | 4B: CPU time per call, through torch minus own API (µs) | | {(c - o) * us:.1f} "
+                f"({c * us:.1f} - {o * us:.1f}) | |"
+            )
         if "4B procgroup own API tensor" in m:
             out.append(
                 f"| {n} | 4B: own API on the torch tensor (µs/call) | | {m['4B procgroup own API tensor'] * us:.1f} | |"

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from . import store as store_mod
 from .backends import WorldSpec, lookup
@@ -105,6 +105,8 @@ class _Rendezvous:
     master: Optional[Tuple[str, int]] = None
     server: Any = None
     file_path: Optional[str] = None
+    #: opens one more client connection to the store (the watchdog's); None: it has no separate connections
+    connect: Optional[Callable[[], Any]] = None
 
 
 def _master_address(im: InitMethod, ident: Identity) -> Tuple[str, int]:
@@ -146,6 +148,15 @@ def _torch_default_store() -> Any:
     return default_torch_store()
 
 
+def _torch_dist_loaded() -> bool:
+    """True when this process has imported torch.distributed and it is usable (never imports torch)."""
+    mod = sys.modules.get("torch.distributed")
+    try:
+        return mod is not None and bool(mod.is_available())
+    except Exception:  # noqa: BLE001 - a half-imported torch: procgroup's own store
+        return False
+
+
 def _torch_agent_store(host: str, port: int, timeout: float) -> Any:
     """Under torchrun, a client of the agent's torch store on MASTER_PORT (adapted), or None (no torch/agent store)."""
     import importlib.util
@@ -181,6 +192,21 @@ def _open_store(im: InitMethod, store: Any, ident: Identity, cfg: RuntimeConfig,
         return _Rendezvous(shared, f"torch's default store at {where}", job_id, job_secret(cfg, job_id))
     job_id = cfg.run_id or ident.job_id or where
     secret = job_secret(cfg, job_id, loopback=is_literal_loopback(host))
+    if im.scheme == "env" and not cfg.store_hosted and _torch_dist_loaded():
+        # torch may init its own group on MASTER_PORT later in this process: host torch's store there (shared
+        # with torch's, multi-tenant), not procgroup's, which torch cannot speak (issue 10 item 8)
+        from .torch._store import torch_tcp_store
+
+        tstore, host_handle, connect = torch_tcp_store(host, port, ident.rank == 0, deadline.remaining())
+        return _Rendezvous(
+            tstore,
+            f"{where} (torch's TCPStore)",
+            job_id,
+            secret,
+            master=(host, port),
+            server=host_handle,
+            connect=connect,
+        )
     server = None
     if ident.rank == 0 and not cfg.store_hosted:
         server = store_mod.StoreServer("127.0.0.1" if is_literal_loopback(host) else "0.0.0.0", port, secret=secret)
@@ -191,7 +217,15 @@ def _open_store(im: InitMethod, store: Any, ident: Identity, cfg: RuntimeConfig,
         if server is not None:
             server.close()
         raise
-    return _Rendezvous(base, where, job_id, secret, master=(host, port), server=server)
+    return _Rendezvous(
+        base,
+        where,
+        job_id,
+        secret,
+        master=(host, port),
+        server=server,
+        connect=lambda: store_mod.TCPStore(host, port, secret=secret, timeout=cfg.timeout),
+    )
 
 
 def _form_world(
@@ -304,8 +338,8 @@ def _linger(server: Any, grace: float = 5.0, own: int = 0, at_least: float = 0.0
 def _start_watchdog(world: World, rdv: _Rendezvous, cfg: RuntimeConfig) -> None:
     """Mismatch detection and roll call (``procgroup.watchdog``), on a store connection of its own, which
     the status records of ``procgroup top`` (``procgroup.telemetry``) share."""
-    if isinstance(rdv.base, store_mod.TCPStore) and rdv.master is not None:
-        conn = store_mod.TCPStore(rdv.master[0], rdv.master[1], secret=rdv.secret, timeout=cfg.timeout)
+    if rdv.connect is not None:
+        conn = rdv.connect()
         world.on_close.append(conn.close)
         start_publisher(conn, world, lambda: [g.status() for g in list(_state.groups)], cfg.top_interval)
         wstore = store_mod.PrefixStore(f"pg/{cfg.restart_count}", conn)

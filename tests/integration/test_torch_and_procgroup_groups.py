@@ -1,9 +1,10 @@
 """torch.distributed's group and procgroup's own group in one job (issue 10 item 8).
 
 One script inits torch's gloo group and procgroup's group in the same process (N=2) and runs one all_reduce
-with each, under ``procgroup run`` and under ``torchrun``.  torch first works under both launchers; procgroup
-first under ``procgroup run`` still fails (procgroup's rank 0 binds MASTER_PORT for its store, then torch's
-TCPStore gets EADDRINUSE): that case is a strict xfail, so it turns into a failure once fixed.
+with each, under ``procgroup run`` and under ``torchrun``, in both orders, with no port given by hand.
+procgroup first under ``procgroup run`` used to fail: procgroup's rank 0 bound MASTER_PORT for its own store and
+torch's TCPStore then got EADDRINUSE.  Now, with torch loaded, procgroup's store on MASTER_PORT is torch's own
+TCPStore hosted multi-tenant (as torch's env:// does), which torch's later init shares.
 Skipped when torch is not importable.
 """
 
@@ -80,11 +81,7 @@ def _run(tmp_path: Path, launcher: str, order: str) -> subprocess.CompletedProce
         ("procgroup", "torch_first"),
         ("torchrun", "torch_first"),
         ("torchrun", "procgroup_first"),
-        pytest.param(
-            "procgroup",
-            "procgroup_first",
-            marks=pytest.mark.xfail(strict=True, reason="procgroup's store holds MASTER_PORT: torch gets EADDRINUSE"),
-        ),
+        ("procgroup", "procgroup_first"),
     ],
 )
 def test_torch_group_and_procgroup_group_in_one_job(tmp_path, launcher, order):
@@ -92,3 +89,52 @@ def test_torch_group_and_procgroup_group_in_one_job(tmp_path, launcher, order):
     ctx = f"exit status {r.returncode}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr[-6000:]}"
     assert r.returncode == 0, ctx
     assert r.stdout.count("both ok rank") == 2, ctx
+
+
+PORT_HELD = """
+    import os, time
+    import torch.distributed  # torch loaded: procgroup hosts torch's TCPStore on MASTER_PORT
+    import procgroup as dist
+    from procgroup.errors import PortInUseError
+
+    t0 = time.monotonic()
+    try:
+        dist.init_process_group(timeout=20)
+    except PortInUseError as e:
+        print(f"RAISED after {time.monotonic() - t0:.1f}s: {e}", flush=True)
+    else:
+        print("no error", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_master_port_held_by_another_process_is_named(tmp_path):
+    """With torch loaded, rank 0 hosting the job's store on a MASTER_PORT that another process holds raises
+    procgroup's PortInUseError naming MASTER_PORT and the fix, at once."""
+    import socket
+
+    from procgroup.netutil import free_port
+
+    script = tmp_path / "port_held.py"
+    script.write_text(textwrap.dedent(PORT_HELD))
+    port = free_port()
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("0.0.0.0", port))
+        holder.listen()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PROCGROUP_", "TORCHELASTIC_"))}
+        env.update(
+            {
+                "PYTHONPATH": os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p),
+                "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": "0",
+                "WORLD_SIZE": "2",
+            }
+        )
+        r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=50)
+    out = r.stdout + r.stderr[-3000:]
+    assert "RAISED after" in r.stdout, out
+    assert "MASTER_PORT" in r.stdout and str(port) in r.stdout, out
+    assert float(r.stdout.split("RAISED after ")[1].split("s")[0]) < 10, out

@@ -30,7 +30,9 @@ from ..config import RuntimeConfig, job_secret
 from ..errors import (
     BrokenError,
     ConfigError,
+    ConnectError,
     DistTimeoutError,
+    PortInUseError,
     ProcGroupError,
     StoreError,
 )
@@ -41,7 +43,9 @@ from ..store import Store
 __all__ = [
     "BrokenError",
     "ConfigError",
+    "ConnectError",
     "DistTimeoutError",
+    "PortInUseError",
     "ProcGroupError",
     "ProcessGroup",
     "ReduceOp",

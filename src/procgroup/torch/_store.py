@@ -15,11 +15,11 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, TypeVar, U
 
 import torch.distributed as dist
 
-from ._core import BrokenError, Store, StoreError
+from ._core import BrokenError, ConnectError, PortInUseError, Store, StoreError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["TorchStoreAdapter"]
+__all__ = ["TorchStoreAdapter", "TorchStoreHost", "torch_tcp_store"]
 
 #: a torch store's wait(timeout=0) means "no timeout": never pass less than this
 _MIN_WAIT = timedelta(milliseconds=1)
@@ -180,3 +180,61 @@ def torch_agent_store(host: str, port: int, timeout: float) -> Optional[TorchSto
     except dist.DistError as e:
         raise BrokenError(f"cannot reach torchrun's agent store at {host}:{port}: {e}; check MASTER_ADDR") from e
     return TorchStoreAdapter(dist.PrefixStore("procgroup", base))
+
+
+class TorchStoreHost:
+    """The handle ``procgroup.init_process_group`` keeps for a torch TCPStore server it started on MASTER_PORT.
+
+    torch runs the server inside the master ``TCPStore`` object, shared (``multi_tenant=True``) with every other
+    master TCPStore of this process on the same port, torch's own ``init_process_group`` included: the server
+    stops when the last of them is gone.  :meth:`close` drops procgroup's reference.  ``num_connections`` is
+    unknown to torch, so it reads 0 (procgroup's exit handshake still waits for the other ranks through the
+    store's ``all_left`` key).
+    """
+
+    num_connections = 0
+
+    def __init__(self, store: Any) -> None:
+        self._store: Any = store
+
+    def close(self) -> None:
+        """Drop procgroup's reference to the server (torch's own group, if any, keeps it running)."""
+        self._store = None
+
+
+def torch_tcp_store(
+    host: str, port: int, is_master: bool, timeout: float
+) -> "tuple[TorchStoreAdapter, Optional[TorchStoreHost], Callable[[], TorchStoreAdapter]]":
+    """procgroup's env:// store as a torch TCPStore on ``host:port``, for a process where torch is loaded.
+
+    Rank 0 (``is_master``) hosts it with ``multi_tenant=True``, exactly as torch's ``env://`` rendezvous does,
+    so a later ``torch.distributed.init_process_group`` in this process finds the same server instead of
+    failing with EADDRINUSE on MASTER_PORT, and the other ranks' torch clients reach it too; they connect as
+    clients.  procgroup's keys live under the ``procgroup`` prefix.  Returns the adapted store, the hosting
+    handle (rank 0, else None) and a function opening one more client connection (for the watchdog).
+
+    Raises PortInUseError when rank 0 cannot bind ``port`` and ConnectError when a client cannot reach the
+    server within ``timeout`` seconds.
+    """
+    td = timedelta(seconds=max(timeout, 1.0))
+
+    def client() -> TorchStoreAdapter:
+        try:
+            base = dist.TCPStore(host, int(port), None, False, td, wait_for_workers=False)
+        except dist.DistError as e:
+            raise ConnectError(
+                f"cannot reach the job's store (torch's TCPStore) at {host}:{port} within {timeout:.0f}s: {e}; "
+                "check MASTER_ADDR/MASTER_PORT, and that rank 0 is running"
+            ) from e
+        return TorchStoreAdapter(dist.PrefixStore("procgroup", base), timeout)
+
+    if not is_master:
+        return client(), None, client
+    try:
+        base = dist.TCPStore(host, int(port), None, True, td, wait_for_workers=False, multi_tenant=True)
+    except dist.DistNetworkError as e:
+        raise PortInUseError(
+            f"rank 0 cannot host the job's store (torch's TCPStore, since torch is loaded) on port {port}: {e}; "
+            "another process holds MASTER_PORT: set MASTER_PORT to a free port (procgroup run --standalone picks one)"
+        ) from e
+    return TorchStoreAdapter(dist.PrefixStore("procgroup", base), timeout), TorchStoreHost(base), client
