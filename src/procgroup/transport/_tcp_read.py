@@ -156,6 +156,11 @@ class TcpReading(EngineTransport):
     def _stop_reading(self) -> None:
         """After the sockets were shut down: end the watcher, release the pipe and the epoll set."""
         self._wake_all()
+        if getattr(self, "_ep", None) is not None:
+            try:  # after an abort the one-shot wake-up was spent: arm it again for the close
+                self._ep.modify(self._wake_r, select.EPOLLIN | select.EPOLLONESHOT)
+            except (OSError, ValueError):
+                pass
         w = getattr(self, "_watcher", None)
         if w is not None and w is not threading.current_thread():
             w.join(2.0)
@@ -304,6 +309,8 @@ class TcpReading(EngineTransport):
             reason = f"protocol error on the connection to rank {src} at {c.where}: {e}"
         except OSError as e:
             reason = self._lost_reason(c, e)
+        except (KeyboardInterrupt, SystemExit):  # raised in the waiting thread (Ctrl-C): not the connection's fault
+            raise
         except BaseException as e:  # noqa: BLE001 - a reader must never die silently: fail the peer instead
             if not self._closed:
                 logger.exception("rank %d: reading the connection to rank %d at %s failed", self.rank, src, c.where)
