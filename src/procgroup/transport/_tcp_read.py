@@ -274,7 +274,8 @@ class TcpReading(EngineTransport):
                             r.out = None  # type: ignore[assignment]  # drop the export; out is typed for live use
                         else:
                             self._add_unexpected_locked(tag, Unexpected(src, bytearray(payload), n, True))
-                        self._notify_locked()
+                        if r is not req:  # our own receive: we are its only waiter, nobody to wake
+                            self._notify_locked()
                     r = None
                     del payload
                 elif isinstance(ev, FrameStart):
@@ -292,7 +293,8 @@ class TcpReading(EngineTransport):
                         if self._closed:
                             return
                         self._finish_locked(rx, src, ev.nbytes)
-                        self._notify_locked()
+                        if rx.target is not req:
+                            self._notify_locked()
                     del rx
                 else:  # CLOSED: EOF at a message boundary
                     reason = f"rank {src} at {c.where} closed the connection"
