@@ -200,3 +200,27 @@ def test_peer_dies_while_a_waiter_reads(world: Any, how: str) -> None:
     assert t_err[0] - t0 < 2.0
     with pytest.raises(PeerFailureError):
         ts[1].irecv(0, 3, out).wait(Deadline.after(5))
+
+
+def test_ctrl_c_in_a_reading_waiter_leaves_the_connection_usable(world: Any) -> None:
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are delivered to the main thread only")
+    ts = world(2)
+    out = np.zeros(2, np.int64)
+    r = ts[1].irecv(0, 6, out)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            r.wait(Deadline.after(10))  # this thread reads rank 0's socket when the signal comes
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    ts[0].isend(1, 6, np.array([3, 4], np.int64)).wait(Deadline.after(10))
+    assert r.wait(Deadline.after(10)).nbytes == 16 and out.tolist() == [3, 4]

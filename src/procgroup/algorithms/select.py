@@ -14,7 +14,7 @@ all_reduce         recursive doubling (fold for p != 2^k)       ring reduce-scat
                    when n <= ALLREDUCE_SMALL or elements < p    otherwise
   (multi-host)     hierarchical when hosts has >1 key and some host has >1 rank: intra-host reduce
                    (rows "reduce") -> all_reduce among host leaders (flat rows) -> intra-host broadcast;
-                   multileader instead above ALLREDUCE_SMALL when every host has as many ranks:
+                   multileader instead from MULTILEADER_MIN when every host has as many ranks:
                    intra-host ring reduce-scatter -> local rank i of every host all-reduces
                    slice i -> intra-host ring all-gather
 broadcast          binomial tree when n <= BCAST_SMALL or p<=2  binomial scatter + ring all-gather
@@ -162,6 +162,9 @@ BIG_LIMIT: Dict[str, int] = {
     "broadcast": 1 << 20,
     "all_gather": 1 << 20,
 }
+#: multi-host all_reduce on hosts with as many ranks each: one leader per host below this, multileader
+#: from here (3 netns hosts x 2 ranks, issue 14.3: multileader 0.45-0.94x hierarchical's time at 64 KiB)
+MULTILEADER_MIN = 64 * 1024
 
 #: collective -> algorithm name, overriding the size-based choice
 FORCE: Dict[str, str] = {}
@@ -255,7 +258,7 @@ def choose_all_reduce(comm: Any, nbytes: int, nelems: int) -> Callable[..., None
     if _big(comm, "all_reduce", nbytes):
         return allreduce_big
     if _hierarchical_applies(comm.hosts, comm.size):
-        if nbytes > ALLREDUCE_SMALL and _host_structure(comm.hosts, comm.size)[1]:
+        if nbytes >= MULTILEADER_MIN and _host_structure(comm.hosts, comm.size)[1]:
             return allreduce_multileader
         return allreduce_hierarchical
     return choose_all_reduce_flat(comm.size, nbytes, nelems)

@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--transport",
         choices=("auto", "shm", "tcp"),
         default="auto",
-        help="procgroup's transport between ranks (PROCGROUP_TRANSPORT), default auto",
+        help="procgroup's transport (PROCGROUP_TRANSPORT), default auto; tcp: mpi runs over its tcp btl too",
     )
     p.add_argument("--json", metavar="PATH", help="write every number, the configuration and machine info here")
     p.add_argument("--plot", metavar="PATH", help="write a PNG (latency and busbw vs size; needs matplotlib)")
@@ -646,6 +646,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         wargs += ["--profile", os.path.abspath(ns.profile)]
                     for s in systems:
                         extra = {"PROCGROUP_TRANSPORT": ns.transport} if s in ("procgroup", "cpu") else {}
+                        if s == "mpi" and ns.transport == "tcp":  # TCP against TCP: Open MPI's tcp btl, no vader
+                            extra["OMPI_MCA_btl"] = "tcp,self"
                         r = run_system(
                             s,
                             ns.nproc,

@@ -156,6 +156,11 @@ class TcpReading(EngineTransport):
     def _stop_reading(self) -> None:
         """After the sockets were shut down: end the watcher, release the pipe and the epoll set."""
         self._wake_all()
+        if getattr(self, "_ep", None) is not None:
+            try:  # after an abort the one-shot wake-up was spent: arm it again for the close
+                self._ep.modify(self._wake_r, select.EPOLLIN | select.EPOLLONESHOT)
+            except (OSError, ValueError):
+                pass
         w = getattr(self, "_watcher", None)
         if w is not None and w is not threading.current_thread():
             w.join(2.0)
@@ -269,7 +274,8 @@ class TcpReading(EngineTransport):
                             r.out = None  # type: ignore[assignment]  # drop the export; out is typed for live use
                         else:
                             self._add_unexpected_locked(tag, Unexpected(src, bytearray(payload), n, True))
-                        self._notify_locked()
+                        if r is not req:  # our own receive: we are its only waiter, nobody to wake
+                            self._notify_locked()
                     r = None
                     del payload
                 elif isinstance(ev, FrameStart):
@@ -287,7 +293,8 @@ class TcpReading(EngineTransport):
                         if self._closed:
                             return
                         self._finish_locked(rx, src, ev.nbytes)
-                        self._notify_locked()
+                        if rx.target is not req:
+                            self._notify_locked()
                     del rx
                 else:  # CLOSED: EOF at a message boundary
                     reason = f"rank {src} at {c.where} closed the connection"
@@ -304,6 +311,8 @@ class TcpReading(EngineTransport):
             reason = f"protocol error on the connection to rank {src} at {c.where}: {e}"
         except OSError as e:
             reason = self._lost_reason(c, e)
+        except (KeyboardInterrupt, SystemExit):  # raised in the waiting thread (Ctrl-C): not the connection's fault
+            raise
         except BaseException as e:  # noqa: BLE001 - a reader must never die silently: fail the peer instead
             if not self._closed:
                 logger.exception("rank %d: reading the connection to rank %d at %s failed", self.rank, src, c.where)
