@@ -3,8 +3,9 @@ from their scheduling): a group of 2 ranks whose arena's exchange returns at onc
 
     PYTHONPATH=src python benchmarks/overhead_cpu.py
 
-Prints per-call microseconds (CPU time of this thread, best of 7 runs of 20000 calls: robust to other load) of each public op at 4 B, and of the
-layers below dist.all_reduce.  What a real call costs on top is the exchange itself (the shm arena).
+Prints per-call microseconds (CPU time of this thread, best of 7 runs of 20000 calls: robust to other
+load) of each public op at 4 B, and of the layers below dist.all_reduce.  What a real call costs on top
+is the exchange itself (the shm arena).
 """
 
 from __future__ import annotations
