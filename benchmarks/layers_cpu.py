@@ -39,7 +39,9 @@ def main() -> None:
         ("algorithms.all_reduce", lambda: alg.all_reduce(c, x, kern)),
         (
             "ProcessGroup.run",
-            lambda: g.run("all_reduce", lambda cc: alg.all_reduce(cc, x, kern), signature=("all_reduce", "float32", 1, "SUM")),
+            lambda: g.run(
+                "all_reduce", lambda cc: alg.all_reduce(cc, x, kern), signature=("all_reduce", "float32", 1, "SUM")
+            ),
         ),
         ("dist.all_reduce", lambda: dist.all_reduce(x)),
         ("dist.barrier", lambda: dist.barrier()),

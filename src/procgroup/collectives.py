@@ -23,7 +23,7 @@ from .arguments import root_rank as _root
 from .data import Flat, after, as_flat
 from .errors import ConfigError
 from .ops import ReduceOp, finalize, reducer
-from .process_group import P2P_CODE_MASK, P2P_CODE_SHIFT, SLOW, Work, dtype_code, dtype_of_code, p2p_tag
+from .process_group import P2P_CODE_MASK, P2P_CODE_SHIFT, SLOW, ProcessGroup, Work, dtype_code, dtype_of_code, p2p_tag
 from .state import _state
 from .transport.base import ANY_SOURCE
 
@@ -77,12 +77,6 @@ _ndarray = np.ndarray
 _BARRIER = (plans.BA,)
 
 
-def _ready(arr: Any) -> bool:
-    """True when ``arr`` may take a planned call as a result buffer: a C-contiguous writable numpy array."""
-    fl = arr.flags
-    return fl.c_contiguous and fl.writeable
-
-
 def _avg_or_none(op: Any) -> ReduceOp:
     if type(op) is ReduceOp:
         return op
@@ -110,11 +104,11 @@ def broadcast(
     """Copy ``tensor`` from ``src`` (global rank) to every member, in place; a Work when ``async_op``."""
     key = None
     if type(tensor) is _ndarray and not async_op and timeout is None and group_src is None and not _FORCE:
-        pg = plans.planned(_state.default if group is None else group)
-        if pg is not None:
+        pg = _state.default if group is None else group
+        if type(pg) is ProcessGroup and pg._rank >= 0:
             key = (plans.BC, src, tensor.dtype, tensor.size)
             plan = pg.plans.get(key)
-            if plan is not None and _ready(tensor):
+            if plan is not None and (fl := tensor.flags).c_contiguous and fl.writeable:
                 if pg.run_plan(plan, tensor if tensor.ndim == 1 else tensor.reshape(-1)) is not SLOW:
                     return None
     g = _group(group, "broadcast")
@@ -146,11 +140,11 @@ def all_reduce(
     """Reduce ``tensor`` over the group with ``op``, in place on every member; a Work when ``async_op``."""
     key = None
     if type(tensor) is _ndarray and type(op) is ReduceOp and not async_op and timeout is None and not _FORCE:
-        pg = plans.planned(_state.default if group is None else group)
-        if pg is not None:
+        pg = _state.default if group is None else group
+        if type(pg) is ProcessGroup and pg._rank >= 0:
             key = (plans.AR, op._value_, tensor.dtype, tensor.size)
             plan = pg.plans.get(key)
-            if plan is not None and _ready(tensor):
+            if plan is not None and (fl := tensor.flags).c_contiguous and fl.writeable:
                 if pg.run_plan(plan, tensor if tensor.ndim == 1 else tensor.reshape(-1)) is not SLOW:
                     return None
     g = _group(group, "all_reduce")
@@ -209,11 +203,11 @@ def reduce(
         and group_dst is None
         and not _FORCE
     ):
-        pg = plans.planned(_state.default if group is None else group)
-        if pg is not None:
+        pg = _state.default if group is None else group
+        if type(pg) is ProcessGroup and pg._rank >= 0:
             key = (plans.RD, dst, op._value_, tensor.dtype, tensor.size)
             plan = pg.plans.get(key)
-            if plan is not None and _ready(tensor):
+            if plan is not None and (fl := tensor.flags).c_contiguous and fl.writeable:
                 if pg.run_plan(plan, tensor if tensor.ndim == 1 else tensor.reshape(-1)) is not SLOW:
                     return None
     g = _group(group, "reduce")
@@ -289,11 +283,16 @@ def all_gather_into_tensor(
         and timeout is None
         and not _FORCE
     ):
-        pg = plans.planned(_state.default if group is None else group)
-        if pg is not None:
+        pg = _state.default if group is None else group
+        if type(pg) is ProcessGroup and pg._rank >= 0:
             key = (plans.AG, input_tensor.dtype, input_tensor.size, output_tensor.dtype, output_tensor.size)
             plan = pg.plans.get(key)
-            if plan is not None and _ready(output_tensor) and input_tensor.flags.c_contiguous:
+            if (
+                plan is not None
+                and (fl := output_tensor.flags).c_contiguous
+                and fl.writeable
+                and input_tensor.flags.c_contiguous
+            ):
                 a = input_tensor if input_tensor.ndim == 1 else input_tensor.reshape(-1)
                 b = output_tensor if output_tensor.ndim == 1 else output_tensor.reshape(-1)
                 if pg.run_plan(plan, a, b) is not SLOW:
@@ -592,8 +591,8 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, t
     """Return once every member has entered the barrier (a Work when ``async_op``)."""
     planned = not async_op and timeout is None and not _FORCE
     if planned:
-        pg = plans.planned(_state.default if group is None else group)
-        if pg is not None:
+        pg = _state.default if group is None else group
+        if type(pg) is ProcessGroup and pg._rank >= 0:
             plan = pg.plans.get(_BARRIER)
             if plan is not None and pg.run_plan(plan) is not SLOW:
                 return None
@@ -609,28 +608,38 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, t
 
 
 # -- point-to-point --------------------------------------------------------------------------
-def isend(
-    tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None
-) -> Optional[Work]:
-    """Start sending ``tensor`` to ``dst`` (global rank) with ``tag``; returns a Work (None for non-members)."""
+def _none(st: Any) -> None:
+    return None
+
+
+def _post_send(tensor: Any, dst: Optional[int], group: Any, tag: int, group_dst: Optional[int]) -> Any:
+    """Post a send: (group, request, context maker), or None for non-members."""
     g = _group(group, "isend")
     if g is None:
         return None
     peer = _peer(g, "send", dst, group_dst, "dst")
     f = as_flat(tensor, "send tensor", writable=False)
     code = dtype_code(f.dtype)
-    ptag = p2p_tag(g.gid, tag, code, g.gen)
     eng = g.world.engine
     req = eng.isend(g, peer, tag, f.array, code) if eng is not None else None
     if req is None:
-        req = g.world.transport.isend(peer, ptag, f.array)
-    return g.p2p("send", req, None, lambda st: None, f"to rank {peer}, tag {tag}, {f.describe()}")
+        req = g.world.transport.isend(peer, p2p_tag(g.gid, tag, code, g.gen), f.array)
+    return g, req, lambda: f"to rank {peer}, tag {tag}, {f.describe()}"
 
 
-def irecv(
-    tensor: Any, src: Optional[int] = None, group: Any = None, tag: int = 0, group_src: Optional[int] = None
+def isend(
+    tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None
 ) -> Optional[Work]:
-    """Start receiving into ``tensor`` from ``src`` (any rank when None); Work.wait() gives the sender."""
+    """Start sending ``tensor`` to ``dst`` (global rank) with ``tag``; returns a Work (None for non-members)."""
+    posted = _post_send(tensor, dst, group, tag, group_dst)
+    if posted is None:
+        return None
+    g, req, ctx = posted
+    return g.p2p("send", req, None, _none, ctx)
+
+
+def _post_recv(tensor: Any, src: Optional[int], group: Any, tag: int, group_src: Optional[int]) -> Any:
+    """Post a receive: (group, request, finish, context maker, probe), or None for non-members."""
     g = _group(group, "irecv")
     if g is None:
         return None
@@ -666,9 +675,22 @@ def irecv(
             f.back()
         return st.source
 
-    src_desc = "any rank" if peer == ANY_SOURCE else f"rank {peer}"
-    w = g.p2p("recv", req, None, done, f"from {src_desc}, tag {tag}, {f.describe()}", probe)
-    return w
+    def ctx() -> str:
+        src_desc = "any rank" if peer == ANY_SOURCE else f"rank {peer}"
+        return f"from {src_desc}, tag {tag}, {f.describe()}"
+
+    return g, req, done, ctx, probe
+
+
+def irecv(
+    tensor: Any, src: Optional[int] = None, group: Any = None, tag: int = 0, group_src: Optional[int] = None
+) -> Optional[Work]:
+    """Start receiving into ``tensor`` from ``src`` (any rank when None); Work.wait() gives the sender."""
+    posted = _post_recv(tensor, src, group, tag, group_src)
+    if posted is None:
+        return None
+    g, req, done, ctx, probe = posted
+    return g.p2p("recv", req, None, done, ctx, probe)
 
 
 def _dtype_mismatch(g: Any, src: int, their_code: int, tag: int, f: Any) -> ConfigError:
@@ -685,20 +707,21 @@ def send(
     tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None
 ) -> None:
     """Send ``tensor`` to ``dst`` and wait until it has been handed over."""
-    w = isend(tensor, dst, group, tag, group_dst)
-    if w is not None:
-        w.wait()
+    posted = _post_send(tensor, dst, group, tag, group_dst)
+    if posted is not None:
+        g, req, ctx = posted
+        g.p2p_now("send", req, None, _none, ctx)
 
 
 def recv(
     tensor: Any, src: Optional[int] = None, group: Any = None, tag: int = 0, group_src: Optional[int] = None
 ) -> int:
     """Receive into ``tensor``; returns the sender's global rank (-1 when not a member of ``group``)."""
-    w = irecv(tensor, src, group, tag, group_src)
-    if w is None:
+    posted = _post_recv(tensor, src, group, tag, group_src)
+    if posted is None:
         return -1
-    w.wait()
-    return w._result
+    g, req, done, ctx, probe = posted
+    return g.p2p_now("recv", req, None, done, ctx, probe)
 
 
 @dataclass

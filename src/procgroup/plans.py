@@ -100,10 +100,15 @@ def all_reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, kern:
             core(c, a)
             finalize(op, a, c.size, dt)
 
+    elif fast is not None:
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            fast(c, a)
+
     else:
 
         def fn(c: Any, a: Any, b: Any) -> None:
-            core(c, a)
+            algo(c, a, kern)
 
     return Plan(g, "all_reduce", ("all_reduce", dname, n, op.name), fn)
 

@@ -80,7 +80,7 @@ from .watchdog import (
     roll_call,
     rolled_state,
 )
-from .work import BREAKING, P2PWork, Work
+from .work import BREAKING, P2PWork, Work, wait_now
 
 __all__ = [
     "World",
@@ -665,7 +665,7 @@ class ProcessGroup:
         req: Request,
         timeout: Optional[float],
         finish: Callable[[Any], Any],
-        ctx: str,
+        ctx: Any,
         probe: Optional[Callable[[], Optional[BaseException]]] = None,
     ) -> P2PWork:
         """A Work over a transport request of a point-to-point op, with the group's deadline and error context.
@@ -673,6 +673,18 @@ class ProcessGroup:
         ``probe``: asked while a wait lasts (see P2PWork._wait_probing); an error it returns fails the op.
         """
         return P2PWork(op, self, req, self._deadline(timeout), finish, ctx, probe)
+
+    def p2p_now(
+        self,
+        op: str,
+        req: Request,
+        timeout: Optional[float],
+        finish: Callable[[Any], Any],
+        ctx: Any,
+        probe: Optional[Callable[[], Optional[BaseException]]] = None,
+    ) -> Any:
+        """A blocking point-to-point op: as ``p2p(...).wait()`` and its result, without making a Work."""
+        return wait_now(self, op, req, self._deadline(timeout), finish, ctx, probe)
 
     def close(self) -> None:
         """Stop the group's worker thread and release its scratch memory (idempotent)."""

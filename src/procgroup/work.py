@@ -13,7 +13,7 @@ from .deadline import Deadline, wait_seconds
 from .errors import BrokenError, CollectiveMismatchError, DistTimeoutError, ProcGroupError
 from .transport.base import Request
 
-__all__ = ["Work", "P2PWork", "BREAKING"]
+__all__ = ["Work", "P2PWork", "BREAKING", "wait_now", "wait_probing"]
 
 #: the errors after which a group's members are out of step (a later call could only hang or mismatch)
 BREAKING = (DistTimeoutError, BrokenError, CollectiveMismatchError)
@@ -91,9 +91,10 @@ class P2PWork(Work):
         req: Request,
         deadline: Deadline,
         finish: Callable[[Any], Any],
-        ctx: str,
+        ctx: Any,
         probe: Optional[Callable[[], Optional[BaseException]]] = None,
     ) -> None:
+        """``ctx``: what the op is, for its error messages (a str, or a callable making it only when needed)."""
         super().__init__(op, group)
         self._req = req
         self._probe = probe
@@ -112,7 +113,7 @@ class P2PWork(Work):
         return self._done.is_set()
 
     def _fail(self, e: ProcGroupError, dl: Deadline) -> None:
-        err = self._group._context(e, self.op, None, dl, self._ctx)
+        err = self._group._context(e, self.op, None, dl, _text(self._ctx))
         if isinstance(err, BREAKING):  # a message may still arrive and match a later receive: refuse those
             self._group.mark_broken(err, self.op, None)
         self._finish(exc=err)
@@ -138,14 +139,45 @@ class P2PWork(Work):
 
     def _wait_probing(self, dl: Deadline) -> Any:
         """Wait for the request; while it waits, ask ``probe`` for an error (first after _PROBE_FIRST)."""
-        step = _PROBE_FIRST
-        while True:
-            try:
-                return self._req.wait(dl.sooner(step))
-            except DistTimeoutError:
-                if dl.expired():
-                    raise
-            err = self._probe() if self._probe is not None else None
-            if err is not None:
-                raise err
-            step = min(step * 2, _PROBE_MAX)
+        return wait_probing(self._req, dl, self._probe)
+
+
+def _text(ctx: Any) -> str:
+    return ctx if isinstance(ctx, str) else ctx()
+
+
+def wait_probing(req: Request, dl: Deadline, probe: Optional[Callable[[], Optional[BaseException]]]) -> Any:
+    """Wait for ``req``; while it waits, ask ``probe`` for an error (first after _PROBE_FIRST, then doubling)."""
+    step = _PROBE_FIRST
+    while True:
+        try:
+            return req.wait(dl.sooner(step))
+        except DistTimeoutError:
+            if dl.expired():
+                raise
+        err = probe() if probe is not None else None
+        if err is not None:
+            raise err
+        step = min(step * 2, _PROBE_MAX)
+
+
+def wait_now(
+    group: Any,
+    op: str,
+    req: Request,
+    dl: Deadline,
+    finish: Callable[[Any], Any],
+    ctx: Any,
+    probe: Optional[Callable[[], Optional[BaseException]]] = None,
+) -> Any:
+    """A blocking point-to-point op without a Work: wait for ``req`` under ``dl``, return ``finish(status)``.
+
+    Raises what :meth:`P2PWork.wait` raises (the error in the op's context; a breaking one breaks the group)."""
+    try:
+        st = req.wait(dl) if probe is None or req.test() else wait_probing(req, dl, probe)
+    except ProcGroupError as e:
+        err = group._context(e, op, None, dl, _text(ctx))
+        if isinstance(err, BREAKING):  # a message may still arrive and match a later receive: refuse those
+            group.mark_broken(err, op, None)
+        raise err  # noqa: B904 - _context sets __cause__ itself
+    return finish(st)

@@ -294,3 +294,29 @@ def test_force_pins_an_algorithm_over_the_plans(monkeypatch):
     monkeypatch.setitem(select.FORCE, "all_reduce", "ring")
     run_ranks(2, warm)
     assert [len(s) for s in spies] == [3, 3]
+
+
+def test_blocking_send_recv_without_a_work_keep_their_errors():
+    """send/recv wait on the request directly (no Work): same results, same error context, group broken after."""
+    pgs = thread_world(2, timeout=0.5)
+
+    def body(r):
+        g = pgs[r]
+        x = np.full(4, r, np.float32)
+        for _ in range(3):
+            if r == 0:
+                dist.send(x, dst=1, group=g)
+                assert dist.recv(x, src=1, group=g) == 1
+            else:
+                assert dist.recv(x, group=g) == 0
+                dist.send(x, dst=0, group=g)
+        assert np.array_equal(x, [0] * 4)
+        dist.barrier(group=g)
+        if r == 0:
+            with pytest.raises(DistTimeoutError) as e:
+                dist.recv(x, src=1, tag=7, group=g)  # rank 1 never sends
+            assert "recv" in str(e.value) and "from rank 1, tag 7, float32[4]" in str(e.value)
+            with pytest.raises(GroupBrokenError):
+                dist.recv(x, src=1, tag=8, group=g)
+
+    run_ranks(2, body)
