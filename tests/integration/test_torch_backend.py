@@ -165,3 +165,33 @@ def test_cuda_through_nccl() -> None:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device here: the CUDA path is covered on CPU by test_device_delegation_path")
     run(min(2, torch.cuda.device_count()), "cuda")
+
+
+EXIT_WITH_QUEUED = """
+import torch, torch.distributed as dist
+import procgroup.torch
+dist.init_process_group("procgroup", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+t = torch.ones(1)
+opts = dist.AllreduceOptions()  # asyncOp: the executor thread runs them
+for _ in range(1000):
+    dist.group.WORLD.allreduce([t], opts)
+print("exiting with async ops queued", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_exit_with_async_ops_queued_and_no_destroy() -> None:
+    """A script that exits with async ops still queued and never calls destroy_process_group exits 0 (it used to
+    abort with 134, "terminate called without an active exception", from the executor's daemon thread)."""
+    env = worker_env(0, 1, free_port(), secrets.token_hex(16), {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    r = subprocess.run(
+        [sys.executable, "-c", EXIT_WITH_QUEUED.format(port=free_port())],
+        env=env,
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert r.returncode == 0 and "exiting" in r.stdout, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
+    assert "terminate called" not in r.stderr, r.stderr[-3000:]

@@ -7,9 +7,11 @@ or not anyone calls ``wait()``.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
+import weakref
 from datetime import timedelta
 from typing import Any, Callable, List, Optional
 
@@ -217,11 +219,18 @@ class P2PWork(Work):
             logger.debug("procgroup.torch: %s failed: %s", self._op, e)
 
 
+#: every Executor with a live thread, closed at interpreter exit (see :func:`_close_all_at_exit`)
+_LIVE: "weakref.WeakSet[Executor]" = weakref.WeakSet()
+
+
 class Executor:
     """One worker thread per group that runs its async ops in call order.
 
     A blocking op first waits for the async ops queued before it (:meth:`drain`), so every rank issues
-    the group's collectives in program order.
+    the group's collectives in program order.  At interpreter exit the queued ops are run to the end (bounded
+    wait) before Python finalizes: a daemon thread still inside torch then aborted the process (exit 134,
+    "terminate called without an active exception") when a script exited with async ops queued and no
+    ``destroy_process_group()``.
     """
 
     def __init__(self, name: str) -> None:
@@ -237,6 +246,7 @@ class Executor:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"procgroup-torch-{self._name}", daemon=True)
                 self._thread.start()
+                _LIVE.add(self)
             self._tail = work
             self._queue.put((work, fn))
         return work
@@ -278,3 +288,13 @@ class Executor:
         if t is not None:
             self._queue.put(None)
             t.join(timeout=5.0)
+
+
+@atexit.register
+def _close_all_at_exit() -> None:
+    """Let every executor finish its queued ops (each bounded by :meth:`Executor.close`) before finalization."""
+    for ex in list(_LIVE):
+        try:
+            ex.close()
+        except Exception as e:  # noqa: BLE001 - exiting: report and go on
+            logger.info("procgroup.torch: closing %s at exit: %s", ex._name, e)
