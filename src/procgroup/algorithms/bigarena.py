@@ -15,7 +15,11 @@ the last one:
   out of their owners' buffers.  A reduce-scatter plus an all-gather in
   shared memory, with no messages (DeepSpeed's CPU shm all_reduce does the
   same; this one keeps the deadlines, peer-death checks and check words).
-* reduce: the same, the root alone copying the slices out.
+  Up to ``DIRECT_MAX`` (256 KiB) one sync instead: each member copies its
+  whole buffer in and reduces every member's, in member order (fewer syncs
+  beat fewer additions there: a sync costs a wake-up when a member is
+  descheduled).
+* reduce: the same, the root alone copying the slices out (or reducing all).
 * reduce_scatter: each member copies piece ``[a, a+k)`` of every block into
   its buffer; sync; member ``i`` reduces piece ``i`` of every buffer into its
   result.  One sync per step.
@@ -66,7 +70,11 @@ PIPE_PARTS = 2
 #: scratch slot of reduce's non-root partial results (not used by the primitives in ``_util``)
 SLOT_BIG = 24
 
-_OP_ALLREDUCE, _OP_REDUCE, _OP_REDSCAT, _OP_BCAST, _OP_ALLGATHER = 1, 2, 3, 4, 5
+_OP_ALLREDUCE, _OP_REDUCE, _OP_REDSCAT, _OP_BCAST, _OP_ALLGATHER, _OP_DIRECT = 1, 2, 3, 4, 5, 6
+#: all_reduce / reduce up to this many bytes: one sync, then every rank that needs the result reduces the
+#: whole message from every member's buffer (as the small arena does), instead of a slice each and a
+#: second sync to gather the slices
+DIRECT_MAX = 256 << 10
 _CHECK = struct.Struct("<IIqqq")
 
 
@@ -114,9 +122,24 @@ def _reduce_chain(out: np.ndarray, parts: List[np.ndarray], reduce: Reducer) -> 
         reduce(out, v)
 
 
+def _reduce_direct(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> None:
+    """all_reduce (``root`` < 0) or reduce to ``root`` of one buffer's worth: copy in, sync, reduce it all."""
+    big = _slots(comm)
+    dt = buf.dtype
+    big.begin(_check(comm, _OP_DIRECT, buf.nbytes, dt, root), 1)
+    arrs = _typed(big.arrays[big.turn & 1], buf.nbytes, dt)
+    big.turn += 1
+    arrs[comm.rank][...] = buf
+    big.sync(comm.deadline)
+    if root < 0 or comm.rank == root:
+        _reduce_chain(buf, arrs, reduce)  # every part from shared memory: buf (private) is only written
+
+
 def _reduce_slices(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> None:
     """all_reduce (``root`` < 0) or reduce to ``root``: reduce-scatter + gather through the big slots."""
     big = _slots(comm)
+    if buf.nbytes <= min(DIRECT_MAX, big.slot_bytes):
+        return _reduce_direct(comm, buf, reduce, root)
     p, me, dl = comm.size, comm.rank, comm.deadline
     dt = buf.dtype
     isz = dt.itemsize
