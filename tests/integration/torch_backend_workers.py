@@ -350,6 +350,27 @@ def hot_path() -> None:
     leaf = torch.full((2,), float(RANK + 1), requires_grad=True)
     dist.all_reduce(leaf)
     eq(leaf.detach(), S, "hot leaf that requires grad")
+    # the other blocking ops with a hot path: broadcast, reduce, all_gather, all_gather_into_tensor, every root
+    for dt in (torch.float32, torch.int64, torch.uint8, torch.float16):
+        for n in (1, 5, 70_001):
+            x = torch.zeros(n, dtype=dt)
+            outs = [torch.zeros(n, dtype=dt) for _ in range(WS)]
+            big = torch.zeros(n * WS, dtype=dt)
+            for _ in range(2):  # the second round finds every view cached
+                for root in range(WS):
+                    x.fill_(root + 3 if RANK == root else 0)
+                    dist.broadcast(x, root)
+                    eq(x, root + 3, f"hot broadcast root {root} {dt} n={n}")
+                    x.fill_(RANK + 1)
+                    dist.reduce(x, root)
+                    eq(x, S if RANK == root else RANK + 1, f"hot reduce root {root} {dt} n={n}")
+                x.fill_(RANK + 1)
+                dist.all_gather(outs, x)
+                for i, o in enumerate(outs):
+                    eq(o, i + 1, f"hot all_gather {dt} n={n} slot {i}")
+                dist.all_gather_into_tensor(big, x)
+                want = torch.arange(1, WS + 1, dtype=dt).repeat_interleave(n)
+                check(torch.equal(big, want), f"hot all_gather_into_tensor {dt} n={n}")
     # a per-call timeout in the options, and Works the caller keeps
     o = dist.AllreduceOptions()
     o.reduceOp = dist.ReduceOp.SUM

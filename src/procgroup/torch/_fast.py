@@ -9,8 +9,8 @@ What the backend would otherwise redo on every call, done once:
   is made from the data pointer), so the cache never keeps a tensor's storage alive; it is used only during a
   blocking call, while the caller's tensor (which owns that memory) is alive and validated.  Ids of dead
   tensors are forgotten when the cache is full (it is cleared; :data:`CACHE_LIMIT`).
-* :func:`op_of`: torch's ``RedOpType`` as procgroup's ReduceOp through a dict keyed by ``int`` (hashing the
-  pybind enum itself costs about 0.8 µs).
+* :func:`op_of`: torch's ``RedOpType`` as procgroup's ReduceOp through a list indexed by its value (hashing
+  the pybind enum costs about 0.8 µs); :func:`reduce_op` is the general conversion.
 * :class:`DoneWork`: the Work of a blocking op, complete when created, with only the fields that differ per
   call set in ``__init__`` (the rest are class attributes); :class:`DoneWorks` hands out the same one again
   while nothing but itself refers to it (torch's ``dist.all_reduce`` only calls ``wait()`` on it and drops it),
@@ -30,9 +30,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import _core
 from ._work import _DONE, _NO_LOCK, Work
 
-__all__ = ["CACHE_LIMIT", "DoneWork", "DoneWorks", "ViewCache", "op_of", "set_op_table"]
+__all__ = ["CACHE_LIMIT", "DoneWork", "DoneWorks", "ViewCache", "op_of", "reduce_op"]
 
 #: views kept per backend before the cache is cleared (entries of dead tensors are never looked up again)
 CACHE_LIMIT = 256
@@ -105,16 +106,28 @@ class ViewCache:
         self._views.clear()
 
 
-#: procgroup's op by ``RedOpType`` value (an index: cheaper than hashing the pybind enum); None: not served
-_OP_LIST: List[Any] = []
+#: torch's RedOpType -> procgroup's ReduceOp (None: not implemented by procgroup, the op falls through)
+_OPS: Dict[Any, Any] = {
+    getattr(dist.ReduceOp, n): (None if n == "PREMUL_SUM" else _core.ReduceOp.coerce(n))
+    for n in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
+}
+#: the same by ``RedOpType`` value (an index: cheaper than hashing the pybind enum)
+_OP_LIST: List[Any] = [None] * (max(int(k) for k in _OPS) + 1)
+for _k, _v in _OPS.items():
+    _OP_LIST[int(_k)] = _v
 
 
-def set_op_table(ops: Dict[Any, Any]) -> None:
-    """Fill :func:`op_of`'s table from ``{RedOpType: procgroup op or None}``."""
-    table: List[Any] = [None] * (max(int(k) for k in ops) + 1)
-    for k, v in ops.items():
-        table[int(k)] = v
-    _OP_LIST[:] = table
+def reduce_op(op: Any) -> Optional[Any]:
+    """torch's ReduceOp (a RedOpType, or the ReduceOp instance inside an options object) as procgroup's.
+
+    None for ops procgroup does not implement (PREMUL_SUM): the caller falls through.  Raises procgroup's
+    ConfigError for something that is no reduce op at all.
+    """
+    op = getattr(op, "op", op)  # dist.ReduceOp instance -> its RedOpType
+    try:
+        return _OPS[op]
+    except (KeyError, TypeError):
+        return _core.ReduceOp.coerce(op)
 
 
 def op_of(opts: Any) -> Any:

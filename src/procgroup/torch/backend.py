@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions
 
 from . import _core
-from ._fast import DoneWork, DoneWorks, ViewCache, op_of, set_op_table
+from ._fast import DoneWork, DoneWorks, ViewCache, op_of, reduce_op
 from ._store import TorchStoreAdapter
 from ._work import Executor, P2PWork, Work, seconds
 
@@ -82,26 +82,6 @@ class Options:
 
     device_backends: Dict[str, str] = field(default_factory=lambda: {"cuda": "nccl"})
     fallback: str = "gloo"
-
-
-#: torch's RedOpType -> procgroup's ReduceOp (None: not implemented by procgroup, the op falls through)
-_OPS: Dict[Any, Any] = {
-    getattr(dist.ReduceOp, n): (None if n == "PREMUL_SUM" else _core.ReduceOp.coerce(n))
-    for n in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
-}
-set_op_table(_OPS)  # the hot path's cheaper lookup (_fast.op_of)
-
-
-def _reduce_op(op: Any) -> Optional[Any]:
-    """torch's ReduceOp (a RedOpType, or the ReduceOp instance inside an options object) as procgroup's.
-
-    None for ops procgroup does not implement (PREMUL_SUM): the caller falls through.
-    """
-    op = getattr(op, "op", op)  # dist.ReduceOp instance -> its RedOpType
-    try:
-        return _OPS[op]
-    except (KeyError, TypeError):
-        return _core.ReduceOp.coerce(op)
 
 
 def _contiguous(tensors: Sequence[torch.Tensor]) -> Tuple[List[torch.Tensor], Callable[[], None]]:
@@ -171,7 +151,7 @@ class ProcgroupBackend(dist.ProcessGroup):
         )
         self._exec = Executor(name or "torch")
         self._views = ViewCache()  # numpy views of the tensors of blocking one-tensor calls
-        self._done = DoneWorks("allreduce")  # the completed Work those calls return, reused when unreferenced
+        self._done = DoneWorks("blocking op")  # the completed Work those calls return, reused when unreferenced
         self._others: Dict[str, Any] = {}  # backend name -> torch Backend built underneath
         #: op name -> how many calls fell through to the fallback backend (for tests and diagnostics)
         self.fallthrough_counts: Dict[str, int] = {}
@@ -303,6 +283,20 @@ class ProcgroupBackend(dist.ProcessGroup):
             )
         return self._other(op, why, *args)
 
+    def _blocking(self, opts: Any, tensors: Sequence[torch.Tensor]) -> Optional[List[Any]]:
+        """The hot path of a blocking op (see _fast): numpy views of ``tensors``, or None for the general path."""
+        if opts.asyncOp or not self._cpu_native or self._closed:
+            return None
+        views = []
+        for t in tensors:
+            v = self._views.view(t)
+            if v is None:
+                return None
+            views.append(v)
+        if self._exec.busy():
+            self._exec.drain()
+        return views
+
     def _op_timeout(self, opts: Any) -> Optional[float]:
         """The options object's timeout in seconds, or None when unset (the group's default applies)."""
         t = opts.timeout.total_seconds()
@@ -359,7 +353,7 @@ class ProcgroupBackend(dist.ProcessGroup):
                 _C.all_reduce(arr, op, self._pg, False, to.total_seconds() if to > _NO_TIMEOUT else None)
                 return self._done.get(tensors)
         if op is None:
-            op = _reduce_op(opts.reduceOp)
+            op = reduce_op(opts.reduceOp)
         why = self._route(tensors) or (None if op is not None else "PREMUL_SUM")
         if why is not None or len(tensors) != 1:
             return self._other("allreduce", why or "a list of several tensors", tensors, opts)
@@ -372,7 +366,7 @@ class ProcgroupBackend(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:
         """All-reduce several tensors in place as one message when they share a dtype."""
         opts = dist.AllreduceCoalescedOptions() if opts is None else opts
-        op = _reduce_op(opts.reduceOp)
+        op = reduce_op(opts.reduceOp)
         why = self._route(tensors) or (None if op is not None else "PREMUL_SUM")
         if why is not None:
             return self._other("allreduce_coalesced", why, tensors, opts)
@@ -398,6 +392,10 @@ class ProcgroupBackend(dist.ProcessGroup):
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]  # stubs differ
         """Broadcast the root's tensor into every rank's tensor, in place."""
         opts = dist.BroadcastOptions() if opts is None else opts
+        vs = self._blocking(opts, tensors) if len(tensors) == 1 else None
+        if vs is not None:
+            _C.broadcast(vs[0], src=opts.rootRank, group=self._pg, timeout=self._op_timeout(opts))
+            return self._done.get(tensors)
         why = self._route(tensors)
         if why is not None or len(tensors) != 1:
             return self._other("broadcast", why or "a list of several tensors", tensors, opts)
@@ -410,7 +408,12 @@ class ProcgroupBackend(dist.ProcessGroup):
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]  # stubs differ
         """Reduce every rank's tensor into the root's tensor, in place."""
         opts = dist.ReduceOptions() if opts is None else opts
-        op = _reduce_op(opts.reduceOp)
+        op = op_of(opts)
+        vs = self._blocking(opts, tensors) if len(tensors) == 1 and op is not None else None
+        if vs is not None:
+            _C.reduce(vs[0], dst=opts.rootRank, op=op, group=self._pg, timeout=self._op_timeout(opts))
+            return self._done.get(tensors)
+        op = op if op is not None else reduce_op(opts.reduceOp)
         why = self._route(tensors) or (None if op is not None else "PREMUL_SUM")
         if why is not None or len(tensors) != 1:
             return self._other("reduce", why or "a list of several tensors", tensors, opts)
@@ -425,6 +428,11 @@ class ProcgroupBackend(dist.ProcessGroup):
     ) -> Any:
         """Gather every rank's input into ``output_tensors[0]`` (one tensor per rank) on every rank."""
         opts = _AllgatherOptions() if opts is None else opts
+        if len(input_tensors) == 1 and len(output_tensors) == 1:
+            vs = self._blocking(opts, [input_tensors[0], *output_tensors[0]])
+            if vs is not None:
+                _C.all_gather(vs[1:], vs[0], group=self._pg, timeout=self._op_timeout(opts))
+                return self._done.get(output_tensors)
         why = self._route(_flat(output_tensors) + list(input_tensors))
         if why is not None or len(input_tensors) != 1 or len(output_tensors) != 1:
             return self._other("allgather", why or "lists of several tensors", output_tensors, input_tensors, opts)
@@ -456,6 +464,10 @@ class ProcgroupBackend(dist.ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
         """All-gather into one tensor: rank r's input lands in chunk r of ``output`` (all_gather_into_tensor)."""
         opts = _AllgatherOptions() if opts is None else opts
+        vs = self._blocking(opts, (output, input))
+        if vs is not None:
+            _C.all_gather_into_tensor(vs[0], vs[1], group=self._pg, timeout=self._op_timeout(opts))
+            return self._done.get([output])
         why = self._route([output, input])
         if why is not None:
             return self._other("all_gather_single", why, output, input, opts)
@@ -496,7 +508,7 @@ class ProcgroupBackend(dist.ProcessGroup):
             done.complete()
             return done
         tmo = self._op_timeout(opts)
-        op = _reduce_op(opts.reduceOp) if hasattr(opts, "reduceOp") else None
+        op = reduce_op(opts.reduceOp) if hasattr(opts, "reduceOp") else None
 
         def fn() -> None:
             for o, i in zip(outputs, inputs):
@@ -549,7 +561,7 @@ class ProcgroupBackend(dist.ProcessGroup):
     ) -> Any:
         """Reduce the inputs (one list per rank) and leave chunk r of the result in rank r's output."""
         opts = dist.ReduceScatterOptions() if opts is None else opts
-        op = _reduce_op(opts.reduceOp)
+        op = reduce_op(opts.reduceOp)
         why = self._route(list(output_tensors) + _flat(input_tensors)) or (None if op is not None else "PREMUL_SUM")
         if why is not None or len(output_tensors) != 1:
             return self._other("reduce_scatter", why or "lists of several tensors", output_tensors, input_tensors, opts)
@@ -566,7 +578,7 @@ class ProcgroupBackend(dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
         """Reduce ``input`` across ranks; rank r keeps chunk r in ``output`` (reduce_scatter_tensor)."""
         opts = dist.ReduceScatterOptions() if opts is None else opts
-        op = _reduce_op(opts.reduceOp)
+        op = reduce_op(opts.reduceOp)
         why = self._route([output, input]) or (None if op is not None else "PREMUL_SUM")
         if why is not None:
             return self._other("reduce_scatter_single", why, output, input, opts)
@@ -589,7 +601,7 @@ class ProcgroupBackend(dist.ProcessGroup):
     ) -> Any:
         """:meth:`reduce_scatter_single` for each (output, input) pair, as one Work."""
         opts = dist.ReduceScatterOptions() if opts is None else opts
-        if _reduce_op(opts.reduceOp) is None:
+        if reduce_op(opts.reduceOp) is None:
             return self._other("reduce_scatter_tensor_coalesced", "PREMUL_SUM", outputs, inputs, opts)
         return self._pairs("reduce_scatter_single", outputs, inputs, opts)
 
