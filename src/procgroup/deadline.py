@@ -35,7 +35,7 @@ class Deadline:
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        return (self.at, self.start) == (other.at, other.start)  # type: ignore[attr-defined]
+        return (self.at, self.start) == (other.at, other.start)
 
     def __hash__(self) -> int:
         return hash((self.at, self.start))

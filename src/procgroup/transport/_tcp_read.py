@@ -118,6 +118,7 @@ class TcpReading(EngineTransport):
     """The reading half of :class:`~procgroup.transport.tcp.TcpTransport` (see the module docstring)."""
 
     _conns: Dict[int, _Conn]
+    _cond: threading.Condition
     _inflight: Dict[int, Union[RecvReq, Unexpected]]
     _max_frame: int
 
@@ -156,16 +157,17 @@ class TcpReading(EngineTransport):
     def _stop_reading(self) -> None:
         """After the sockets were shut down: end the watcher, release the pipe and the epoll set."""
         self._wake_all()
-        if getattr(self, "_ep", None) is not None:
+        ep = getattr(self, "_ep", None)
+        if ep is not None:
             try:  # after an abort the one-shot wake-up was spent: arm it again for the close
-                self._ep.modify(self._wake_r, select.EPOLLIN | select.EPOLLONESHOT)
+                ep.modify(self._wake_r, select.EPOLLIN | select.EPOLLONESHOT)
             except (OSError, ValueError):
                 pass
         w = getattr(self, "_watcher", None)
         if w is not None and w is not threading.current_thread():
             w.join(2.0)
-        if getattr(self, "_ep", None) is not None:
-            self._ep.close()
+        if ep is not None:
+            ep.close()
         for fd in (getattr(self, "_wake_r", -1), getattr(self, "_wake_w", -1)):
             if fd >= 0:
                 try:
@@ -285,8 +287,9 @@ class TcpReading(EngineTransport):
                         c.rx = rx = self._place_frame_locked(dec, src, ev, c.rx)
                     c.watch = rx.target if type(rx.target) is RecvReq else None
                 elif isinstance(ev, MessageEnd):
-                    rx = c.rx
-                    assert rx is not None, "MessageEnd without FrameStart"
+                    cur = c.rx
+                    assert cur is not None, "MessageEnd without FrameStart"
+                    rx = cur
                     c.rx = c.watch = None  # keep no export of the user's buffer
                     with lock:
                         self._inflight.pop(src, None)
@@ -429,9 +432,9 @@ class TcpReading(EngineTransport):
     def _watch_slice(self) -> None:
         p = select.poll()
         p.register(self._wake_r, select.POLLIN)
-        for c in self._conns.values():
-            if not c.dead and not c.role.locked():
-                p.register(c.fd, _POLLIN)
+        for conn in self._conns.values():
+            if not conn.dead and not conn.role.locked():
+                p.register(conn.fd, _POLLIN)
         for fd, _ in p.poll(50.0):
             c = self._by_fd.get(fd)
             if c is None:

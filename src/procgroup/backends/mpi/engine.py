@@ -195,7 +195,7 @@ class MpiEngine(CollectiveEngine):
         dup = comm.Dup()
         dup.Set_errhandler(self.MPI.ERRORS_RETURN)
         chk = np.zeros(2, np.int64)
-        return dup, [chk, self.MPI.INT64_T], chk, memoryview(chk)
+        return dup, [chk, self.MPI.INT64_T], chk, chk.data
 
     def _run(self, g: Any, c: Any, post: Optional[Callable[[Any], Any]], what: str, nbytes: int) -> None:
         """Post an MPI nonblocking collective on ``g``'s communicator and wait for it under ``c.deadline``.
