@@ -77,6 +77,27 @@ _ndarray = np.ndarray
 _BARRIER = (plans.BA,)
 
 
+def _two_array_key(kind: int, out: Any, inp: Any, op: Any, group: Any, async_op: bool, timeout: Any) -> Any:
+    """The plan key of a call with an output and an input array (by shape: splits follow it), or None."""
+    if type(out) is not _ndarray or type(inp) is not _ndarray or async_op or timeout is not None or _FORCE:
+        return None
+    if op is not None and type(op) is not ReduceOp:
+        return None
+    return (kind, None if op is None else op._value_, out.dtype, out.shape, inp.dtype, inp.shape)
+
+
+def _run_two(key: Any, out: Any, inp: Any, group: Any) -> bool:
+    """Run the planned call of ``key`` on ``out`` and ``inp``; False when there is none or it needs the general
+    path (then nothing has happened)."""
+    pg = _state.default if group is None else group
+    if type(pg) is not ProcessGroup or pg._rank < 0:
+        return False
+    plan = pg.plans.get(key)
+    if plan is None or not ((fl := out.flags).c_contiguous and fl.writeable and inp.flags.c_contiguous):
+        return False
+    return pg.run_plan(plan, inp.reshape(-1), out.reshape(-1)) is not SLOW
+
+
 def _avg_or_none(op: Any) -> ReduceOp:
     if type(op) is ReduceOp:
         return op
@@ -465,6 +486,11 @@ def reduce_scatter_tensor(
     output: Any, input: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False, timeout: Any = None
 ) -> Optional[Work]:  # noqa: A002 - torch's name
     """Reduce ``input`` over the group; group rank i gets its i-th slice in ``output``."""
+    key = _two_array_key(plans.RS, output, input, op, group, async_op, timeout)
+    if key is not None:
+        done = _run_two(key, output, input, group)
+        if done:
+            return None
     g = _group(group, "reduce_scatter_tensor")
     if g is None:
         return None
@@ -475,6 +501,8 @@ def reduce_scatter_tensor(
     kern = reducer(op, out.dtype)
     eng = g.world.engine
     fast = eng.reduce_scatter(g, out.dtype, op) if eng is not None else None
+    if key is not None and out.back is None and src.back is None:
+        plans.remember(g, key, plans.reduce_scatter(g, out.dtype, out.numel, op, _dname(out.dtype), kern, fast))
 
     def run(c: Any) -> None:
         if fast is None:
@@ -567,6 +595,11 @@ def all_to_all_single(
     timeout: Any = None,
 ) -> Optional[Work]:  # noqa: A002
     """All-to-all of one tensor split along dim 0 (equal parts, or the given split sizes)."""
+    key = None
+    if output_split_sizes is None and input_split_sizes is None:  # equal parts: the shapes say it all
+        key = _two_array_key(plans.A2A, output, input, None, group, async_op, timeout)
+        if key is not None and _run_two(key, output, input, group):
+            return None
     g = _group(group, "all_to_all_single")
     if g is None:
         return None
@@ -577,7 +610,10 @@ def all_to_all_single(
     sc = _splits("all_to_all_single", src, input_split_sizes, g.size(), "input")
     rc = _splits("all_to_all_single", out, output_split_sizes, g.size(), "output")
     eng = g.world.engine
-    a2a = (eng.all_to_all(g, src.dtype) if eng is not None else None) or alg.all_to_all
+    fast = eng.all_to_all(g, src.dtype) if eng is not None else None
+    a2a = fast or alg.all_to_all
+    if key is not None and out.back is None and src.back is None:
+        plans.remember(g, key, plans.all_to_all(g, _dname(src.dtype), sc, rc, fast))
     return g.run(
         "all_to_all_single",
         after(lambda c: a2a(c, src.array, sc, out.array, rc), (out,)),

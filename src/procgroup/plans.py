@@ -33,13 +33,24 @@ from .deadline import Deadline
 from .ops import ReduceOp, finalize
 from .process_group import FP_MASK, ProcessGroup, fingerprint
 
-__all__ = ["Plan", "PLAN_LIMIT", "remember", "all_reduce", "broadcast", "reduce", "barrier", "all_gather"]
+__all__ = [
+    "Plan",
+    "PLAN_LIMIT",
+    "remember",
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "barrier",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+]
 
 #: plans one group keeps; past that the cache starts over (a loop over many shapes still works, unplanned)
 PLAN_LIMIT = 256
 
 #: keys of the plan caches: the collective
-AR, BC, RD, BA, AG = 1, 2, 3, 4, 5
+AR, BC, RD, BA, AG, RS, A2A = 1, 2, 3, 4, 5, 6, 7
 
 Fn = Callable[[Any, Any, Any], None]
 
@@ -160,6 +171,33 @@ def all_gather(g: ProcessGroup, dt: Any, n: int, dname: str, fast: Any) -> Plan:
         algo(c, a, b)
 
     return Plan(g, "all_gather_into_tensor", ("all_gather", dname, n), fn)
+
+
+def reduce_scatter(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, kern: Any, fast: Any) -> Plan:
+    """The plan of ``reduce_scatter_tensor`` into ``n`` elements of ``dt`` per rank (``a`` in, ``b`` out).
+
+    The algorithm is chosen per call (``algorithms.reduce_scatter``: by thresholds) unless the engine has one."""
+    avg = op is ReduceOp.AVG
+
+    def fn(c: Any, a: Any, b: Any) -> None:
+        if fast is None:
+            alg.reduce_scatter(c, a, b, kern)
+        else:
+            fast(c, a, b)
+        if avg:
+            finalize(op, b, c.size, dt)
+
+    return Plan(g, "reduce_scatter_tensor", ("reduce_scatter", dname, n, op.name), fn)
+
+
+def all_to_all(g: ProcessGroup, dname: str, sc: list, rc: list, fast: Any) -> Plan:
+    """The plan of ``all_to_all_single`` with element counts ``sc`` sent and ``rc`` received per rank."""
+    a2a = fast or alg.all_to_all
+
+    def fn(c: Any, a: Any, b: Any) -> None:
+        a2a(c, a, sc, b, rc)
+
+    return Plan(g, "all_to_all_single", ("all_to_all", dname), fn)
 
 
 def _itemsize(dt: Any) -> int:

@@ -320,3 +320,34 @@ def test_blocking_send_recv_without_a_work_keep_their_errors():
                 dist.recv(x, src=1, tag=8, group=g)
 
     run_ranks(2, body)
+
+
+@pytest.mark.parametrize("ws", [1, 2, 3, 4])
+def test_planned_reduce_scatter_and_all_to_all_single(ws):
+    pgs = thread_world(ws)
+
+    def body(r):
+        g = pgs[r]
+        slow = spy(g)
+        shapes = 0
+        for n in SIZES:
+            for dtype in (np.int32, np.float64, np.complex64):
+                for op in (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.AVG):
+                    if not _valid(op, dtype):
+                        continue
+                    shapes += 1
+                    want = reference(op, dtype, ws, n * ws)[r * n : (r + 1) * n]
+                    for _ in range(3):
+                        out = np.zeros(n, dtype)
+                        dist.reduce_scatter_tensor(out, contrib(r, n * ws, dtype), op=op, group=g)
+                        assert _same(out, want, op), (n, dtype, op)
+            shapes += 1
+            for _ in range(3):
+                inp = (np.arange(n * ws, dtype=np.int64) + 1000 * r).reshape(ws, n)
+                out = np.zeros((ws, n), np.int64)
+                dist.all_to_all_single(out, inp, group=g)
+                want = np.stack([np.arange(r * n, (r + 1) * n) + 1000 * s for s in range(ws)])
+                assert np.array_equal(out, want)
+        assert len(slow) == shapes, (len(slow), shapes)
+
+    run_ranks(ws, body, timeout=110)
