@@ -11,6 +11,7 @@ import atexit
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -192,21 +193,6 @@ def _open_store(im: InitMethod, store: Any, ident: Identity, cfg: RuntimeConfig,
         return _Rendezvous(shared, f"torch's default store at {where}", job_id, job_secret(cfg, job_id))
     job_id = cfg.run_id or ident.job_id or where
     secret = job_secret(cfg, job_id, loopback=is_literal_loopback(host))
-    if im.scheme == "env" and not cfg.store_hosted and _torch_dist_loaded():
-        # torch may init its own group on MASTER_PORT later in this process: host torch's store there (shared
-        # with torch's, multi-tenant), not procgroup's, which torch cannot speak (issue 10 item 8)
-        from .torch._store import torch_tcp_store
-
-        tstore, host_handle, connect = torch_tcp_store(host, port, ident.rank == 0, deadline.remaining())
-        return _Rendezvous(
-            tstore,
-            f"{where} (torch's TCPStore)",
-            job_id,
-            secret,
-            master=(host, port),
-            server=host_handle,
-            connect=connect,
-        )
     server = None
     if ident.rank == 0 and not cfg.store_hosted:
         server = store_mod.StoreServer("127.0.0.1" if is_literal_loopback(host) else "0.0.0.0", port, secret=secret)
@@ -313,6 +299,12 @@ def init_process_group(
         _state.file_path = rdv.file_path
         _state.prefix_store = pstore
         _state.base_store = rdv.base
+        if rdv.connect is not None and rdv.master is not None:  # procgroup's own TCPStore: torch may share it
+            _state.store_for_torch = (rdv.master, rdv.connect)
+            if _torch_dist_loaded():
+                from .torch._store import share_store_with_torch
+
+                share_store_with_torch(store_for_torch)
         _install(world, group_name)
         _start_watchdog(world, rdv, cfg)
 
@@ -441,8 +433,47 @@ def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
             if _state.base_store is not None:
                 _close_quietly(_state.base_store)
             if _state.store_server is not None:
-                _state.store_server.close()
+                if _state.torch_store_users:
+                    # torch's group runs over this store (its env:// rendezvous borrowed it): keep serving it
+                    # until this process exits, as torch's own rank 0 serves torch's store
+                    _LENT_SERVERS.append(_state.store_server)
+                else:
+                    _state.store_server.close()
             _state.__init__()  # type: ignore[misc]  # reset the module state in place
+
+
+#: store servers that outlive destroy_process_group because torch's group still uses them (see above)
+_LENT_SERVERS: List[Any] = []
+
+
+def store_for_torch(host: str, port: int) -> Any:
+    """A new authenticated connection to procgroup's default-group store when it is the TCPStore at ``host:port``.
+
+    torch's ``env://`` rendezvous calls this through :func:`procgroup.torch._store.share_store_with_torch`: when
+    procgroup's group was initialized first on the same MASTER_ADDR:MASTER_PORT, torch's group runs over
+    procgroup's store (keys under ``torch/``) instead of failing to bind the port procgroup's rank 0 holds.
+    Returns (store, procgroup's rank, world size), or None when procgroup is not initialized or its store is
+    elsewhere (torch's own handler then runs).
+    """
+    with _state.lock:
+        shared = _state.store_for_torch
+        if shared is None or _state.world is None:
+            return None
+        (mhost, mport), connect = shared
+        if int(port) != int(mport) or not _same_host(host, mhost):
+            return None
+        conn = connect()
+        _state.torch_store_users += 1
+        return store_mod.PrefixStore("torch", conn), _state.world.rank, _state.world.size
+
+
+def _same_host(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return set(socket.gethostbyname_ex(a)[2]) & set(socket.gethostbyname_ex(b)[2]) != set()
+    except OSError:
+        return False
 
 
 def _forget_forked() -> None:
@@ -479,7 +510,7 @@ def _leave(world: World) -> None:
             if _state.store_server is not None and not (
                 torchelastic_launched() and _exit_state["first_failure_is_mine"]
             ):
-                _linger(_state.store_server, own=_OWN_STORE_CONNECTIONS)
+                _linger(_state.store_server, own=_OWN_STORE_CONNECTIONS + _state.torch_store_users)
             return
         if _state.store_server is not None or (_state.file_path and world.rank == 0):
             st.wait(["all_left"], timeout=min(world.timeout, 30.0))

@@ -27,6 +27,10 @@ class _State:
     file_path: Optional[str] = None
     prefix_store: Any = None
     base_store: Any = None
+    #: ((host, port), connect) of procgroup's own TCPStore, which torch's env:// rendezvous may share
+    store_for_torch: Any = None
+    #: connections to that store handed to torch (the store's host then keeps serving after destroy)
+    torch_store_users: int = 0
     #: the configuration parsed by init_process_group (None before init)
     config: Optional[RuntimeConfig] = None
     lock: threading.RLock = field(default_factory=threading.RLock)

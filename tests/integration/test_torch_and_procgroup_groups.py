@@ -3,8 +3,9 @@
 One script inits torch's gloo group and procgroup's group in the same process (N=2) and runs one all_reduce
 with each, under ``procgroup run`` and under ``torchrun``, in both orders, with no port given by hand.
 procgroup first under ``procgroup run`` used to fail: procgroup's rank 0 bound MASTER_PORT for its own store and
-torch's TCPStore then got EADDRINUSE.  Now, with torch loaded, procgroup's store on MASTER_PORT is torch's own
-TCPStore hosted multi-tenant (as torch's env:// does), which torch's later init shares.
+torch's TCPStore then got EADDRINUSE.  Now torch's env:// rendezvous runs over procgroup's own (authenticated)
+store when procgroup's group came first on the same MASTER_ADDR:MASTER_PORT (procgroup.torch._store.
+share_store_with_torch), and the script checks that torch's store is procgroup's in that case.
 Skipped when torch is not importable.
 """
 
@@ -37,6 +38,12 @@ SCRIPT = """
         dist.init_process_group()
         tdist.init_process_group("gloo")
     n = tdist.get_world_size()
+    from torch.distributed import distributed_c10d as c10d
+
+    st = c10d._get_default_store()
+    while hasattr(st, "underlying_store"):
+        st = st.underlying_store
+    print(f"torch store {type(st).__name__}", flush=True)
     t = torch.ones(2)
     tdist.all_reduce(t)
     a = np.ones(2)
@@ -89,11 +96,13 @@ def test_torch_group_and_procgroup_group_in_one_job(tmp_path, launcher, order):
     ctx = f"exit status {r.returncode}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr[-6000:]}"
     assert r.returncode == 0, ctx
     assert r.stdout.count("both ok rank") == 2, ctx
+    if launcher == "procgroup" and order == "procgroup_first":  # torch's group runs over procgroup's store
+        assert r.stdout.count("torch store ProcgroupTorchStore") == 2, ctx
 
 
 PORT_HELD = """
     import os, time
-    import torch.distributed  # torch loaded: procgroup hosts torch's TCPStore on MASTER_PORT
+    import torch.distributed  # torch loaded too: procgroup still hosts its own store on MASTER_PORT
     import procgroup as dist
     from procgroup.errors import PortInUseError
 
@@ -110,7 +119,7 @@ PORT_HELD = """
 @pytest.mark.timeout(60)
 def test_master_port_held_by_another_process_is_named(tmp_path):
     """With torch loaded, rank 0 hosting the job's store on a MASTER_PORT that another process holds raises
-    procgroup's PortInUseError naming MASTER_PORT and the fix, at once."""
+    procgroup's PortInUseError naming MASTER_PORT and the fix, at once (torch does not change procgroup's store)."""
     import socket
 
     from procgroup.netutil import free_port

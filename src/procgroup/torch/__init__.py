@@ -105,6 +105,11 @@ def autoload() -> None:
                 return
             c10d = sys.modules["torch.distributed.distributed_c10d"]
         _register_with(c10d.Backend)
+        api = sys.modules.get("procgroup.api")
+        if api is not None and api.is_initialized():  # torch imported after procgroup's init: share its store
+            from ._store import share_store_with_torch
+
+            share_store_with_torch(api.store_for_torch)
     except Exception as e:  # noqa: BLE001 - must never break `import torch`
         logger.warning(
             "procgroup.torch: could not register the 'procgroup' torch backend (%s: %s); "

@@ -9,17 +9,19 @@ procgroup's rendezvous and transports expect ``get(key, timeout=)``, ``wait(keys
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from datetime import timedelta
 from typing import Any, Callable, Iterable, List, Optional, Sequence, TypeVar, Union
 
 import torch.distributed as dist
 
-from ._core import BrokenError, ConnectError, PortInUseError, Store, StoreError
+from ._core import BrokenError, Store, StoreError
 
 F = TypeVar("F", bound=Callable[..., Any])
+logger = logging.getLogger("procgroup.torch")
 
-__all__ = ["TorchStoreAdapter", "TorchStoreHost", "torch_tcp_store"]
+__all__ = ["TorchStoreAdapter", "ProcgroupTorchStore", "share_store_with_torch"]
 
 #: a torch store's wait(timeout=0) means "no timeout": never pass less than this
 _MIN_WAIT = timedelta(milliseconds=1)
@@ -182,59 +184,106 @@ def torch_agent_store(host: str, port: int, timeout: float) -> Optional[TorchSto
     return TorchStoreAdapter(dist.PrefixStore("procgroup", base))
 
 
-class TorchStoreHost:
-    """The handle ``procgroup.init_process_group`` keeps for a torch TCPStore server it started on MASTER_PORT.
+class ProcgroupTorchStore(dist.Store):
+    """procgroup's store seen as a torch ``Store`` (a Python subclass, which torch's groups accept).
 
-    torch runs the server inside the master ``TCPStore`` object, shared (``multi_tenant=True``) with every other
-    master TCPStore of this process on the same port, torch's own ``init_process_group`` included: the server
-    stops when the last of them is gone.  :meth:`close` drops procgroup's reference.  ``num_connections`` is
-    unknown to torch, so it reads 0 (procgroup's exit handshake still waits for the other ranks through the
-    store's ``all_left`` key).
+    torch's ``env://`` rendezvous gets one when procgroup's group was initialized first on the same
+    MASTER_ADDR:MASTER_PORT (see :func:`share_store_with_torch`): torch's group then forms over procgroup's
+    authenticated store instead of binding the port procgroup's rank 0 already holds.  Timeouts arrive as
+    ``timedelta``; procgroup's StoreTimeoutError propagates as is (it names the missing keys).
     """
-
-    num_connections = 0
 
     def __init__(self, store: Any) -> None:
-        self._store: Any = store
+        super().__init__()
+        self._s = store
 
-    def close(self) -> None:
-        """Drop procgroup's reference to the server (torch's own group, if any, keeps it running)."""
-        self._store = None
+    def set(self, key: str, value: Any) -> None:  # noqa: D102 - torch's Store API
+        self._s.set(key, value)
+
+    def get(self, key: str) -> bytes:  # noqa: D102
+        return bytes(self._s.get(key))
+
+    def add(self, key: str, amount: int) -> int:  # noqa: D102
+        return int(self._s.add(key, int(amount)))
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:  # noqa: D102
+        return bytes(self._s.compare_set(key, expected, desired))
+
+    def wait(self, keys: Any, timeout: Any = None) -> None:  # noqa: D102
+        t = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        self._s.wait(_keys(keys), timeout=t if t else None)
+
+    def check(self, keys: Any) -> bool:  # noqa: D102
+        return bool(self._s.check(_keys(keys)))
+
+    def delete_key(self, key: str) -> bool:  # noqa: D102
+        return bool(self._s.delete_key(key))
+
+    def num_keys(self) -> int:  # noqa: D102
+        return int(self._s.num_keys())
+
+    def clone(self) -> "ProcgroupTorchStore":  # noqa: D102 - torch's gloo asks for its own handle
+        twin = ProcgroupTorchStore(self._s)  # procgroup's TCPStore client serialises its requests
+        _LENT.append(twin)
+        return twin
 
 
-def torch_tcp_store(
-    host: str, port: int, is_master: bool, timeout: float
-) -> "tuple[TorchStoreAdapter, Optional[TorchStoreHost], Callable[[], TorchStoreAdapter]]":
-    """procgroup's env:// store as a torch TCPStore on ``host:port``, for a process where torch is loaded.
+#: the stores handed to torch: a pybind11 trampoline's Python object must stay alive while torch uses it
+_LENT: List[ProcgroupTorchStore] = []
 
-    Rank 0 (``is_master``) hosts it with ``multi_tenant=True``, exactly as torch's ``env://`` rendezvous does,
-    so a later ``torch.distributed.init_process_group`` in this process finds the same server instead of
-    failing with EADDRINUSE on MASTER_PORT, and the other ranks' torch clients reach it too; they connect as
-    clients.  procgroup's keys live under the ``procgroup`` prefix.  Returns the adapted store, the hosting
-    handle (rank 0, else None) and a function opening one more client connection (for the watchdog).
 
-    Raises PortInUseError when rank 0 cannot bind ``port`` and ConnectError when a client cannot reach the
-    server within ``timeout`` seconds.
+#: procgroup.api.store_for_torch, given by the caller (this plug-in never imports the public API: no cycle)
+_LOOKUP: List[Callable[[str, int], Any]] = []
+
+
+def share_store_with_torch(lookup: Callable[[str, int], Any]) -> bool:
+    """Let torch's ``env://`` rendezvous run over procgroup's store when procgroup's group came first.
+
+    Wraps torch's ``env://`` handler once (``torch.distributed.rendezvous``): when procgroup's default group is
+    initialized over its own TCPStore on the MASTER_ADDR:MASTER_PORT torch would use, torch's group gets a new
+    authenticated connection to that store (keys under ``torch/``) instead of hosting a second store on the port
+    procgroup's rank 0 already holds (which failed with EADDRINUSE).  Otherwise torch's own handler runs,
+    unchanged.  ``lookup(host, port)`` (``procgroup.api.store_for_torch``) returns that connection with
+    procgroup's rank and world size, or None.
+    Called by procgroup's init when torch is loaded and by the backend's registration; never raises (returns
+    False, and logs, when torch's rendezvous module has no env:// handler to wrap).
     """
-    td = timedelta(seconds=max(timeout, 1.0))
-
-    def client() -> TorchStoreAdapter:
-        try:
-            base = dist.TCPStore(host, int(port), None, False, td, wait_for_workers=False)
-        except dist.DistError as e:
-            raise ConnectError(
-                f"cannot reach the job's store (torch's TCPStore) at {host}:{port} within {timeout:.0f}s: {e}; "
-                "check MASTER_ADDR/MASTER_PORT, and that rank 0 is running"
-            ) from e
-        return TorchStoreAdapter(dist.PrefixStore("procgroup", base), timeout)
-
-    if not is_master:
-        return client(), None, client
+    _LOOKUP[:] = [lookup]
     try:
-        base = dist.TCPStore(host, int(port), None, True, td, wait_for_workers=False, multi_tenant=True)
-    except dist.DistNetworkError as e:
-        raise PortInUseError(
-            f"rank 0 cannot host the job's store (torch's TCPStore, since torch is loaded) on port {port}: {e}; "
-            "another process holds MASTER_PORT: set MASTER_PORT to a free port (procgroup run --standalone picks one)"
-        ) from e
-    return TorchStoreAdapter(dist.PrefixStore("procgroup", base), timeout), TorchStoreHost(base), client
+        import importlib
+        from urllib.parse import urlparse
+
+        # the module, not torch.distributed.rendezvous the function (which the package attribute names)
+        rdz = importlib.import_module("torch.distributed.rendezvous")
+
+        handlers = rdz._rendezvous_handlers
+        orig = handlers.get("env")
+        if orig is None:
+            return False
+        if getattr(orig, "_procgroup_shared", False):
+            return True
+    except Exception as e:  # noqa: BLE001 - a torch without the private table: torch's own env:// stays
+        logger.info("procgroup.torch: cannot share procgroup's store with torch's env:// rendezvous: %s", e)
+        return False
+
+    def env_handler(url: str, timeout: Any = None, **kwargs: Any) -> Any:
+        from ..config import master_env
+
+        host, port = master_env()
+        shared = _LOOKUP[0](host, port) if host and port and _LOOKUP else None
+        if shared is None:
+            args = {} if timeout is None else {"timeout": timeout}
+            yield from orig(url, **args, **kwargs)
+            return
+        q = rdz._query_to_dict(urlparse(url).query)
+        store, pg_rank, pg_size = shared  # procgroup's identity came from the same RANK / WORLD_SIZE
+        rank = int(q["rank"]) if "rank" in q else pg_rank
+        world_size = int(q["world_size"]) if "world_size" in q else pg_size
+        ts = ProcgroupTorchStore(store)
+        _LENT.append(ts)  # torch keeps only the C++ half: the Python object must outlive torch's group
+        yield (ts, rank, world_size)
+        raise RuntimeError("Unable to perform re-rendezvous using env:// method")
+
+    env_handler._procgroup_shared = True  # type: ignore[attr-defined]
+    handlers["env"] = env_handler
+    return True
