@@ -58,14 +58,13 @@ all_gather         pipelined copy in / copy out    bytes per rank (sendbuf)
 
 ``BIG_LIMIT[collective]`` hands calls above it back to the table above (the
 message algorithms, with the single-copy path for large messages).  The
-limits come from same-process A/B runs (old and big-slot algorithm
-alternating per iteration, time = max over ranks; 2-CPU host under heavy
-load from other jobs, so approximate): the big slots won all_reduce and
-reduce up to 4 MiB (0.1x-0.8x of the message algorithms), reduce_scatter up
-to 1 MiB per rank, broadcast and all_gather up to 256 KiB and tied at 1 MiB;
-above that the single-copy (CMA) path moves each byte once where the big
-slots move it twice (copy in, copy out) and sync once per 1 MiB step, and it
-won by 1.3x-2.8x at 16 MiB.
+limits come from same-process A/B runs on the quiet 2-CPU host (old and
+big-slot algorithm alternating per iteration, time = max over ranks,
+N=2 and N=4, 64 KiB-64 MiB): the big slots took 0.3x-0.9x of the message
+algorithms' time for all_reduce, reduce and reduce_scatter at every size, so
+those have no limit; broadcast lost at N=2 from 32 MiB (1.2x-1.5x: the
+single-copy path moves each byte once, the big slots twice) and all_gather at
+N=2 from 4 MiB (1.04x-1.08x), so those stop at 16 MiB and 2 MiB.
 
 Every choice is computed from values all ranks of the call agree on (the
 group size and the per-rank message size), so all ranks pick the same
@@ -159,11 +158,11 @@ ALLTOALL_SMALL = 256 * 1024
 HIERARCHICAL = True
 #: collective -> the most bytes (see the table in the docstring) that go through the big slots
 BIG_LIMIT: Dict[str, int] = {
-    "all_reduce": 4 << 20,
-    "reduce": 4 << 20,
-    "reduce_scatter": 2 << 20,
-    "broadcast": 1 << 20,
-    "all_gather": 1 << 20,
+    "all_reduce": 1 << 62,
+    "reduce": 1 << 62,
+    "reduce_scatter": 1 << 62,
+    "broadcast": 16 << 20,
+    "all_gather": 2 << 20,
 }
 #: multi-host all_reduce on hosts with as many ranks each: one leader per host below this, multileader
 #: from here (3 netns hosts x 2 ranks, issue 14.3: multileader 0.45-0.94x hierarchical's time at 64 KiB)
