@@ -132,6 +132,33 @@ def test_reduce_scatter_every_dtype(world: Any, p: int) -> None:
 
 
 @pytest.mark.parametrize("p", [2, 3, 4])
+def test_reduce_scatter_through_the_small_arena_every_dtype(world: Any, p: int) -> None:
+    """reduce_scatter whose whole sendbuf fits an arena slot: one exchange, rank r reduces block r of every slot
+    in member order (select picks it; closed-form values for every dtype and op, sizes 0, 1 and odd)."""
+    from procgroup.algorithms.arena import reduce_scatter_arena
+    from procgroup.transport.base import ARENA_BYTES
+
+    ts = world(p)
+    cases = [(dt, op, n) for (dt, op, n) in _red_cases() if n * p * np.dtype(storage(dt)).itemsize <= ARENA_BYTES]
+    cases += [(dt, ReduceOp.SUM, n) for dt in ("float32", "int64") for n in (0, 1, 7)]
+
+    def body(r: int, make: Callable[[int], Comm]) -> None:
+        for k, (dt, op, n) in enumerate(cases):
+            send = contrib(dt, op, r, p * n)
+            before = send.tobytes()
+            recv = garbage(dt, n)
+            c = make(k + 1)
+            assert select.ALGORITHMS["reduce_scatter"]["arena"] is reduce_scatter_arena
+            select.reduce_scatter(c, send, recv, kernel(op, dt))
+            finalize(op, recv, p, dtype="bfloat16" if dt == "bfloat16" else None)
+            want = expected(dt, op, p, p * n)[r * n : (r + 1) * n]
+            check_reduced(dt, op, p, recv, f"case {k} {dt} {op.name} n={n} rank {r}", want=want)
+            assert send.tobytes() == before, f"case {k}: sendbuf changed"
+
+    _run(ts, body)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
 def test_broadcast_every_root(world: Any, p: int) -> None:
     ts = world(p)
     cases = [(root, dt, n) for root in range(p) for j, n in enumerate(COUNTS) for dt in DTYPES[j::3]]

@@ -25,7 +25,15 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["allreduce_arena", "bcast_arena", "reduce_arena", "allgather_arena", "barrier_arena", "fits"]
+__all__ = [
+    "allreduce_arena",
+    "bcast_arena",
+    "reduce_arena",
+    "allgather_arena",
+    "reduce_scatter_arena",
+    "barrier_arena",
+    "fits",
+]
 
 Reducer = Callable[[np.ndarray, np.ndarray], None]
 _EMPTY = np.zeros(0, np.uint8)  # the root's `out` of a broadcast: nothing to copy
@@ -130,6 +138,14 @@ def allgather_arena(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None
     dt = recvbuf.dtype
     for i, v in enumerate(views):
         recvbuf[i * n : (i + 1) * n] = np.frombuffer(v, dt, n)
+
+
+def reduce_scatter_arena(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, reduce: Reducer) -> None:
+    """Everyone publishes ``sendbuf`` (p blocks); rank r reduces block r of every slot, in member order."""
+    views = _arena(comm).exchange(_bytes(sendbuf), comm.check_word(), comm.deadline)
+    k = recvbuf.nbytes
+    lo = comm.rank * k
+    _reduce_into(recvbuf, [v[lo : lo + k] for v in views], reduce)
 
 
 def barrier_arena(comm: Any) -> None:

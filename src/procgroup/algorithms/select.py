@@ -33,8 +33,8 @@ barrier            dissemination
 
 Before the table: when the group has an arena (``comm.arena``: every rank on
 one host, see ``algorithms.arena``) and one rank's bytes fit its slot
-(``ARENA_BYTES``, 32 KiB), all_reduce, broadcast, reduce, all_gather and
-barrier are a single arena exchange.  ``FORCE`` still wins.
+(``ARENA_BYTES``, 32 KiB), all_reduce, broadcast, reduce, all_gather,
+reduce_scatter (its whole sendbuf) and barrier are a single arena exchange.  ``FORCE`` still wins.
 
 Above the arena size, when the arena has big slots (``comm.arena.big``: two
 shared buffers per member, ``PROCGROUP_SHM_BIG_SLOT``, 1 MiB by default;
@@ -94,7 +94,15 @@ from .allreduce import (
     uniform_layout,
 )
 from .alltoall import alltoall_linear, alltoall_pairwise
-from .arena import allgather_arena, allreduce_arena, barrier_arena, bcast_arena, fits, reduce_arena
+from .arena import (
+    allgather_arena,
+    allreduce_arena,
+    barrier_arena,
+    bcast_arena,
+    fits,
+    reduce_arena,
+    reduce_scatter_arena,
+)
 from .bcast import bcast_binomial, bcast_scatter_allgather
 from .bigarena import allgather_big, allreduce_big, bcast_big, reduce_big, reduce_scatter_big
 from .dissemination import barrier_dissemination
@@ -193,7 +201,12 @@ ALGORITHMS: Dict[str, Dict[str, Callable[..., None]]] = {
         "arena": reduce_arena,
         "big": reduce_big,
     },
-    "reduce_scatter": {"allreduce": reduce_scatter_allreduce, "ring": reduce_scatter_ring, "big": reduce_scatter_big},
+    "reduce_scatter": {
+        "allreduce": reduce_scatter_allreduce,
+        "ring": reduce_scatter_ring,
+        "big": reduce_scatter_big,
+        "arena": reduce_scatter_arena,
+    },
     "all_gather": {"bruck": allgather_bruck, "ring": allgather_ring, "arena": allgather_arena, "big": allgather_big},
     "all_gatherv": {"gather_bcast": allgatherv_gather_bcast, "ring": allgatherv_ring},
     "gather": {"binomial": gather_binomial, "linear": gather_linear},
@@ -375,6 +388,8 @@ def reduce_scatter(
     """Rank r gets block r of ``sendbuf`` reduced over ranks; ``sendbuf`` is not modified."""
     sendbuf, recvbuf = flat(sendbuf, "reduce_scatter sendbuf"), flat(recvbuf, "reduce_scatter recvbuf")
     f = _forced("reduce_scatter")
+    if f is None and fits(comm, sendbuf.nbytes):
+        f = reduce_scatter_arena
     if f is None and _big(comm, "reduce_scatter", sendbuf.nbytes):
         f = reduce_scatter_big
     if f is None:
