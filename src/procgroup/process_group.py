@@ -627,15 +627,21 @@ class ProcessGroup:
         )
 
     def arena(self) -> Any:
-        """The transport's :class:`~procgroup.transport.base.Arena` for this group, or None (asked once)."""
+        """The transport's :class:`~procgroup.transport.base.Arena` for this group, or None (asked once).
+
+        Made under the group's lock: the async worker and the caller's thread (a plan being built) may ask at
+        the same moment, and two arena objects over the same slots would count calls separately (a hang)."""
         a = self._arena
         if a is _UNSET:
-            one_host = len(set(self._hosts)) == 1  # as the shm transport decides, whatever the transport
-            a = self._arena = (
-                self.world.transport.arena(self.gid, self.ranks)
-                if self._rank >= 0 and one_host and self.gen == 0  # the arena is keyed by gid: first incarnation only
-                else None
-            )
+            with self._lock:
+                a = self._arena
+                if a is _UNSET:
+                    one_host = len(set(self._hosts)) == 1  # as the shm transport decides, whatever the transport
+                    a = self._arena = (
+                        self.world.transport.arena(self.gid, self.ranks)
+                        if self._rank >= 0 and one_host and self.gen == 0  # keyed by gid: first incarnation only
+                        else None
+                    )
         return a
 
     def _submit(self, work: Work, fn: Callable[[], Any]) -> None:

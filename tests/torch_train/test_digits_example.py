@@ -24,7 +24,23 @@ def _losses(backend: str) -> list[str]:
         and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     }
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p)
-    r = subprocess.run(
+    for _attempt in range(2 if backend == "gloo" else 1):  # gloo's reference run: retried once on its exit abort
+        r = _run(env, backend)
+        if r.returncode == 0 or _GLOO_EXIT_ABORT not in r.stderr:
+            break
+    assert r.returncode == 0, r.stdout + r.stderr[-6000:]
+    losses = re.findall(r"^\[0\] epoch (\d) loss \S+ \((\S+)\)", r.stdout, re.MULTILINE)
+    assert [e for e, _ in losses] == ["0", "1", "2"], r.stdout
+    return [h for _, h in losses]
+
+
+#: torch's gloo sometimes aborts a worker at exit (a C++ thread still joinable when its group is destroyed:
+#: pytorch/pytorch#190489), as in tests/torch_train/test_train.py; procgroup's runs are never retried
+_GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
+def _run(env: dict, backend: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -46,10 +62,6 @@ def _losses(backend: str) -> list[str]:
         timeout=240,
         check=False,
     )
-    assert r.returncode == 0, r.stdout + r.stderr[-6000:]
-    losses = re.findall(r"^\[0\] epoch (\d) loss \S+ \((\S+)\)", r.stdout, re.MULTILINE)
-    assert [e for e, _ in losses] == ["0", "1", "2"], r.stdout
-    return [h for _, h in losses]
 
 
 @pytest.mark.timeout(300)
