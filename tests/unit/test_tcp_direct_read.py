@@ -125,6 +125,7 @@ def test_frames_of_other_tags_arrive_while_a_waiter_reads(world: Any) -> None:
     side: Dict[str, Any] = {}
 
     def side_waiter(t: Transport) -> None:  # a second thread waits for tag 2 meanwhile
+        side["ident"] = threading.get_ident()
         out = np.zeros_like(big)
         st = t.irecv(0, 2, out).wait(Deadline.after(20))
         side["ok"] = st.nbytes == big.nbytes and bool((out == big).all())
@@ -152,7 +153,9 @@ def test_frames_of_other_tags_arrive_while_a_waiter_reads(world: Any) -> None:
     _, (me, v, rest) = run_ranks(ts, body)
     assert v == 42 and side.get("ok") is True
     assert rest[1].tolist() == [0, 1, 2] and rest[3].size == 0
-    assert seen[9] == [me]
+    # tag 9 was read by a waiting thread (its own waiter, or the side waiter while it held the connection's reading
+    # role), never handed over by a reader thread (the old design)
+    assert len(seen[9]) == 1 and seen[9][0] in (me, side["ident"]), (seen[9], me, side)
 
 
 def test_waiter_times_out_then_a_later_wait_gets_the_message(world: Any) -> None:
