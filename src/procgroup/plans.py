@@ -23,7 +23,7 @@ else asks ``algorithms.select`` on every call.  While ``select.FORCE`` pins any 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from . import algorithms as alg
 from .algorithms.arena import allgather_arena, allreduce_arena, barrier_arena, bcast_arena, fits, reduce_arena
@@ -202,8 +202,3 @@ def all_to_all(g: ProcessGroup, dname: str, sc: list, rc: list, fast: Any) -> Pl
 
 def _itemsize(dt: Any) -> int:
     return 2 if isinstance(dt, str) else int(dt.itemsize)  # "bfloat16" travels as uint16
-
-
-def planned(g: Optional[Any]) -> Optional[ProcessGroup]:
-    """``g`` when a planned call may run on it (a ProcessGroup this rank is a member of), else None."""
-    return g if type(g) is ProcessGroup and g._rank >= 0 else None
