@@ -9,7 +9,8 @@ below it are:
 * ``algorithms/`` collectives written only against that interface
 * ``store/``, ``rendezvous.py``, ``process_group.py``  the I/O shell and group state
 * ``backends/``   the backend interface and registry (``cpu``/``gloo`` built in)
-* ``state.py``, ``api.py``, ``subgroups.py``, ``collectives.py``, ``objects.py``, ``debug.py``  the public API
+* ``state.py``, ``api.py``, ``subgroups.py``, ``collectives.py``, ``p2p.py``, ``objects.py``, ``debug.py``
+  the public API
 * ``launcher/``   ``procgroup run`` (beside the library, never imported by it)
 """
 
@@ -26,7 +27,7 @@ _LAZY = {
     "ForkedProcessError": "errors",
     "GroupBrokenError": "errors",
     "GroupMember": "state",
-    "P2POp": "collectives",
+    "P2POp": "p2p",
     "PeerFailureError": "errors",
     "ProcGroupError": "errors",
     "ProcessGroup": "process_group",
@@ -41,7 +42,7 @@ _LAZY = {
     "all_to_all": "collectives",
     "all_to_all_single": "collectives",
     "barrier": "collectives",
-    "batch_isend_irecv": "collectives",
+    "batch_isend_irecv": "p2p",
     "breakpoint": "debug",
     "broadcast": "collectives",
     "broadcast_object_list": "objects",
@@ -60,25 +61,25 @@ _LAZY = {
     "get_world_size": "api",
     "group": "state",
     "init_process_group": "api",
-    "irecv": "collectives",
+    "irecv": "p2p",
     "is_available": "api",
     "is_gloo_available": "api",
     "is_initialized": "api",
     "is_mpi_available": "api",
     "is_nccl_available": "api",
     "is_torchelastic_launched": "api",
-    "isend": "collectives",
+    "isend": "p2p",
     "monitored_barrier": "debug",
     "new_group": "subgroups",
     "new_subgroups": "subgroups",
-    "recv": "collectives",
+    "recv": "p2p",
     "recv_object_list": "objects",
     "reduce": "collectives",
     "reduce_scatter": "collectives",
     "reduce_scatter_tensor": "collectives",
     "scatter": "collectives",
     "scatter_object_list": "objects",
-    "send": "collectives",
+    "send": "p2p",
     "send_object_list": "objects",
     "split_group": "subgroups",
 }

@@ -1,14 +1,15 @@
-"""Collectives and point-to-point with torch.distributed's signatures and semantics.
+"""Collectives with torch.distributed's signatures and semantics.
 
 Ranks passed as ``src``/``dst``/``peer`` are *global* ranks (as torch); the
 ``group_src``/``group_dst``/``group_peer`` keywords take ranks within the
 group.  Outputs are written in place; inputs are never modified (except
 where torch defines the op as in place: broadcast, all_reduce, reduce).
+Point-to-point (send/recv, isend/irecv, P2POp, batch_isend_irecv) lives in
+:mod:`procgroup.p2p` and is re-exported here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
 import numpy as np
@@ -18,14 +19,13 @@ from . import plans
 from .algorithms.select import FORCE as _FORCE
 from .arguments import API_SLOT_A, API_SLOT_B
 from .arguments import member_group as _group
-from .arguments import peer_rank as _peer
 from .arguments import root_rank as _root
 from .data import Flat, after, as_flat
 from .errors import ConfigError
 from .ops import ReduceOp, finalize, reducer
-from .process_group import P2P_CODE_MASK, P2P_CODE_SHIFT, SLOW, ProcessGroup, Work, dtype_code, dtype_of_code, p2p_tag
+from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from .process_group import SLOW, ProcessGroup, Work
 from .state import _state
-from .transport.base import ANY_SOURCE
 
 __all__ = [
     "ReduceOp",
@@ -641,152 +641,3 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, t
     if planned:
         plans.remember(g, _BARRIER, plans.barrier(g, fast))
     return g.run("barrier", fn, async_op=async_op, timeout=timeout, signature=("barrier",))
-
-
-# -- point-to-point --------------------------------------------------------------------------
-def _none(st: Any) -> None:
-    return None
-
-
-def _post_send(tensor: Any, dst: Optional[int], group: Any, tag: int, group_dst: Optional[int]) -> Any:
-    """Post a send: (group, request, context maker), or None for non-members."""
-    g = _group(group, "isend")
-    if g is None:
-        return None
-    peer = _peer(g, "send", dst, group_dst, "dst")
-    f = as_flat(tensor, "send tensor", writable=False)
-    code = dtype_code(f.dtype)
-    eng = g.world.engine
-    req = eng.isend(g, peer, tag, f.array, code) if eng is not None else None
-    if req is None:
-        req = g.world.transport.isend(peer, p2p_tag(g.gid, tag, code, g.gen), f.array)
-    return g, req, lambda: f"to rank {peer}, tag {tag}, {f.describe()}"
-
-
-def isend(
-    tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None
-) -> Optional[Work]:
-    """Start sending ``tensor`` to ``dst`` (global rank) with ``tag``; returns a Work (None for non-members)."""
-    posted = _post_send(tensor, dst, group, tag, group_dst)
-    if posted is None:
-        return None
-    g, req, ctx = posted
-    return g.p2p("send", req, None, _none, ctx)
-
-
-def _post_recv(tensor: Any, src: Optional[int], group: Any, tag: int, group_src: Optional[int]) -> Any:
-    """Post a receive: (group, request, finish, context maker, probe), or None for non-members."""
-    g = _group(group, "irecv")
-    if g is None:
-        return None
-    peer = _peer(g, "recv", src, group_src, "src", allow_any=True)
-    f = as_flat(tensor, "recv tensor")
-    code = dtype_code(f.dtype)
-    ptag = p2p_tag(g.gid, tag, code, g.gen)
-    eng = g.world.engine
-    req = eng.irecv(g, peer, tag, f.array, code) if eng is not None else None
-    if req is not None:
-        ask = getattr(eng, "unmatched", None)
-
-        def probe() -> Optional[BaseException]:
-            hit = ask(g, peer, tag, code) if ask is not None else None
-            return None if hit is None else _dtype_mismatch(g, hit[0], hit[1], tag, f)
-
-    else:
-        t = g.world.transport
-        req = t.irecv(peer, ptag, f.array)
-
-        def probe() -> Optional[BaseException]:
-            hit = t.unmatched(peer, ptag, P2P_CODE_MASK)
-            return (
-                None if hit is None else _dtype_mismatch(g, hit[0], (hit[1] & P2P_CODE_MASK) >> P2P_CODE_SHIFT, tag, f)
-            )
-
-    nbytes = f.array.nbytes
-
-    def done(st: Any) -> int:
-        if st.nbytes != nbytes:
-            raise ConfigError(f"recv: got {st.nbytes} bytes from rank {st.source} but the tensor holds {nbytes}")
-        if f.back is not None:
-            f.back()
-        return st.source
-
-    def ctx() -> str:
-        src_desc = "any rank" if peer == ANY_SOURCE else f"rank {peer}"
-        return f"from {src_desc}, tag {tag}, {f.describe()}"
-
-    return g, req, done, ctx, probe
-
-
-def irecv(
-    tensor: Any, src: Optional[int] = None, group: Any = None, tag: int = 0, group_src: Optional[int] = None
-) -> Optional[Work]:
-    """Start receiving into ``tensor`` from ``src`` (any rank when None); Work.wait() gives the sender."""
-    posted = _post_recv(tensor, src, group, tag, group_src)
-    if posted is None:
-        return None
-    g, req, done, ctx, probe = posted
-    return g.p2p("recv", req, None, done, ctx, probe)
-
-
-def _dtype_mismatch(g: Any, src: int, their_code: int, tag: int, f: Any) -> ConfigError:
-    """The error of a receive whose sender sent the same tag with another dtype (the sender may still wait)."""
-    return ConfigError(
-        f"dtype mismatch: rank {src} sent tag {tag} as {dtype_of_code(their_code)}, but rank {g.world.rank} "
-        f"receives it into {f.describe()} ({dtype_of_code(dtype_code(f.dtype))}); the bytes would be reinterpreted. "
-        "Send and receive tensors of the same dtype (convert with .astype()/.to() on one side). The sender's send "
-        "may wait until its deadline for a matching receive"
-    )
-
-
-def send(
-    tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None
-) -> None:
-    """Send ``tensor`` to ``dst`` and wait until it has been handed over."""
-    posted = _post_send(tensor, dst, group, tag, group_dst)
-    if posted is not None:
-        g, req, ctx = posted
-        g.p2p_now("send", req, None, _none, ctx)
-
-
-def recv(
-    tensor: Any, src: Optional[int] = None, group: Any = None, tag: int = 0, group_src: Optional[int] = None
-) -> int:
-    """Receive into ``tensor``; returns the sender's global rank (-1 when not a member of ``group``)."""
-    posted = _post_recv(tensor, src, group, tag, group_src)
-    if posted is None:
-        return -1
-    g, req, done, ctx, probe = posted
-    return g.p2p_now("recv", req, None, done, ctx, probe)
-
-
-@dataclass
-class P2POp:
-    """One operation for :func:`batch_isend_irecv`: ``P2POp(dist.isend, tensor, peer)``."""
-
-    op: Any
-    tensor: Any
-    peer: Optional[int] = None
-    group: Any = None
-    tag: int = 0
-    group_peer: Optional[int] = None
-
-    def __post_init__(self) -> None:
-        name = getattr(self.op, "__name__", str(self.op))
-        if name not in ("isend", "irecv"):
-            raise ConfigError(f"P2POp.op must be procgroup.isend or procgroup.irecv, got {name}")
-
-
-def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
-    """Post every op, receives first (so matching sends can never deadlock); returns their Works."""
-    if not p2p_op_list:
-        raise ConfigError("batch_isend_irecv needs a non-empty list of P2POp")
-    works: List[Any] = [None] * len(p2p_op_list)
-    order = sorted(range(len(p2p_op_list)), key=lambda i: p2p_op_list[i].op.__name__ != "irecv")
-    for i in order:
-        p = p2p_op_list[i]
-        if p.op.__name__ == "irecv":
-            works[i] = irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer)
-        else:
-            works[i] = isend(p.tensor, p.peer, p.group, p.tag, p.group_peer)
-    return [w for w in works if w is not None]
