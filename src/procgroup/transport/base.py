@@ -66,9 +66,10 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..deadline import Deadline
+from ..errors import DistTimeoutError, PeerFailureError
 
 __all__ = [
     "ANY_SOURCE",
@@ -81,6 +82,7 @@ __all__ = [
     "CompletedRequest",
     "as_bytes_view",
     "as_writable_view",
+    "raise_if_stuck",
 ]
 
 #: Source wildcard for irecv/recv.
@@ -248,6 +250,42 @@ class BigArena(abc.ABC):
         Raises like :meth:`Arena.exchange` waits do: ClosedError, the abort error, PeerFailureError,
         DistTimeoutError past ``deadline``.
         """
+
+
+def raise_if_stuck(
+    rank: int,
+    what: str,
+    missing: List[int],
+    failed: Mapping[int, str],
+    deadline: Optional[Deadline],
+    *,
+    members: Optional[Sequence[int]] = None,
+    where: str = "",
+) -> None:
+    """The verdict of a shared-slot wait on the members ``missing``: raise if one of them is dead or time is up.
+
+    PeerFailureError for the first missing member in ``failed`` (rank -> reason), else DistTimeoutError once
+    ``deadline`` has passed, else nothing (keep waiting).  ``what`` names the wait ("shared-slot exchange",
+    "big-slot collective").  With ``members`` (the shm arenas, whose reasons name the rank) the messages name
+    the group and ``where`` (which call or sync); without (the memory transport) they name the dead rank.
+    """
+    dead = [m for m in missing if m in failed]
+    if dead:
+        d = dead[0]
+        if members is None:
+            msg = f"rank {rank}: {what} cannot complete: rank {d} failed ({failed[d]})"
+        else:
+            msg = f"rank {rank}: {what} with ranks {members} cannot complete: {failed[d]}"
+        raise PeerFailureError(msg, peer=d)
+    if deadline is not None and deadline.expired():
+        if members is None:
+            msg = f"rank {rank}: {what}: ranks {missing} did not arrive after {deadline.elapsed():.2f}s"
+        else:
+            msg = (
+                f"rank {rank}: {what} ({where}): ranks {missing} of {members} did not arrive "
+                f"within {deadline.elapsed():.2f}s"
+            )
+        raise DistTimeoutError(msg)
 
 
 def as_bytes_view(data: Buffer) -> memoryview:

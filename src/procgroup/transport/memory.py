@@ -31,6 +31,7 @@ from .base import (
     Transport,
     as_bytes_view,
     as_writable_view,
+    raise_if_stuck,
 )
 
 __all__ = ["MemoryHub", "MemoryTransport"]
@@ -188,20 +189,8 @@ class _MemoryArena(Arena):
                 if not missing:
                     return [memoryview(s.data) for s in slots]
                 self.t._check(me, "arena exchange")
-                dead = [m for m in missing if m in hub.failed]
-                if dead:
-                    raise PeerFailureError(
-                        f"rank {me}: shared-slot exchange cannot complete: rank {dead[0]} failed "
-                        f"({hub.failed[dead[0]]})",
-                        peer=dead[0],
-                    )
-                remaining = None if deadline is None else deadline.remaining_or_none()
-                if deadline is not None and remaining is not None and remaining <= 0:
-                    raise DistTimeoutError(
-                        f"rank {me}: shared-slot exchange: ranks {missing} did not arrive "
-                        f"after {deadline.elapsed():.2f}s"
-                    )
-                hub.cond.wait(remaining)
+                raise_if_stuck(me, "shared-slot exchange", missing, hub.failed, deadline)
+                hub.cond.wait(None if deadline is None else deadline.remaining_or_none())
 
 
 class _MemoryBigArena(BigArena):
@@ -248,20 +237,8 @@ class _MemoryBigArena(BigArena):
                 if not missing:
                     return
                 self.t._check(me, "big-slot collective")
-                dead = [m for m in missing if m in hub.failed]
-                if dead:
-                    raise PeerFailureError(
-                        f"rank {me}: big-slot collective cannot complete: rank {dead[0]} failed "
-                        f"({hub.failed[dead[0]]})",
-                        peer=dead[0],
-                    )
-                remaining = None if deadline is None else deadline.remaining_or_none()
-                if deadline is not None and remaining is not None and remaining <= 0:
-                    raise DistTimeoutError(
-                        f"rank {me}: big-slot collective: ranks {missing} did not arrive "
-                        f"after {deadline.elapsed():.2f}s"
-                    )
-                hub.cond.wait(remaining)
+                raise_if_stuck(me, "big-slot collective", missing, hub.failed, deadline)
+                hub.cond.wait(None if deadline is None else deadline.remaining_or_none())
 
 
 class MemoryTransport(Transport):

@@ -32,8 +32,8 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from ...deadline import Deadline
-from ...errors import ClosedError, ConfigError, DistTimeoutError, PeerFailureError
-from ..base import ARENA_BYTES, Arena
+from ...errors import ClosedError, ConfigError
+from ..base import ARENA_BYTES, Arena, raise_if_stuck
 from .doorbell import Doorbell
 from .layout import ARENA_HDR, ARENA_SLOT, OFF_BELL, OFF_SLEEP, X86, Segment, fence
 
@@ -289,53 +289,78 @@ class ShmArena(Arena):
                 ring(seg, force=True)  # its flag is up: a new doorbell value, then FUTEX_WAKE
 
     def _wait(self, k: int, val: int, check: int, deadline: Optional[Deadline]) -> None:
-        arrived = self._arrived
-        spin = self._spin
-        if spin:
-            end = time.monotonic() + spin
-            yld = self._oversubscribed
-            try:
-                while time.monotonic() < end:
-                    if arrived(k, val, check):
-                        return
-                    if yld:
-                        _sched_yield()  # the member we wait for may be queued behind us
-            except ValueError:  # the views were released: the transport closed (the sleep loop says so)
-                pass
+        def ready() -> bool:
+            return self._arrived(k, val, check)
+
+        if self._spin and poll(ready, self._spin, self._oversubscribed):
+            return
         slots = self._slots[k]
 
         def missing() -> List[int]:
             return [i for i, (w, c) in enumerate(slots) if w[c] != val or w[c + 1] != check]
 
-        self._sleep(lambda: arrived(k, val, check), missing, deadline)
+        self._sleep(ready, missing, deadline)
 
     def _sleep(self, ready: Callable[[], bool], missing: Callable[[], List[int]], deadline: Optional[Deadline]) -> None:
         """Sleep on the doorbell until ``ready()``, checking abort, close, dead members and the deadline."""
-        t = self.t
-        bell = t.doorbell
-        while True:
-            seg = t._seg
-            if t._aborted is not None:
-                raise t._aborted
-            if t._closed or seg is None:
-                raise ClosedError(f"rank {t.rank}: the shm transport was closed during a shared-slot exchange")
-            try:
-                snap = seg.i[OFF_BELL // 4]  # before the check: a ring after it moves the doorbell
-                if ready():
-                    return
-                miss = [self.members[i] for i in missing()]
-            except ValueError:  # the views were released: the transport closed just now (raised above)
-                continue
-            dead = [m for m in miss if m in t._failed]
-            if dead:
-                raise PeerFailureError(
-                    f"rank {t.rank}: shared-slot exchange with ranks {self.members} cannot complete: "
-                    f"{t._failed[dead[0]]}",
-                    peer=dead[0],
-                )
-            if deadline is not None and deadline.expired():
-                raise DistTimeoutError(
-                    f"rank {t.rank}: shared-slot exchange (call {self.calls} of this group's arena): "
-                    f"ranks {miss} of {self.members} did not arrive within {deadline.elapsed():.2f}s"
-                )
-            bell.sleep(snap, self._slice if deadline is None else max(deadline.remaining(), 1e-4), ready)
+        members = self.members
+        sleep_until(
+            self.t,
+            ready,
+            lambda: [members[i] for i in missing()],
+            deadline,
+            self._slice,
+            "shared-slot exchange",
+            members,
+            lambda: f"call {self.calls} of this group's arena",
+        )
+
+
+def poll(ready: Callable[[], bool], spin: float, yld: bool) -> bool:
+    """Poll ``ready()`` for ``spin`` seconds (``yld``: yielding the CPU at every poll, for the member we wait
+    for may be queued behind us); True once it is, False when the spin ends or the views were released."""
+    end = time.monotonic() + spin
+    try:
+        while time.monotonic() < end:
+            if ready():
+                return True
+            if yld:
+                _sched_yield()
+    except ValueError:  # the views were released: the transport closed (the sleep loop says so)
+        pass
+    return False
+
+
+def sleep_until(
+    t: ArenaHost,
+    ready: Callable[[], bool],
+    missing: Callable[[], List[int]],
+    deadline: Optional[Deadline],
+    slice_s: float,
+    what: str,
+    members: Sequence[int],
+    where: Callable[[], str],
+) -> None:
+    """Sleep on ``t``'s doorbell until ``ready()``, checking abort, close, dead members and the deadline.
+
+    ``missing()``: the members (global ranks) not there yet; ``what``, ``members``, ``where()``: for the
+    error messages (see :func:`~procgroup.transport.base.raise_if_stuck`); ``slice_s``: the longest sleep
+    without a deadline.
+    """
+    bell = t.doorbell
+    while True:
+        seg = t._seg
+        if t._aborted is not None:
+            raise t._aborted
+        if t._closed or seg is None:
+            raise ClosedError(f"rank {t.rank}: the shm transport was closed during a {what}")
+        try:
+            snap = seg.i[OFF_BELL // 4]  # before the check: a ring after it moves the doorbell
+            if ready():
+                return
+            miss = missing()
+        except ValueError:  # the views were released: the transport closed just now (raised above)
+            continue
+        if deadline is not None and deadline.expired() or any(m in t._failed for m in miss):
+            raise_if_stuck(t.rank, what, miss, t._failed, deadline, members=members, where=where())
+        bell.sleep(snap, slice_s if deadline is None else max(deadline.remaining(), 1e-4), ready)

@@ -29,21 +29,17 @@ sleep flag is up.
 
 from __future__ import annotations
 
-import os
-import time
 from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
 from ...deadline import Deadline
-from ...errors import ClosedError, DistTimeoutError, PeerFailureError
+from ...errors import ClosedError
 from ..base import BigArena
-from .arena import ArenaHost
-from .layout import ARENA_HDR, OFF_BELL, OFF_SLEEP, Segment, fence
+from .arena import ArenaHost, poll, sleep_until
+from .layout import ARENA_HDR, OFF_SLEEP, Segment, fence
 
 __all__ = ["ShmBigArena"]
-
-_sched_yield = getattr(os, "sched_yield", lambda: None)
 
 
 class ShmBigArena(BigArena):
@@ -141,41 +137,23 @@ class ShmBigArena(BigArena):
         self._wait(val, deadline)
 
     def _wait(self, val: int, deadline: Optional[Deadline]) -> None:
-        t = self.t
-        arrived = self._arrived
-        if self._spin:
-            # poll, yielding the CPU at every poll (as the rings' waits do): a big-slot step is long enough
-            # that the member we wait for is often descheduled on a loaded host, and the yield lets it run
-            end = time.monotonic() + self._spin
-            while time.monotonic() < end:
-                if arrived(val):
-                    return
-                if self._oversubscribed:
-                    _sched_yield()
-        bell = t.doorbell
-        while True:
-            seg = t._seg
-            if t._aborted is not None:
-                raise t._aborted
-            if t._closed or seg is None:
-                raise ClosedError(f"rank {t.rank}: the shm transport was closed during a big-slot collective")
-            snap = seg.i[OFF_BELL // 4]
-            if arrived(val):
-                return
-            missing = self._missing(val)
-            dead = [m for m in missing if m in t._failed]
-            if dead:
-                raise PeerFailureError(
-                    f"rank {t.rank}: big-slot collective with ranks {self.members} cannot complete: "
-                    f"{t._failed[dead[0]]}",
-                    peer=dead[0],
-                )
-            if deadline is not None and deadline.expired():
-                raise DistTimeoutError(
-                    f"rank {t.rank}: big-slot collective (sync {val} of this group's big slots): "
-                    f"ranks {missing} of {self.members} did not arrive within {deadline.elapsed():.2f}s"
-                )
-            bell.sleep(snap, self._slice if deadline is None else max(deadline.remaining(), 1e-4), lambda: arrived(val))
+        def ready() -> bool:
+            return self._arrived(val)
+
+        # poll, yielding the CPU at every poll on an oversubscribed host (as the rings' waits do): a big-slot step
+        # is long enough that the member we wait for is often descheduled on a loaded host, and the yield lets it run
+        if self._spin and poll(ready, self._spin, self._oversubscribed):
+            return
+        sleep_until(
+            self.t,
+            ready,
+            lambda: self._missing(val),
+            deadline,
+            self._slice,
+            "big-slot collective",
+            self.members,
+            lambda: f"sync {val} of this group's big slots",
+        )
 
 
 def big_arena_for(t: Any, key: int, members: List[int], segs: Sequence[Segment], **kw: Any) -> Optional[ShmBigArena]:
