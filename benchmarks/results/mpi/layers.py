@@ -3,7 +3,8 @@
     mpirun --allow-run-as-root --oversubscribe -np 2 python benchmarks/results/mpi/layers.py [--no-check]
 
 Each line adds one layer to the one above: raw blocking MPI_Allreduce; MPI_Iallreduce polled with Test
-(what never-hang costs); the engine's plan (with the call check unless --no-check); ProcessGroup.run
+(what never-hang costs); the engine's plan (a warm call shape: on its own communicator, unchecked; with
+--no-check no shape gets one and no call is checked); ProcessGroup.run
 (sequence number, fingerprint chain, flight record, deadline); the public dist.all_reduce (arguments,
 as_flat, plan lookups).  Median of 7 runs of 3000 calls each.
 """
