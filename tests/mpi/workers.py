@@ -516,6 +516,26 @@ def own_comms() -> None:
     dist.destroy_process_group()
 
 
+def agent_worker(backend: str) -> None:
+    """A worker of `procgroup run` whose agent runs under mpirun/mpiexec: init with ``backend``; "mpi" must
+    raise ConfigError at once (reported, exit 3), "cpu" forms the world of every agent's workers."""
+    t0 = time.monotonic()
+    try:
+        _init(backend, timeout=30)
+    except dist.ConfigError as e:
+        print(f"rank {os.environ.get('RANK')}: ConfigError after {time.monotonic() - t0:.2f}s: {e}", flush=True)
+        sys.exit(3)
+    r, n = dist.get_rank(), dist.get_world_size()
+    x = np.full(3, r + 1, np.int64)
+    dist.all_reduce(x)
+    assert x.tolist() == [n * (n + 1) // 2] * 3, x
+    y = np.arange(4.0) + r
+    dist.broadcast(y, src=n - 1)
+    assert y.tolist() == (np.arange(4.0) + n - 1).tolist(), y
+    print(f"rank {r}: agent worker ok on {dist.get_backend()} ({n} ranks)", flush=True)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     # arguments starting with "pgtest-" are the test's tag (it finds leftover processes by it)
     argv = [a for a in sys.argv[1:] if not a.startswith("pgtest-")]
