@@ -9,9 +9,8 @@ its layer adds in Python over the one above, on top of what MPI's own calls cost
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
+from _cputime import print_layers  # benchmarks/_cputime.py (this script's directory is on sys.path)
 
 import procgroup as dist
 from procgroup.algorithms.comm import Comm
@@ -66,14 +65,7 @@ def main() -> None:
         ("dist.barrier", lambda: dist.barrier()),
         ("dist.broadcast", lambda: dist.broadcast(x, 0)),
     ]
-    for name, f in layers:
-        best = float("inf")
-        for _ in range(7):
-            t = time.thread_time()
-            for _ in range(20000):
-                f()
-            best = min(best, (time.thread_time() - t) / 20000 * 1e6)
-        print(f"{name:28s} {best:6.2f} us", flush=True)
+    print_layers(layers)
     eng.check_calls = True
     engine.DEDICATE_AFTER = dedicate_after
     dist.destroy_process_group()

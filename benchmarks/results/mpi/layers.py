@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -21,6 +22,9 @@ import procgroup as dist
 from procgroup.algorithms.comm import Comm
 from procgroup.deadline import Deadline
 from procgroup.state import _state
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for _cputime
+from _cputime import print_layers  # noqa: E402
 
 
 def main() -> None:
@@ -51,16 +55,8 @@ def main() -> None:
         ),
         ("dist.all_reduce", lambda: dist.all_reduce(x)),
     ]
-    for name, f in layers:
-        runs = []
-        for _ in range(7):
-            comm.Barrier()
-            t = time.perf_counter()
-            for _ in range(3000):
-                f()
-            runs.append((time.perf_counter() - t) / 3000 * 1e6)
-        if dist.get_rank() == 0:
-            print(f"{name:28s} {statistics.median(runs):6.2f} us", flush=True)
+    timing = dict(calls=3000, runs=7, clock=time.perf_counter, pick=statistics.median, before=comm.Barrier)
+    print_layers(layers, show=dist.get_rank() == 0, **timing)
     dist.destroy_process_group()
 
 
