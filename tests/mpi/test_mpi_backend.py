@@ -153,6 +153,13 @@ def test_call_shapes_on_their_own_communicators(flavour, ws):
     _ok(r, ws, "own comms ok")
 
 
+@pytest.mark.timeout(120)
+def test_call_shapes_stay_checked_when_mpi_has_no_more_communicators(flavour):
+    """MPI_Comm_idup failing (MPI out of communicators) is no error: the calls stay on the checked path."""
+    r = flavour.run(2, "own_comms_exhausted", timeout=100)
+    _ok(r, 2, "rank {rank}: exhausted ok")
+
+
 _NO_LIBMPI = """
 import importlib.abc, sys
 class Refuse(importlib.abc.MetaPathFinder):

@@ -512,7 +512,45 @@ def own_comms() -> None:
     for g in [dist.group.WORLD, *groups]:
         own = eng._own.get(g.gid) or {}
         assert 0 < len(own) <= DEDICATED_PER_GROUP, (g.gid, len(own))
-    print(f"rank {r}: own comms ok ({[len(eng._own.get(g.gid) or {}) for g in groups]})", flush=True)
+    counts = [len(eng._own.get(g.gid) or {}) for g in groups]
+    for g in groups:  # their communicators are freed; the world's go on
+        dist.destroy_process_group(g)
+        assert g.gid not in eng._own, g.gid
+    for _ in range(3):
+        x = np.full(2, r, np.int64)
+        dist.all_reduce(x)
+        assert x.tolist() == [n * (n - 1) // 2] * 2, x
+    print(f"rank {r}: own comms ok ({counts})", flush=True)
+    dist.destroy_process_group()
+
+
+def own_comms_exhausted() -> None:
+    """MPI out of communicators (its MPI_Comm_idup fails, as MPICH's after ~2000): calls stay checked, right."""
+    from mpi4py import MPI
+
+    from procgroup.state import _state
+
+    dist.init_process_group(timeout=60)
+    r, n = dist.get_rank(), dist.get_world_size()
+    eng = _state.world.engine
+
+    class NoMore:
+        def __init__(self, comm):
+            self.comm = comm
+
+        def Idup(self):  # noqa: N802 - mpi4py's name
+            raise MPI.Exception(MPI.ERR_INTERN)
+
+        def __getattr__(self, name):
+            return getattr(self.comm, name)
+
+    eng._comms[0] = NoMore(eng._comms[0])
+    for i in range(6):
+        x = np.full(3, r + i, np.int64)
+        dist.all_reduce(x)
+        assert x.tolist() == [n * (n - 1) // 2 + n * i] * 3, (i, x)
+    assert not eng._own.get(0) and 0 in eng._no_own, (eng._own, eng._no_own)
+    print(f"rank {r}: exhausted ok", flush=True)
     dist.destroy_process_group()
 
 

@@ -34,6 +34,7 @@ Point-to-point of the user's API (send/recv/isend/irecv, batch_isend_irecv) goes
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -48,6 +49,8 @@ from ..base import CollectiveEngine
 from ._waiting import Liveness
 
 __all__ = ["MpiEngine", "INT_MAX", "LARGE_ALL_REDUCE", "DEDICATE_AFTER", "DEDICATED_PER_GROUP"]
+
+logger = logging.getLogger("procgroup")
 
 INT_MAX = (1 << 31) - 1
 #: all_reduce, reduce and reduce_scatter of at least this many (input) bytes run procgroup's own algorithms over
@@ -137,6 +140,7 @@ class MpiEngine(CollectiveEngine):
         #: plans hold the dict), and how many checked calls each fingerprint has had
         self._own: Dict[int, Dict[int, Any]] = {}
         self._seen: Dict[int, Dict[int, int]] = {}
+        self._no_own: set = set()  # groups where MPI_Comm_idup failed (MPI out of communicators)
         self._make_lock = threading.Lock()
         self._plans: Dict[tuple, Optional[Callable[..., None]]] = {}
         self._in_place = MPI.IN_PLACE
@@ -304,11 +308,18 @@ class MpiEngine(CollectiveEngine):
         if n != DEDICATE_AFTER:
             return
         own = self.own(g.gid)
-        if len(own) >= DEDICATED_PER_GROUP:
+        if len(own) >= DEDICATED_PER_GROUP or g.gid in self._no_own:
             return
-        dup, req = comm.Idup()
-        if not req.Test():
-            self.live.wait(req.Test, c.deadline, lambda: "MPI_Comm_idup", g.ranks, 0)
+        try:
+            dup, req = comm.Idup()
+            if not req.Test():
+                self.live.wait(req.Test, c.deadline, lambda: "MPI_Comm_idup", g.ranks, 0)
+        except self.MPI.Exception as e:
+            # out of communicators (MPICH has ~2000 context ids a process): the members agree on a new one
+            # collectively, so every member fails alike, and the group keeps the checked path
+            self._no_own.add(g.gid)
+            logger.info("group %s: no communicator of its own for a call shape (%s); calls stay checked", g.name, e)
+            return
         dup.Set_errhandler(self.MPI.ERRORS_RETURN)
         own[fp] = dup
 
@@ -603,16 +614,25 @@ class MpiEngine(CollectiveEngine):
 
     def forget_group(self, gid: int) -> None:
         """Drop destroyed group ``gid``'s communicator, call-check communicator and broken mark (not freed: as
-        in close).  Ids are not reused under this engine (see subgroups.release_gid)."""
+        in close), and free its call shapes' communicators unless it broke (then an operation may be pending
+        on one), so that MPI's communicators are not used up by groups made and destroyed in a loop.  Ids are
+        not reused under this engine (see subgroups.release_gid)."""
         if gid == 0:
             return
         with self._make_lock:
             self._comms.pop(gid, None)
             self._checks.pop(gid, None)
-            self._broken.pop(gid, None)
+            broken = self._broken.pop(gid, None) is not None
             self._seen.pop(gid, None)
+            self._no_own.discard(gid)
             own = self._own.pop(gid, None)
             if own:
+                if not broken:
+                    for m in own.values():
+                        try:
+                            m.Free()  # local in Open MPI and MPICH: marks it for release once idle
+                        except self.MPI.Exception as e:
+                            logger.debug("MPI_Comm_free of a destroyed group's communicator: %s", e)
                 own.clear()
 
     def close(self) -> None:
