@@ -10,10 +10,10 @@ is the exchange itself (the shm arena).
 
 from __future__ import annotations
 
-import time
 from typing import Any, Optional, Sequence
 
 import numpy as np
+from _cputime import print_layers  # benchmarks/_cputime.py (this script's directory is on sys.path)
 
 import procgroup as dist
 from procgroup import algorithms as alg
@@ -82,14 +82,7 @@ def main() -> None:
         ("dist.send (stub transport)", lambda: dist.send(x, 1, group=g)),
         ("dist.recv (stub transport)", lambda: dist.recv(x, 1, group=g)),
     ]
-    for name, f in layers:
-        best = float("inf")
-        for _ in range(7):
-            t = time.thread_time()
-            for _ in range(20000):
-                f()
-            best = min(best, (time.thread_time() - t) / 20000 * 1e6)
-        print(f"{name:28s} {best:6.2f} us", flush=True)
+    print_layers(layers)
 
 
 if __name__ == "__main__":

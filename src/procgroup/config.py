@@ -289,6 +289,7 @@ class OPENMPI:
     LOCAL_DAEMON_URI = "OMPI_MCA_orte_local_daemon_uri"  # "jobfam.VPID;tcp://...": VPID 0 = mpirun
     NUM_NODES = "OMPI_MCA_orte_num_nodes"  # nodes that run ranks of this job
     PMIX_NAMESPACE = "PMIX_NAMESPACE"  # == ess_base_jobid under Open MPI 4
+    PMIX_RANK = "PMIX_RANK"  # mpirun (Open MPI 4/5) and srun --mpi=pmix give it to every process they start
 
 
 class MPICH:
@@ -428,6 +429,19 @@ def launcher_run_id(environ: Optional[Mapping[str, str]] = None) -> Optional[str
     """The run id a launcher exported: PROCGROUP_RUN_ID, TORCHELASTIC_RUN_ID or Kubeflow's PET_RDZV_ID."""
     names = (ENV.RUN_ID, ENV.TORCHELASTIC_RUN_ID, KUBEFLOW.RDZV_ID)
     return next((v for v in (env_str(n, environ) for n in names) if v is not None), None)
+
+
+def mpi_rank_of_agent(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """``NAME=value`` of an MPI launcher's rank variable in the environment of a worker that an agent launcher
+    (``procgroup run``, torchrun: it exports a run id and RANK) started, or None: the agent ran under
+    mpirun/mpiexec/srun --mpi and its worker inherited the agent's MPI identity (issue 13 item B)."""
+    if launcher_run_id(environ) is None or env_str(ENV.RANK, environ) is None:
+        return None
+    for name in (OPENMPI.RANK, MPICH.RANK, MPICH.PMI_ID, OPENMPI.PMIX_RANK):
+        v = env_str(name, environ)
+        if v is not None:
+            return f"{name}={v}"
+    return None
 
 
 def default_timeout(environ: Optional[Mapping[str, str]] = None) -> float:

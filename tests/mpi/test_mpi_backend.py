@@ -130,14 +130,34 @@ def test_raising_rank_under_plain_mpirun(flavour):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("warm", ["0", "1"])
 @pytest.mark.parametrize("kind", ["op", "dtype", "shape", "root"])
-def test_mismatch_raises_on_every_member(flavour, kind):
-    """Different collectives at the same point: CollectiveMismatchError on both ranks at once, never garbage."""
-    r = flavour.run(2, "mismatch", kind, timeout=100)
+def test_mismatch_raises_on_every_member(flavour, kind, warm):
+    """Different collectives at the same point: CollectiveMismatchError on both ranks at once, never garbage.
+
+    ``warm`` "1": every call shape of the mismatch ran before, so each has its own communicator (no per-call
+    check): the calls never match in MPI, and the watchdog finds them through the store."""
+    r = flavour.run(2, "mismatch", kind, warm, timeout=100)
     assert not r.timed_out and not r.leftovers, r.report()
     got = re.findall(r"rank (\d+): mismatch after ([\d.]+)s", r.stdout)
     assert sorted(int(q) for q, _ in got) == [0, 1], r.report()
     assert all(float(t) < 5.0 for _, t in got), r.report()
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("ws", [1, 2, 3, 4])
+def test_call_shapes_on_their_own_communicators(flavour, ws):
+    """A call shape's third call runs on a communicator of its own (no per-call check): every collective,
+    every root, sizes 0/1/odd, more shapes than a group dedicates; closed-form results."""
+    r = flavour.run(ws, "own_comms", timeout=180)
+    _ok(r, ws, "own comms ok")
+
+
+@pytest.mark.timeout(120)
+def test_call_shapes_stay_checked_when_mpi_has_no_more_communicators(flavour):
+    """MPI_Comm_idup failing (MPI out of communicators) is no error: the calls stay on the checked path."""
+    r = flavour.run(2, "own_comms_exhausted", timeout=100)
+    _ok(r, 2, "rank {rank}: exhausted ok")
 
 
 _NO_LIBMPI = """

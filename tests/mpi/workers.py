@@ -436,6 +436,144 @@ def gid_wrap() -> None:
     dist.destroy_process_group()
 
 
+def own_comms() -> None:
+    """Every collective, each call shape three times (checked, checked, then on its own communicator), with
+    closed-form results; more shapes than a group dedicates (the rest stay checked)."""
+    from procgroup.backends.mpi.engine import DEDICATED_PER_GROUP
+    from procgroup.state import _state
+
+    dist.init_process_group(timeout=60)
+    r, n = dist.get_rank(), dist.get_world_size()
+    eng = _state.world.engine
+    groups = []
+
+    def fresh():
+        g = dist.new_group(list(range(n)))
+        groups.append(g)
+        return g
+
+    def same(got, want, what):
+        ok = np.allclose(got, want, rtol=1e-5) if got.dtype.kind in "fc" else np.array_equal(got, want)
+        assert ok and got.shape == want.shape, (what, got, want)
+
+    g = fresh()
+    for dt in ("int32", "int64", "uint8", "float32", "float64"):
+        ops = [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MAX]
+        ops += [ReduceOp.AVG] if dt.startswith("float") else [ReduceOp.BXOR, ReduceOp.MIN]
+        for op in ops:
+            for size in (0, 1, 7):
+                want = _expected(op, [_contrib(q, size, dt) for q in range(n)], dt)
+                for _ in range(3):
+                    x = _contrib(r, size, dt)
+                    dist.all_reduce(x, op, group=g)
+                    same(x, want, ("all_reduce", dt, op, size))
+    g = fresh()
+    for root in range(n):
+        for size in (0, 1, 7):
+            want_b = _contrib(root, size, "float64")
+            want_r = _expected(ReduceOp.SUM, [_contrib(q, size, "int64") for q in range(n)], "int64")
+            for _ in range(3):
+                x = _contrib(r, size, "float64")
+                dist.broadcast(x, root, group=g)
+                same(x, want_b, ("broadcast", root, size))
+                y = _contrib(r, size, "int64")
+                dist.reduce(y, root, group=g)
+                if r == root:
+                    same(y, want_r, ("reduce", root, size))
+    g = fresh()
+    for size in (0, 1, 7):
+        parts = [_contrib(q, size, "int32") for q in range(n)]
+        for _ in range(3):
+            out = np.empty(size * n, np.int32)
+            dist.all_gather_into_tensor(out, _contrib(r, size, "int32"), group=g)
+            same(out, np.concatenate(parts), ("all_gather", size))
+            full = [_contrib(q, size * n, "int32") for q in range(n)]
+            rs = np.empty(size, np.int32)
+            dist.reduce_scatter_tensor(rs, _contrib(r, size * n, "int32"), group=g)
+            same(rs, sum(full)[r * size : (r + 1) * size], ("reduce_scatter", size))
+            a2a = np.empty(size * n, np.int32)
+            dist.all_to_all_single(a2a, _contrib(r, size * n, "int32") + 1000 * r, group=g)
+            sent = [_contrib(q, size * n, "int32") + 1000 * q for q in range(n)]
+            want = np.concatenate([s[r * size : (r + 1) * size] for s in sent])
+            same(a2a, want, ("all_to_all", size))
+            for root in range(n):
+                gl = [np.empty(size, np.int32) for _ in range(n)] if r == root else None
+                dist.gather(_contrib(r, size, "int32"), gl, root, group=g)
+                if r == root:
+                    for q in range(n):
+                        same(gl[q], parts[q], ("gather", root, size))
+                sc = np.empty(size, np.int32)
+                sl = [_contrib(q, size, "int32") for q in range(n)] if r == root else None
+                dist.scatter(sc, sl, root, group=g)
+                same(sc, parts[r], ("scatter", root, size))
+            dist.barrier(group=g)
+    for _ in range(3):
+        dist.barrier()
+    for g in [dist.group.WORLD, *groups]:
+        own = eng._own.get(g.gid) or {}
+        assert 0 < len(own) <= DEDICATED_PER_GROUP, (g.gid, len(own))
+    counts = [len(eng._own.get(g.gid) or {}) for g in groups]
+    for g in groups:  # their communicators are freed; the world's go on
+        dist.destroy_process_group(g)
+        assert g.gid not in eng._own, g.gid
+    for _ in range(3):
+        x = np.full(2, r, np.int64)
+        dist.all_reduce(x)
+        assert x.tolist() == [n * (n - 1) // 2] * 2, x
+    print(f"rank {r}: own comms ok ({counts})", flush=True)
+    dist.destroy_process_group()
+
+
+def own_comms_exhausted() -> None:
+    """MPI out of communicators (its MPI_Comm_idup fails, as MPICH's after ~2000): calls stay checked, right."""
+    from mpi4py import MPI
+
+    from procgroup.state import _state
+
+    dist.init_process_group(timeout=60)
+    r, n = dist.get_rank(), dist.get_world_size()
+    eng = _state.world.engine
+
+    class NoMore:
+        def __init__(self, comm):
+            self.comm = comm
+
+        def Idup(self):  # noqa: N802 - mpi4py's name
+            raise MPI.Exception(MPI.ERR_INTERN)
+
+        def __getattr__(self, name):
+            return getattr(self.comm, name)
+
+    eng._comms[0] = NoMore(eng._comms[0])
+    for i in range(6):
+        x = np.full(3, r + i, np.int64)
+        dist.all_reduce(x)
+        assert x.tolist() == [n * (n - 1) // 2 + n * i] * 3, (i, x)
+    assert not eng._own.get(0) and 0 in eng._no_own, (eng._own, eng._no_own)
+    print(f"rank {r}: exhausted ok", flush=True)
+    dist.destroy_process_group()
+
+
+def agent_worker(backend: str) -> None:
+    """A worker of `procgroup run` whose agent runs under mpirun/mpiexec: init with ``backend``; "mpi" must
+    raise ConfigError at once (reported, exit 3), "cpu" forms the world of every agent's workers."""
+    t0 = time.monotonic()
+    try:
+        _init(backend, timeout=30)
+    except dist.ConfigError as e:
+        print(f"rank {os.environ.get('RANK')}: ConfigError after {time.monotonic() - t0:.2f}s: {e}", flush=True)
+        sys.exit(3)
+    r, n = dist.get_rank(), dist.get_world_size()
+    x = np.full(3, r + 1, np.int64)
+    dist.all_reduce(x)
+    assert x.tolist() == [n * (n + 1) // 2] * 3, x
+    y = np.arange(4.0) + r
+    dist.broadcast(y, src=n - 1)
+    assert y.tolist() == (np.arange(4.0) + n - 1).tolist(), y
+    print(f"rank {r}: agent worker ok on {dist.get_backend()} ({n} ranks)", flush=True)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     # arguments starting with "pgtest-" are the test's tag (it finds leftover processes by it)
     argv = [a for a in sys.argv[1:] if not a.startswith("pgtest-")]

@@ -3,7 +3,8 @@
     mpirun --allow-run-as-root --oversubscribe -np 2 python benchmarks/results/mpi/layers.py [--no-check]
 
 Each line adds one layer to the one above: raw blocking MPI_Allreduce; MPI_Iallreduce polled with Test
-(what never-hang costs); the engine's plan (with the call check unless --no-check); ProcessGroup.run
+(what never-hang costs); the engine's plan (a warm call shape: on its own communicator, unchecked; with
+--no-check no shape gets one and no call is checked); ProcessGroup.run
 (sequence number, fingerprint chain, flight record, deadline); the public dist.all_reduce (arguments,
 as_flat, plan lookups).  Median of 7 runs of 3000 calls each.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -20,6 +22,9 @@ import procgroup as dist
 from procgroup.algorithms.comm import Comm
 from procgroup.deadline import Deadline
 from procgroup.state import _state
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for _cputime
+from _cputime import print_layers  # noqa: E402
 
 
 def main() -> None:
@@ -50,16 +55,8 @@ def main() -> None:
         ),
         ("dist.all_reduce", lambda: dist.all_reduce(x)),
     ]
-    for name, f in layers:
-        runs = []
-        for _ in range(7):
-            comm.Barrier()
-            t = time.perf_counter()
-            for _ in range(3000):
-                f()
-            runs.append((time.perf_counter() - t) / 3000 * 1e6)
-        if dist.get_rank() == 0:
-            print(f"{name:28s} {statistics.median(runs):6.2f} us", flush=True)
+    timing = dict(calls=3000, runs=7, clock=time.perf_counter, pick=statistics.median, before=comm.Barrier)
+    print_layers(layers, show=dist.get_rank() == 0, **timing)
     dist.destroy_process_group()
 
 

@@ -56,8 +56,9 @@ class MpiBackend(Backend):
         (as in ``create_world``), its store thread could not answer the others, still connecting, and
         neither side would get on until the deadline.
         """
-        from .world import import_mpi
+        from .world import import_mpi, refuse_agent_worker
 
+        refuse_agent_worker()
         import_mpi()
 
     def create_world(self, spec: WorldSpec) -> World:

@@ -17,8 +17,13 @@ MPI transport) run it and every result equals the cpu backend's:
 all_reduce, reduce and reduce_scatter of :data:`LARGE_ALL_REDUCE` bytes or more also run procgroup's
 algorithms over the transport, because they are faster there.  AVG runs as MPI's SUM; the caller divides.
 Data movement (broadcast, gathers, scatter, all-to-all) is typed as bytes, so every dtype takes MPI's path;
-beyond ``INT_MAX`` bytes it raises ConfigError (this MPI may lack the large-count calls).  Every collective
-is checked against the members' calls beside it (:meth:`MpiEngine._run`), so a mismatch raises.  After a
+beyond ``INT_MAX`` bytes it raises ConfigError (this MPI may lack the large-count calls).
+
+Mismatches (:meth:`MpiEngine._run`): the first calls of each call shape (op, dtype, count, root, reduce op:
+the fingerprint) are checked against the members' calls beside them, so a mismatch raises at once.  From its
+DEDICATE_AFTER-th call a shape runs on a communicator of its own, unchecked: MPI matches collectives only
+within a communicator, so members calling different shapes never meet, they wait, and the watchdog finds
+the different calls through the store, as on the cpu backend (whose tags carry the fingerprint).  After a
 collective of a group fails (deadline, dead peer, abort) its MPI operation stays pending, so the group's
 communicator is out of step: later collectives of that group raise BrokenError at once.
 
@@ -29,6 +34,7 @@ Point-to-point of the user's API (send/recv/isend/irecv, batch_isend_irecv) goes
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -42,13 +48,24 @@ from ...transport.base import ANY_SOURCE, Request, Status
 from ..base import CollectiveEngine
 from ._waiting import Liveness
 
-__all__ = ["MpiEngine", "INT_MAX", "LARGE_ALL_REDUCE"]
+__all__ = ["MpiEngine", "INT_MAX", "LARGE_ALL_REDUCE", "DEDICATE_AFTER", "DEDICATED_PER_GROUP"]
+
+logger = logging.getLogger("procgroup")
 
 INT_MAX = (1 << 31) - 1
 #: all_reduce, reduce and reduce_scatter of at least this many (input) bytes run procgroup's own algorithms over
 #: the MPI transport: Open MPI's nonblocking reductions (libnbc) are 2-6x slower than its blocking ones at large
 #: sizes, and procgroup's ring / reduce-scatter over MPI point-to-point beats both (docs/mpi.md)
 LARGE_ALL_REDUCE = 2 << 20
+#: a call shape (fingerprint) of a group gets a communicator of its own after this many checked calls
+DEDICATE_AFTER = 2
+#: at most this many call shapes of one group get a communicator of their own (MPI's context ids are finite:
+#: MPICH has a few thousand per process); the others keep the checked path
+DEDICATED_PER_GROUP = 8
+#: the fingerprint bits of a call's tag (``Comm.tag >> STEP_BITS``: gid, seq, fingerprint)
+_FP = (1 << 16) - 1
+#: Tests a call makes right after posting, before it sets up a wait (:meth:`Liveness.wait`: deadline, back-off)
+_QUICK = range(32)
 
 
 class _P2P(Request):
@@ -106,8 +123,9 @@ class MpiEngine(CollectiveEngine):
     """
 
     name = "mpi"
-    #: check every collective's sequence number and fingerprint beside it (see :meth:`_run`); False saves
-    #: one tiny MPI_Iallreduce per call (~1-3 us) at the price of garbage instead of an error on a mismatch
+    #: check the first calls of each call shape beside them (see :meth:`_run`); False saves one tiny
+    #: MPI_Iallreduce per such call (~1-3 us) at the price of garbage instead of an error on a mismatch, and
+    #: no shape gets a communicator of its own (those that have one keep it)
     check_calls = True
 
     def __init__(self, MPI: Any, world: Any, p2p: Any, live: Liveness, tag_ub: int) -> None:
@@ -118,6 +136,11 @@ class MpiEngine(CollectiveEngine):
         self._comms: Dict[int, Any] = {0: world}
         self._checks: Dict[int, tuple] = {0: self._check_comm(world)}
         self._broken: Dict[int, str] = {}
+        #: per group: call fingerprint -> its own communicator (filled in place, cleared in place on poison:
+        #: plans hold the dict), and how many checked calls each fingerprint has had
+        self._own: Dict[int, Dict[int, Any]] = {}
+        self._seen: Dict[int, Dict[int, int]] = {}
+        self._no_own: set = set()  # groups where MPI_Comm_idup failed (MPI out of communicators)
         self._make_lock = threading.Lock()
         self._plans: Dict[tuple, Optional[Callable[..., None]]] = {}
         self._in_place = MPI.IN_PLACE
@@ -197,15 +220,37 @@ class MpiEngine(CollectiveEngine):
         chk = np.zeros(2, np.int64)
         return dup, [chk, self.MPI.INT64_T], chk, chk.data
 
-    def _run(self, g: Any, c: Any, post: Optional[Callable[[Any], Any]], what: str, nbytes: int) -> None:
-        """Post an MPI nonblocking collective on ``g``'s communicator and wait for it under ``c.deadline``.
+    def own(self, gid: int) -> Dict[int, Any]:
+        """Group ``gid``'s call fingerprint -> communicator dict (the same object for the group's lifetime)."""
+        own = self._own.get(gid)
+        if own is None:
+            own = self._own[gid] = {}
+        return own
 
-        ``post`` None: the check below is the whole operation (a barrier).
-        Beside it, an ``MPI_Iallreduce`` (MAX) of ``[w, -w]`` on the group's check communicator, where ``w``
-        is the call's sequence number and fingerprint (``Comm.check_word``): members that called different
-        collectives (op, dtype, count, root, reduce op) at the same point find ``max(w) != min(w)`` and
-        raise CollectiveMismatchError, even where MPI itself would return garbage or hang.
+    def _run(self, g: Any, c: Any, post: Optional[Callable[[Any], Any]], what: str, nbytes: int) -> None:
+        """Post an MPI nonblocking collective for ``g`` and wait for it under ``c.deadline``.
+
+        ``post`` None: a barrier.  A call shape (fingerprint) that has its own communicator (see
+        :meth:`_learn`) posts there and nothing else: MPI matches collectives per communicator, so a member
+        calling another shape at this point posts on another communicator, the two never match, both wait,
+        and the watchdog finds the different calls through the store (CollectiveMismatchError on every
+        member, as on the cpu backend, whose tags carry the fingerprint).  The other calls are checked:
+        beside the operation on the group's communicator, an ``MPI_Iallreduce`` (MAX) of ``[w, -w]`` on the
+        group's check communicator, where ``w`` is the call's sequence number and fingerprint
+        (``Comm.check_word``): members that called different collectives (op, dtype, count, root, reduce op)
+        at the same point find ``max(w) != min(w)`` and raise CollectiveMismatchError at once.
         """
+        fp = (c.tag >> STEP_BITS) & _FP
+        own = self._own.get(g.gid)
+        if own:
+            ocomm = own.get(fp)
+            if ocomm is not None:
+                try:
+                    req = post(ocomm) if post is not None else ocomm.Ibarrier()
+                except self.MPI.Exception as e:
+                    raise self.failed(g, what, e) from None
+                self.finish(g, c, req, what, nbytes)
+                return
         comm = self._comms.get(g.gid)
         if comm is None:
             comm = self._comm(g, c)
@@ -218,7 +263,7 @@ class MpiEngine(CollectiveEngine):
                     self.live.wait(req.Test, c.deadline, lambda: what, g.ranks, nbytes)
                 return
             ccomm, chkspec, chk, cv = self._checks[g.gid]
-            w = (c.tag >> STEP_BITS) & 0xFFFFFFFF  # c.check_word(), inline: this is every call's path
+            w = (c.tag >> STEP_BITS) & 0xFFFFFFFF  # c.check_word(), inline
             cv[0] = w  # through a memoryview: Python ints in and out, no numpy scalars (~0.3 us a call)
             cv[1] = -w
             creq = ccomm.Iallreduce(self._in_place, chkspec, self._max)
@@ -228,26 +273,82 @@ class MpiEngine(CollectiveEngine):
                     raise self._mismatch(g, what, w, chk)
                 if not req.Test():
                     self.live.wait(req.Test, c.deadline, lambda: what, g.ranks, nbytes)
-                return
-            checked = False
+            else:
+                checked = False
 
-            def done() -> bool:
-                nonlocal checked
-                if not checked:
-                    if not creq.Test():
-                        return False
-                    checked = True
-                    if cv[0] != -cv[1]:
-                        raise self._mismatch(g, what, w, chk)
-                return bool(req.Test())
+                def done() -> bool:
+                    nonlocal checked
+                    if not checked:
+                        if not creq.Test():
+                            return False
+                        checked = True
+                        if cv[0] != -cv[1]:
+                            raise self._mismatch(g, what, w, chk)
+                    return bool(req.Test())
 
-            self.live.wait(done, c.deadline, lambda: what, g.ranks, nbytes)
+                self.live.wait(done, c.deadline, lambda: what, g.ranks, nbytes)
+            self._learn(g, c, comm, fp)
         except MPI.Exception as e:
             self._poison(g, f"{what} failed in the MPI library")
             raise self.mpi_error(e, what) from None
         except ProcGroupError as e:
             self._poison(g, f"an earlier collective of this group ({what}) ended with {type(e).__name__}")
             raise
+
+    def _learn(self, g: Any, c: Any, comm: Any, fp: int) -> None:
+        """After a checked call of fingerprint ``fp``: on its DEDICATE_AFTER-th, give that call shape a
+        communicator of its own (``MPI_Comm_idup`` of the group's, polled under the call's deadline).
+
+        Every member decides alike: the counts come from calls the check just proved equal on every member,
+        and the dup follows that call on the group's communicator, where MPI matches collectives in order."""
+        seen = self._seen.get(g.gid)
+        if seen is None:
+            seen = self._seen[g.gid] = {}
+        n = seen[fp] = seen.get(fp, 0) + 1
+        if n != DEDICATE_AFTER:
+            return
+        own = self.own(g.gid)
+        if len(own) >= DEDICATED_PER_GROUP or g.gid in self._no_own:
+            return
+        try:
+            dup, req = comm.Idup()
+            if not req.Test():
+                self.live.wait(req.Test, c.deadline, lambda: "MPI_Comm_idup", g.ranks, 0)
+        except self.MPI.Exception as e:
+            # out of communicators (MPICH has ~2000 context ids a process): the members agree on a new one
+            # collectively, so every member fails alike, and the group keeps the checked path
+            self._no_own.add(g.gid)
+            logger.info("group %s: no communicator of its own for a call shape (%s); calls stay checked", g.name, e)
+            return
+        dup.Set_errhandler(self.MPI.ERRORS_RETURN)
+        own[fp] = dup
+
+    def finish(self, g: Any, c: Any, req: Any, what: str, nbytes: int) -> None:
+        """Complete ``req``, a collective of ``g`` on a communicator of its call shape: a few quick Tests (the
+        peers are usually a few us away), then :meth:`wait`."""
+        try:
+            test = req.Test
+            for _ in _QUICK:
+                if test():
+                    return
+        except self.MPI.Exception as e:
+            raise self.failed(g, what, e) from None
+        self.wait(g, c, req, what, nbytes)
+
+    def wait(self, g: Any, c: Any, req: Any, what: str, nbytes: int) -> None:
+        """Wait for ``req`` of a collective of ``g`` under ``c.deadline``; an error poisons the group."""
+        try:
+            self.live.wait(req.Test, c.deadline, lambda: what, g.ranks, nbytes)
+        except self.MPI.Exception as e:
+            raise self.failed(g, what, e) from None
+        except ProcGroupError as e:
+            self._poison(g, f"an earlier collective of this group ({what}) ended with {type(e).__name__}")
+            raise
+
+    def failed(self, g: Any, what: str, e: Any) -> ProcGroupError:
+        """MPI error ``e`` of ``what`` as a BrokenError; poisons ``g``."""
+        self._poison(g, f"{what} failed in the MPI library")
+        return self.mpi_error(e, what)
 
     def _mismatch(self, g: Any, what: str, w: int, chk: np.ndarray) -> ProcGroupError:
         return CollectiveMismatchError(
@@ -259,6 +360,9 @@ class MpiEngine(CollectiveEngine):
 
     def _poison(self, g: Any, why: str) -> None:
         self._comms.pop(g.gid, None)  # its pending operation may still complete; the communicator is not freed
+        own = self._own.get(g.gid)
+        if own:
+            own.clear()  # in place: the group's plans hold this dict
         self._broken[g.gid] = (
             f"group {g.name}: {why}, so MPI's communicator of the group is out of step; destroy the group "
             "(or the job) and create it again"
@@ -291,11 +395,28 @@ class MpiEngine(CollectiveEngine):
             run = self._run
             kern = reducer(op, dtype)
 
+            own = self.own(group.gid)
+            MPIException = self.MPI.Exception
+            wait = self.wait
+
             def plan(c: Any, buf: np.ndarray) -> None:
                 nbytes = buf.nbytes
                 if nbytes >= LARGE_ALL_REDUCE:
                     algorithms.all_reduce(c, buf, kern)  # over the MPI transport: faster than MPI's here
                     return
+                if own:  # _run's first branch, inline: every small all_reduce of a warm loop comes here
+                    m = own.get((c.tag >> STEP_BITS) & _FP)
+                    if m is not None:
+                        try:
+                            req = m.Iallreduce(IN_PLACE, [buf, t], mop)
+                            test = req.Test
+                            for _ in _QUICK:  # the peers are usually a few us away: no wait set up
+                                if test():
+                                    return
+                        except MPIException as e:
+                            raise self.failed(group, "MPI_Iallreduce", e) from None
+                        wait(group, c, req, "MPI_Iallreduce", nbytes)
+                        return
                 run(group, c, lambda m: m.Iallreduce(IN_PLACE, [buf, t], mop), "MPI_Iallreduce", nbytes)
 
         self._plans[key] = plan
@@ -357,10 +478,22 @@ class MpiEngine(CollectiveEngine):
     def broadcast(self, group: Any, dtype: Any) -> Optional[Callable[..., None]]:
         """``MPI_Ibcast`` of the bytes."""
         BYTE = self.MPI.BYTE
+        own = self.own(group.gid)
+        MPIException = self.MPI.Exception
 
         def plan(c: Any, buf: np.ndarray, root: int) -> None:
-            _fits("broadcast", buf.nbytes)
-            self._run(group, c, lambda m: m.Ibcast([buf, BYTE], root), "MPI_Ibcast", buf.nbytes)
+            nbytes = buf.nbytes
+            _fits("broadcast", nbytes)
+            if own:  # _run's first branch, inline
+                m = own.get((c.tag >> STEP_BITS) & _FP)
+                if m is not None:
+                    try:
+                        req = m.Ibcast([buf, BYTE], root)
+                    except MPIException as e:
+                        raise self.failed(group, "MPI_Ibcast", e) from None
+                    self.finish(group, c, req, "MPI_Ibcast", nbytes)
+                    return
+            self._run(group, c, lambda m: m.Ibcast([buf, BYTE], root), "MPI_Ibcast", nbytes)
 
         return plan
 
@@ -481,19 +614,35 @@ class MpiEngine(CollectiveEngine):
 
     def forget_group(self, gid: int) -> None:
         """Drop destroyed group ``gid``'s communicator, call-check communicator and broken mark (not freed: as
-        in close).  Ids are not reused under this engine (see subgroups.release_gid)."""
+        in close), and free its call shapes' communicators unless it broke (then an operation may be pending
+        on one), so that MPI's communicators are not used up by groups made and destroyed in a loop.  Ids are
+        not reused under this engine (see subgroups.release_gid)."""
         if gid == 0:
             return
         with self._make_lock:
             self._comms.pop(gid, None)
             self._checks.pop(gid, None)
-            self._broken.pop(gid, None)
+            broken = self._broken.pop(gid, None) is not None
+            self._seen.pop(gid, None)
+            self._no_own.discard(gid)
+            own = self._own.pop(gid, None)
+            if own:
+                if not broken:
+                    for m in own.values():
+                        try:
+                            m.Free()  # local in Open MPI and MPICH: marks it for release once idle
+                        except self.MPI.Exception as e:
+                            logger.debug("MPI_Comm_free of a destroyed group's communicator: %s", e)
+                own.clear()
 
     def close(self) -> None:
         """Forget the communicators (they are released by MPI_Finalize; freeing one may wait for peers)."""
         self._comms.clear()
         self._checks.clear()
         self._plans.clear()
+        for own in self._own.values():
+            own.clear()
+        self._seen.clear()
 
 
 class _Done:

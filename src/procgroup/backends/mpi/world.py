@@ -10,6 +10,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+from ...config import mpi_rank_of_agent
 from ...deadline import Deadline
 from ...errors import ConfigError, PeerFailureError, RendezvousError
 from ...process_group import World
@@ -21,7 +22,7 @@ from ._waiting import Liveness
 from .engine import MpiEngine
 from .transport import MpiTransport
 
-__all__ = ["build_world", "import_mpi"]
+__all__ = ["build_world", "import_mpi", "refuse_agent_worker"]
 
 logger = logging.getLogger("procgroup")
 
@@ -36,6 +37,27 @@ def import_mpi() -> Any:
             "installed, mpi4py picks one by MPI4PY_LIBMPI / MPI4PY_MPIABI (see docs/mpi.md)"
         ) from None
     return MPI
+
+
+def refuse_agent_worker() -> None:
+    """ConfigError, before MPI starts, in a worker of an agent launcher that runs under MPI.
+
+    ``mpirun -npernode 1 procgroup run ...``: the agents are MPI processes, their workers are not, and they
+    cannot become ones here: the worker inherits its agent's MPI identity (MPI_Init would abort the process,
+    Open MPI: "An error occurred in MPI_Init_thread"); started clean it is a singleton, and singletons cannot
+    join each other (Debian's Open MPI 4.1: MPI_Comm_connect and MPI_Comm_join fail with MPI_ERR_INTERN, and
+    MPI_Init itself with an ompi-server; MPICH 4.0 ch4:ucx: MPI_Open_port, MPI_Comm_join and MPI_Comm_spawn
+    fail with "not supported with ucx netmod"); MPI_Comm_spawn from the agents (Open MPI) would make the
+    workers children of MPI's daemon, not of the agent that must watch and restart them (docs/mpi.md)."""
+    inherited = mpi_rank_of_agent()
+    if inherited is not None:
+        raise ConfigError(
+            f"backend='mpi': this process is a worker that `procgroup run` (or torchrun) started, and that agent "
+            f"runs under an MPI launcher ({inherited} is the agent's MPI rank, inherited): the workers of such "
+            "agents are not MPI processes and cannot join one. Use backend='cpu' there (the workers of every "
+            "agent form one world over procgroup's own transport), or start the workers themselves as the MPI "
+            "job: mpirun -np N python train.py, or srun --mpi=pmix -n N python train.py (docs/mpi.md)"
+        )
 
 
 def _check_launch(MPI: Any, world_size: int) -> Any:
