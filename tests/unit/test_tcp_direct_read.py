@@ -154,8 +154,10 @@ def test_frames_of_other_tags_arrive_while_a_waiter_reads(world: Any) -> None:
     assert v == 42 and side.get("ok") is True
     assert rest[1].tolist() == [0, 1, 2] and rest[3].size == 0
     # tag 9 was read by a waiting thread (its own waiter, or the side waiter while it held the connection's reading
-    # role), never handed over by a reader thread (the old design)
-    assert len(seen[9]) == 1 and seen[9][0] in (me, side["ident"]), (seen[9], me, side)
+    # role) or, when neither took the role back within the watcher's grace (a loaded machine), by the transport's
+    # one watcher; never by a per-connection reader thread (the old design)
+    readers = (me, side["ident"], ts[1]._watcher.ident)
+    assert len(seen[9]) == 1 and seen[9][0] in readers, (seen[9], readers)
 
 
 def test_waiter_times_out_then_a_later_wait_gets_the_message(world: Any) -> None:
