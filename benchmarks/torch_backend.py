@@ -10,9 +10,14 @@ gloo, ...) and reports medians over rounds:
 * (N=1) the same per-call overhead as this thread's CPU time, which the load of other processes hardly moves;
 * per-call overhead of procgroup through torch over procgroup's own API (``procgroup.all_reduce`` on the group
   under the torch group, the same 4 B float32, as a numpy array, and as the torch tensor itself);
+* the same overhead for the other one-tensor collectives with a blocking hot path (broadcast, reduce, all_gather
+  in the list form, all_gather_into_tensor, reduce_scatter_tensor; 4 B per rank): through torch, procgroup's own
+  API on the same torch tensors, and on numpy arrays (at N=1 also as this thread's CPU time);
 * (N=2 only) a DDP training step of an MLP with 33.6 MB of fp32 gradients: a small batch (communication
   dominates) and a big one (compute about half); both DDP models start identical and train on the same data, and
   their final parameters are checked bit for bit.
+
+``--parts`` picks what runs (default: all of small, big, ops, ddp), to keep runs short.
 
 Timings on a shared machine are only comparable within one run; the load average is printed with the table.
 """
@@ -39,6 +44,49 @@ def _timeit(fn, iters: int, clock=time.perf_counter) -> float:
     return (clock() - t0) / iters
 
 
+#: the collectives whose per-call overhead the "ops" part measures, in table order
+OPS = ("broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor")
+
+
+def _op_calls(dist, procgroup, np, torch, world: int, pg_group, own) -> dict:
+    """op -> (through torch, own API on the same torch tensors, own API on numpy arrays): 4 B per rank."""
+    t, a = torch.ones(1), np.ones(1, dtype=np.float32)
+    outs_t = [torch.zeros(1) for _ in range(world)]
+    outs_a = [np.zeros(1, dtype=np.float32) for _ in range(world)]
+    cat_t, cat_a = torch.ones(world), np.ones(world, dtype=np.float32)
+    # torch 2.13's names (the older all_gather_into_tensor / reduce_scatter_tensor warn on every call)
+    _agit = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    _rst = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    mx, pmx = dist.ReduceOp.MAX, procgroup.ReduceOp.MAX  # MAX: repeated calls keep the values finite
+    return {
+        "broadcast": (
+            lambda: dist.broadcast(t, 0, group=pg_group),
+            lambda: procgroup.broadcast(t, 0, group=own),
+            lambda: procgroup.broadcast(a, 0, group=own),
+        ),
+        "reduce": (
+            lambda: dist.reduce(t, 0, op=mx, group=pg_group),
+            lambda: procgroup.reduce(t, 0, op=pmx, group=own),
+            lambda: procgroup.reduce(a, 0, op=pmx, group=own),
+        ),
+        "all_gather": (
+            lambda: dist.all_gather(outs_t, t, group=pg_group),
+            lambda: procgroup.all_gather(outs_t, t, group=own),
+            lambda: procgroup.all_gather(outs_a, a, group=own),
+        ),
+        "all_gather_into_tensor": (
+            lambda: _agit(cat_t, t, group=pg_group),
+            lambda: procgroup.all_gather_into_tensor(cat_t, t, group=own),
+            lambda: procgroup.all_gather_into_tensor(cat_a, a, group=own),
+        ),
+        "reduce_scatter_tensor": (
+            lambda: _rst(t, cat_t, op=mx, group=pg_group),
+            lambda: procgroup.reduce_scatter_tensor(t, cat_t, op=pmx, group=own),
+            lambda: procgroup.reduce_scatter_tensor(a, cat_a, op=pmx, group=own),
+        ),
+    }
+
+
 def worker(args: argparse.Namespace) -> None:
     """One rank: every measurement, interleaved; rank 0 prints one JSON line ``RESULT {...}``."""
     import numpy as np
@@ -57,33 +105,47 @@ def worker(args: argparse.Namespace) -> None:
     gloo_group = dist.group.WORLD
     own = pg_group.procgroup  # procgroup's own group under the torch one (the torch group is the backend)
     small = torch.ones(1)
-    big = torch.ones(64 * MiB // 4)
+    big = torch.ones(64 * MiB // 4) if "big" in args.parts else None
     small_np = np.ones(1, dtype=np.float32)
     rows: dict[str, list[float]] = {}
 
     def rec(key: str, value: float) -> None:
         rows.setdefault(key, []).append(value)
 
+    parts = set(args.parts)
+    ops = _op_calls(dist, procgroup, np, torch, world, pg_group, own) if "ops" in parts else {}
     for _ in range(args.rounds):
-        for name, grp in (("gloo", gloo_group), ("procgroup", pg_group)):
+        if "small" in parts:
+            for name, grp in (("gloo", gloo_group), ("procgroup", pg_group)):
+                dist.barrier(group=gloo_group)
+                rec(f"4B {name}", _timeit(lambda g=grp: dist.all_reduce(small, group=g), args.small_iters))
             dist.barrier(group=gloo_group)
-            rec(f"4B {name}", _timeit(lambda g=grp: dist.all_reduce(small, group=g), args.small_iters))
-        dist.barrier(group=gloo_group)
-        rec("4B procgroup own API", _timeit(lambda: procgroup.all_reduce(small_np, group=own), args.small_iters))
-        dist.barrier(group=gloo_group)
-        rec("4B procgroup own API tensor", _timeit(lambda: procgroup.all_reduce(small, group=own), args.small_iters))
-        if world == 1:  # the per-call cost alone: this thread's CPU time, which other processes' load hardly moves
-            for key, fn in (
-                ("cpu 4B procgroup", lambda: dist.all_reduce(small, group=pg_group)),
-                ("cpu 4B procgroup own API", lambda: procgroup.all_reduce(small_np, group=own)),
-            ):
-                rec(key, _timeit(fn, args.small_iters * 10, time.thread_time))
-        for name, grp in (("gloo", gloo_group), ("procgroup", pg_group)):
+            rec("4B procgroup own API", _timeit(lambda: procgroup.all_reduce(small_np, group=own), args.small_iters))
             dist.barrier(group=gloo_group)
-            rec(f"64MiB {name}", _timeit(lambda g=grp: dist.all_reduce(big, group=g), args.big_iters))
+            rec(
+                "4B procgroup own API tensor",
+                _timeit(lambda: procgroup.all_reduce(small, group=own), args.small_iters),
+            )
+            if world == 1:  # the per-call cost alone: this thread's CPU time, which other processes' load hardly moves
+                for key, fn in (
+                    ("cpu 4B procgroup", lambda: dist.all_reduce(small, group=pg_group)),
+                    ("cpu 4B procgroup own API", lambda: procgroup.all_reduce(small_np, group=own)),
+                    ("cpu 4B procgroup own API tensor", lambda: procgroup.all_reduce(small, group=own)),
+                ):
+                    rec(key, _timeit(fn, args.small_iters * 10, time.thread_time))
+        for op, fns in ops.items():
+            for how, fn in zip(("torch", "own tensor", "own numpy"), fns):
+                dist.barrier(group=gloo_group)
+                rec(f"op {op} {how}", _timeit(fn, args.small_iters))
+                if world == 1:
+                    rec(f"cpu op {op} {how}", _timeit(fn, args.small_iters * 10, time.thread_time))
+        if "big" in parts:
+            for name, grp in (("gloo", gloo_group), ("procgroup", pg_group)):
+                dist.barrier(group=gloo_group)
+                rec(f"64MiB {name}", _timeit(lambda g=grp: dist.all_reduce(big, group=g), args.big_iters))
 
     ddp: dict[str, object] = {}
-    if world == 2 and not args.no_ddp:
+    if world == 2 and "ddp" in args.parts and not args.no_ddp:
         width = 2048  # 2 x (2048*2048 + 2048) fp32 parameters = 33.6 MB of gradients
 
         def make(group):
@@ -152,6 +214,7 @@ def launch(n: int, args: argparse.Namespace) -> dict:
     ]
     if args.no_ddp:
         cmd.append("--no-ddp")
+    cmd += ["--parts", *args.parts]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.job_timeout, check=False)
     for line in r.stdout.splitlines():
         if "RESULT " in line:
@@ -171,23 +234,32 @@ def table(results: list[dict], load: str) -> str:
     for res in results:
         m, n = res["median_s"], res["world"]
         for size, unit, f in (("4B", "µs", us), ("64MiB", "ms", 1e3)):
-            g, p = m[f"{size} gloo"], m[f"{size} procgroup"]
-            out.append(f"| {n} | all_reduce {size} ({unit}/call) | {g * f:.1f} | {p * f:.1f} | {p / g:.3f} |")
-        own = m["4B procgroup own API"]
-        out.append(
-            f"| {n} | 4B: through torch minus own API (µs/call) | | {(m['4B procgroup'] - own) * us:.1f} "
-            f"(own API {own * us:.1f}) | |"
-        )
+            if f"{size} gloo" in m:
+                g, p = m[f"{size} gloo"], m[f"{size} procgroup"]
+                out.append(f"| {n} | all_reduce {size} ({unit}/call) | {g * f:.1f} | {p * f:.1f} | {p / g:.3f} |")
+        if "4B procgroup own API" in m:
+            own = m["4B procgroup own API"]
+            ownt = m["4B procgroup own API tensor"]
+            out.append(
+                f"| {n} | 4B: through torch minus own API on the tensor (µs/call) | | "
+                f"{(m['4B procgroup'] - ownt) * us:.1f} (own API on the tensor {ownt * us:.1f}, on numpy "
+                f"{own * us:.1f}) | |"
+            )
         if "cpu 4B procgroup" in m:
-            c, o = m["cpu 4B procgroup"], m["cpu 4B procgroup own API"]
+            c, o, ot = m["cpu 4B procgroup"], m["cpu 4B procgroup own API"], m["cpu 4B procgroup own API tensor"]
             out.append(
-                f"| {n} | 4B: CPU time per call, through torch minus own API (µs) | | {(c - o) * us:.1f} "
-                f"({c * us:.1f} - {o * us:.1f}) | |"
+                f"| {n} | 4B: CPU time per call, through torch minus own API on the tensor (µs) | | "
+                f"{(c - ot) * us:.1f} ({c * us:.1f} - {ot * us:.1f}; own API on numpy {o * us:.1f}) | |"
             )
-        if "4B procgroup own API tensor" in m:
-            out.append(
-                f"| {n} | 4B: own API on the torch tensor (µs/call) | | {m['4B procgroup own API tensor'] * us:.1f} | |"
-            )
+        for op in OPS:
+            for pre, what in (("", "µs/call"), ("cpu ", "CPU µs per call")):
+                k = f"{pre}op {op}"
+                if f"{k} torch" in m:
+                    tt, ot, on = (m[f"{k} {h}"] * us for h in ("torch", "own tensor", "own numpy"))
+                    out.append(
+                        f"| {n} | {op} 4B: through torch minus own API on the tensor ({what}) | | {tt - ot:.1f} "
+                        f"({tt:.1f} - {ot:.1f}; own API on numpy {on:.1f}) | |"
+                    )
         for label, d in res.get("ddp", {}).items():
             g, p = m[f"DDP {label} gloo"], m[f"DDP {label} procgroup"]
             out.append(
@@ -210,6 +282,13 @@ def main() -> int:
     ap.add_argument("--small-batch", type=int, default=8)
     ap.add_argument("--big-batch", type=int, default=512)
     ap.add_argument("--no-ddp", action="store_true")
+    ap.add_argument(
+        "--parts",
+        nargs="+",
+        choices=("small", "big", "ops", "ddp"),
+        default=["small", "big", "ops", "ddp"],
+        help="what to measure: 4 B all_reduce, 64 MiB all_reduce, other ops' overhead, DDP steps (N=2)",
+    )
     ap.add_argument("--job-timeout", type=float, default=580)
     ap.add_argument("--out", help="also write the table (and .json) here")
     args = ap.parse_args()
