@@ -11,8 +11,9 @@ dtype, or the string ``"bfloat16"`` (the view is then ``uint16``).
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Dict, Union
 
 import numpy as np
 
@@ -40,12 +41,79 @@ class Flat:
         return f"{self.dtype}{list(self.shape)}"
 
 
+#: the tensor types seen so far (torch.Tensor, nn.Parameter...): as_flat's check is then one set lookup
+_TORCH_TYPES: set = set()
+
+
 def is_torch_tensor(obj: Any) -> bool:
+    """Whether ``obj`` is a torch tensor (recognised by its type's module: torch is never imported here)."""
     t = type(obj)
-    return t.__module__.startswith("torch") and hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous")
+    if t in _TORCH_TYPES:
+        return True
+    if t.__module__.startswith("torch") and hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):
+        if len(_TORCH_TYPES) < 64:
+            _TORCH_TYPES.add(t)
+        return True
+    return False
+
+
+#: torch dtype -> numpy dtype of the same bytes and arithmetic (filled on first use: torch is not imported here)
+_TORCH_NUMPY: Dict[Any, np.dtype] = {}
+
+#: ctypes ``c_char * nbytes`` array types by size (creating one costs several µs); bounded
+_BUFFER_TYPES: Dict[int, Any] = {}
+BUFFER_TYPE_LIMIT = 1024
+
+_STRIDED: Any = None
+#: the numpy dtype a bfloat16 tensor is viewed as (only bfloat16 maps to it)
+_BF16_VIEW = np.dtype(np.uint16)
+
+
+def _torch_numpy_map() -> None:
+    """Fill :data:`_TORCH_NUMPY` and :data:`_STRIDED` (torch is imported by then: the caller holds a tensor)."""
+    import torch
+
+    global _STRIDED
+    _STRIDED = torch.strided
+    for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"):
+        _TORCH_NUMPY[getattr(torch, name)] = np.dtype(name)
+    _TORCH_NUMPY[torch.bfloat16] = _BF16_VIEW  # carried as its bytes; the reduce kernels take the "bfloat16" key
+
+
+def _torch_view(t: Any) -> Any:
+    """A flat numpy array over the memory of a plain contiguous CPU tensor, or None (then the general path).
+
+    Built from the tensor's *current* data pointer on every call, so nothing stale can be reused: a tensor
+    resized, re-pointed (``set_``, ``.data =``), restrided or given another dtype simply gets a view of what it
+    is now.  What is cached is only what costs (the ctypes buffer type of each size, the dtype map), and not
+    ``Tensor.numpy()``, which also marks the storage as not resizable.  The array's buffer holds a reference to
+    ``t``, so an async op's memory stays alive until the op is done, as with ``numpy()``.
+    """
+    if not _TORCH_NUMPY:
+        _torch_numpy_map()
+    npdt = _TORCH_NUMPY.get(t.dtype)
+    if npdt is None or not t.is_cpu or t.layout is not _STRIDED or not t.is_contiguous() or t.is_neg():
+        return None
+    nbytes = t.numel() * npdt.itemsize
+    ptr = t.data_ptr()
+    if nbytes == 0 or ptr == 0:
+        return None
+    bt = _BUFFER_TYPES.get(nbytes)
+    if bt is None:
+        bt = ctypes.c_char * nbytes
+        if len(_BUFFER_TYPES) >= BUFFER_TYPE_LIMIT:
+            _BUFFER_TYPES.clear()
+        _BUFFER_TYPES[nbytes] = bt
+    buf = bt.from_address(ptr)
+    buf.owner = t  # the memory's owner lives as long as the array
+    return np.frombuffer(buf, npdt)
 
 
 def _torch_flat(t: Any, name: str, writable: bool) -> Flat:
+    arr = _torch_view(t)
+    if arr is not None:
+        dt = arr.dtype
+        return Flat(arr, "bfloat16" if dt is _BF16_VIEW else dt, t.shape)
     if t.device.type != "cpu":
         raise ConfigError(
             f"{name} is on device {t.device}; the cpu backend takes CPU tensors: move it with .cpu(), "
@@ -68,11 +136,14 @@ def _torch_flat(t: Any, name: str, writable: bool) -> Flat:
     d = t.detach()
     if d.is_conj():
         d = d.resolve_conj()
+    dkey: DTypeKey
     if d.dtype == torch.bfloat16:
-        arr = d.view(torch.int16).numpy().view(np.uint16)
-        return Flat(arr.reshape(-1), "bfloat16", shape, back)
-    arr = d.numpy()
-    return Flat(arr.reshape(-1), arr.dtype, shape, back)
+        arr = d.view(torch.int16).numpy().view(np.uint16).reshape(-1)
+        dkey = "bfloat16"
+    else:
+        arr = d.numpy().reshape(-1)
+        dkey = arr.dtype
+    return Flat(arr, dkey, shape, back)
 
 
 #: numpy dtypes already checked to be plain numeric (the per-call check is then one set lookup)
@@ -85,6 +156,8 @@ def as_flat(obj: Any, name: str = "tensor", *, writable: bool = True) -> Flat:
         fl = obj.flags
         if fl.c_contiguous and (fl.writeable or not writable):  # the common case, checked as below
             return Flat(obj.reshape(-1), obj.dtype, obj.shape)
+    if type(obj) in _TORCH_TYPES:
+        return _torch_flat(obj, name, writable)
     if isinstance(obj, np.ndarray):
         arr = obj
     elif is_torch_tensor(obj):

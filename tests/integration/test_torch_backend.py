@@ -69,6 +69,14 @@ def test_blocking_all_reduce_hot_path(n: int) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_own_api_torch_tensor_views(n: int) -> None:
+    """procgroup's own API on torch tensors reuses a cached numpy view per tensor; a tensor resized, re-pointed
+    (set_, .data =), transposed or restrided in place, dying tensors and async temporaries never see a stale one."""
+    run(n, "own_api_views", timeout=110)
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("n", [2, 3])
 def test_point_to_point(n: int) -> None:
     """send/recv, isend/irecv, recv from any source, batch_isend_irecv, tags, non-contiguous buffers."""

@@ -371,6 +371,11 @@ def hot_path() -> None:
                 dist.all_gather_into_tensor(big, x)
                 want = torch.arange(1, WS + 1, dtype=dt).repeat_interleave(n)
                 check(torch.equal(big, want), f"hot all_gather_into_tensor {dt} n={n}")
+                big.fill_(RANK + 1)
+                for op, want in ((dist.ReduceOp.SUM, S), (dist.ReduceOp.MAX, WS), (dist.ReduceOp.MIN, 1)):
+                    x.fill_(-1)
+                    dist.reduce_scatter_tensor(x, big, op=op)
+                    eq(x, want, f"hot reduce_scatter_tensor {op} {dt} n={n}")
     # a per-call timeout in the options, and Works the caller keeps
     o = dist.AllreduceOptions()
     o.reduceOp = dist.ReduceOp.SUM
@@ -386,6 +391,101 @@ def hot_path() -> None:
         got = w.get_future().value()
         check(len(got) == 1 and got[0] is u, "a kept Work's future carries its own call's tensor")
         eq(got[0], want, "a kept Work's future value")
+
+
+def own_api_views() -> None:
+    """procgroup's own API on torch tensors (procgroup.data's cached views): the same tensor again and again,
+    then changed under the cache (resize_, set_, .data = with another dtype, t_(), as_strided_, a negative-bit
+    view), in-place value changes, dying tensors whose ids new ones take, async ops on temporaries."""
+    import procgroup
+
+    own = default_pg().procgroup
+    t = torch.zeros(5)
+    for i in range(3):  # cached after the first call; in-place value changes need no new view
+        t.fill_(RANK + 1).mul_(i + 1)
+        procgroup.all_reduce(t, group=own)
+        eq(t, S * (i + 1), f"own all_reduce {i}")
+    t.resize_(100_000).fill_(RANK + 1)  # a new, larger storage
+    procgroup.all_reduce(t, group=own)
+    eq(t, S, "own all_reduce after resize_")
+    t.resize_(3)  # smaller: same data pointer, another shape
+    t.fill_(RANK + 1)
+    procgroup.all_reduce(t, group=own)
+    check(t.shape == (3,), f"shape {t.shape}")
+    eq(t, S, "own all_reduce after shrinking resize_")
+    other = torch.full((6,), float(RANK + 2))
+    t.set_(other)
+    procgroup.all_reduce(t, group=own)
+    eq(other, S + WS, "own all_reduce after set_ (the new storage holds the result)")
+    t.data = torch.full((3,), RANK + 1, dtype=torch.int64)
+    procgroup.all_reduce(t, group=own)
+    check(t.dtype == torch.int64, f"own .data dtype {t.dtype}")
+    eq(t, S, "own all_reduce after .data =")
+    t.data = torch.full((3,), RANK + 1, dtype=torch.bfloat16)
+    procgroup.all_reduce(t, group=own)
+    eq(t, S, "own all_reduce after .data = bfloat16")
+    m = torch.zeros(3, 5)
+    procgroup.all_reduce(m, group=own)
+    m.t_()  # same data pointer, transposed: no longer contiguous
+    m.copy_(torch.arange(15.0).reshape(5, 3) * (RANK + 1))
+    procgroup.all_reduce(m, group=own)
+    check(torch.equal(m, torch.arange(15.0).reshape(5, 3) * S), f"own all_reduce after t_() {m}")
+    v = torch.zeros(8)
+    procgroup.all_reduce(v, group=own)
+    v.as_strided_((4,), (2,))  # same data pointer and numel 4: every other element
+    base = v.clone()
+    v.fill_(RANK + 1)
+    procgroup.all_reduce(v, group=own)
+    eq(v, S, f"own all_reduce after as_strided_ (was {base.tolist()})")
+    check(v.untyped_storage().nbytes() == 32, "as_strided_ kept the storage")
+    n = torch.full((4,), float(RANK + 1))
+    procgroup.all_reduce(n, group=own)
+    eq(n, S, "own all_reduce before the negative view")
+    neg = torch._neg_view(n)  # a negative-bit view of the same memory: never the cached plain view
+    try:
+        procgroup.all_reduce(neg, group=own)
+        check(False, "a negative-bit tensor should be refused, as before")
+    except Exception as e:  # noqa: BLE001 - the exact type is numpy's/torch's
+        check("negative" in str(e).lower(), f"negative-bit tensor: {e}")
+    # tensors that die, and new ones taking their ids and data pointers, with other dtypes and shapes
+    for i in range(300):
+        dt = (torch.float32, torch.int32, torch.float64, torch.bfloat16, torch.uint8)[i % 5]
+        x = torch.full((1 + i % 7,), RANK + 1, dtype=dt)
+        procgroup.all_reduce(x, group=own)
+        eq(x, S, f"own fresh tensor {i} {dt}")
+        del x
+    # async ops on tensors the caller does not keep, then on kept ones
+    works = [procgroup.all_reduce(torch.full((1000,), float(RANK + 1)), group=own, async_op=True) for _ in range(4)]
+    for w in works:
+        w.wait()
+    kept = [torch.full((1000,), float(RANK + i)) for i in range(4)]
+    works = [procgroup.all_reduce(k, group=own, async_op=True) for k in kept]
+    for i, (w, k) in enumerate(zip(works, kept)):
+        w.wait()
+        eq(k, S - WS + WS * i, f"own async all_reduce {i}")
+    # the other collectives on cached tensors, every root
+    for dt in (torch.float32, torch.int64, torch.bfloat16):
+        x = torch.zeros(5, dtype=dt)
+        outs = [torch.zeros(5, dtype=dt) for _ in range(WS)]
+        big = torch.zeros(5 * WS, dtype=dt)
+        part = torch.zeros(5, dtype=dt)
+        for _ in range(2):
+            for root in range(WS):
+                x.fill_(root + 3 if RANK == root else 0)
+                procgroup.broadcast(x, root, group=own)
+                eq(x, root + 3, f"own broadcast root {root} {dt}")
+                x.fill_(RANK + 1)
+                procgroup.reduce(x, root, group=own)
+                eq(x, S if RANK == root else RANK + 1, f"own reduce root {root} {dt}")
+            x.fill_(RANK + 1)
+            procgroup.all_gather(outs, x, group=own)
+            for i, o in enumerate(outs):
+                eq(o, i + 1, f"own all_gather {dt} slot {i}")
+            procgroup.all_gather_into_tensor(big, x, group=own)
+            check(torch.equal(big, torch.arange(1, WS + 1, dtype=dt).repeat_interleave(5)), f"own ag {dt} {big}")
+            big.fill_(RANK + 1)
+            procgroup.reduce_scatter_tensor(part, big, group=own)
+            eq(part, S, f"own reduce_scatter_tensor {dt}")
 
 
 def async_ops() -> None:
@@ -689,6 +789,7 @@ SCENARIOS: Dict[str, Callable[[], None]] = {
     "collectives": collectives,
     "async": async_ops,
     "hot_path": hot_path,
+    "own_api_views": own_api_views,
     "p2p": p2p,
     "subgroups": subgroups,
     "fallthrough": fallthrough,

@@ -132,3 +132,30 @@ def test_ray_identity_source() -> None:
     ident = detect_identity(env)
     assert ident.source == "ray" and ident.rank == 1 and ident.job_id is None
     assert detect_identity({"RANK": "0", "WORLD_SIZE": "1"}).source == "torchrun"
+
+
+def test_torch_tensor_views_follow_the_tensor(world1: None) -> None:
+    """The own API's view of a torch tensor is built from its current memory on every call: a tensor that was
+    reduced can still be resized (Tensor.numpy() used to pin its storage), and a resized, re-pointed or retyped
+    tensor is reduced where its data now is."""
+    torch = pytest.importorskip("torch")
+    from procgroup.data import as_flat
+
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    t.resize_(1000)  # raised "Trying to resize storage that is not resizable" before
+    f = as_flat(t)
+    assert f.array.size == 1000 and f.array.ctypes.data == t.data_ptr()
+    t.resize_(3)
+    assert as_flat(t).array.size == 3
+    other = torch.arange(6.0)
+    t.set_(other)
+    f = as_flat(t)
+    assert f.array.ctypes.data == other.data_ptr() and f.array.tolist() == list(range(6))
+    t.data = torch.ones(2, dtype=torch.bfloat16)
+    f = as_flat(t)
+    assert f.dtype == "bfloat16" and f.array.dtype == np.uint16 and f.array.ctypes.data == t.data_ptr()
+    f = as_flat(torch.zeros(3, 4).t())  # not contiguous: a copy written back after the op
+    assert f.back is not None
+    w = dist.all_reduce(torch.full((5,), 2.0), async_op=True)  # the caller keeps no reference: the view does
+    w.wait()

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions
 
 from . import _core
-from ._fast import DoneWork, DoneWorks, ViewCache, op_of, reduce_op
+from ._fast import DoneWork, DoneWorks, GatherScratch, ViewCache, op_of, reduce_op
 from ._store import TorchStoreAdapter
 from ._work import Executor, P2PWork, Work, seconds
 
@@ -151,6 +151,7 @@ class ProcgroupBackend(dist.ProcessGroup):
         )
         self._exec = Executor(name or "torch")
         self._views = ViewCache()  # numpy views of the tensors of blocking one-tensor calls
+        self._gather = GatherScratch()  # the list-form all_gather's buffer
         self._done = DoneWorks("blocking op")  # the completed Work those calls return, reused when unreferenced
         self._others: Dict[str, Any] = {}  # backend name -> torch Backend built underneath
         #: op name -> how many calls fell through to the fallback backend (for tests and diagnostics)
@@ -431,7 +432,9 @@ class ProcgroupBackend(dist.ProcessGroup):
         if len(input_tensors) == 1 and len(output_tensors) == 1:
             vs = self._blocking(opts, [input_tensors[0], *output_tensors[0]])
             if vs is not None:
-                _C.all_gather(vs[1:], vs[0], group=self._pg, timeout=self._op_timeout(opts))
+                tmo = self._op_timeout(opts)
+                if not self._gather.all_gather(vs[1:], vs[0], self._pg, tmo):
+                    _C.all_gather(vs[1:], vs[0], group=self._pg, timeout=tmo)
                 return self._done.get(output_tensors)
         why = self._route(_flat(output_tensors) + list(input_tensors))
         if why is not None or len(input_tensors) != 1 or len(output_tensors) != 1:
@@ -578,7 +581,12 @@ class ProcgroupBackend(dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:  # noqa: A002
         """Reduce ``input`` across ranks; rank r keeps chunk r in ``output`` (reduce_scatter_tensor)."""
         opts = dist.ReduceScatterOptions() if opts is None else opts
-        op = reduce_op(opts.reduceOp)
+        op = op_of(opts)
+        vs = self._blocking(opts, (output, input)) if op is not None else None
+        if vs is not None:
+            _C.reduce_scatter_tensor(vs[0], vs[1], op=op, group=self._pg, timeout=self._op_timeout(opts))
+            return self._done.get([output])
+        op = op if op is not None else reduce_op(opts.reduceOp)
         why = self._route([output, input]) or (None if op is not None else "PREMUL_SUM")
         if why is not None:
             return self._other("reduce_scatter_single", why, output, input, opts)
