@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from typing import Any, List, Optional, TextIO
 
@@ -41,11 +42,17 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
     Rank 0 of the group receives a token from every other rank; if some are missing at the
     deadline it raises :class:`DistTimeoutError` naming the first missing rank (every missing
     rank with ``wait_all_ranks=True``), and tells the ranks that did arrive, which raise the same.
+    Each message starts with torch's (gloo's) wording, so code that matches it keeps working:
+    rank 0 ``Rank N failed to pass monitoredBarrier in T ms`` (``Ranks A, B failed ...`` with
+    ``wait_all_ranks``; ``Rank 0 timed out in monitoredBarrier after T ms`` when its own time ran
+    out before a rank it had not heard from yet), the others ``Rank R successfully reached
+    monitoredBarrier, but received errors while waiting for send/recv from rank 0``.
+    Nothing is modified in place; a rank not in ``group`` returns at once.
     """
     g = resolve_group(group, "monitored_barrier")
     if not g.is_member():
         return
-    t = to_seconds(timeout)
+    t = 0.0 if _is_zero(timeout) else to_seconds(timeout)  # zero: rank 0 checks once who is there (torch's too)
     tmo = g.timeout if t is None else t
 
     def run(c: Any) -> None:
@@ -55,11 +62,17 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
         token = np.zeros(1, np.int64)
         report = np.full(n + 1, -1, np.int64)  # [count, missing ranks...]
         if c.rank == 0:
+            t0 = time.monotonic()
             dl = Deadline.after(tmo)
             tokens = [np.zeros(1, np.int64) for _ in range(n)]
             reqs = {p: c.irecv(p, tokens[p], step=0) for p in range(1, n)}
             missing: List[int] = []
+            self_timed_out = False
             for p, req in reqs.items():
+                if not wait_all_ranks and dl.remaining() <= 0 and not req.test():
+                    self_timed_out = True  # torch's wording: rank 0's own time ran out before this rank's turn
+                    missing.append(g.ranks[p])
+                    break
                 try:
                     req.wait(dl)
                 except DistTimeoutError:
@@ -72,16 +85,39 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
             for p in arrived:
                 c.send(p, report, step=1)
             if missing:
+                ms = (time.monotonic() - t0) * 1e3 if self_timed_out else tmo * 1e3
+                if self_timed_out:
+                    head = f"Rank {g.ranks[0]} timed out in monitoredBarrier after {ms:.0f} ms"
+                else:
+                    who = f"Rank {missing[0]}" if len(missing) == 1 else "Ranks " + ", ".join(map(str, missing))
+                    head = f"{who} failed to pass monitoredBarrier in {ms:.0f} ms"
                 arrived_ranks = [g.ranks[0]] + [g.ranks[p] for p in arrived]
-                raise DistTimeoutError(_missing_msg(g, missing, arrived_ranks, tmo=tmo, all_=wait_all_ranks))
+                raise DistTimeoutError(
+                    f"{head}: " + _missing_msg(g, missing, arrived_ranks, tmo=tmo, all_=wait_all_ranks)
+                )
         else:
+            head = (
+                f"Rank {g.ranks[c.rank]} successfully reached monitoredBarrier, but received errors while waiting "
+                f"for send/recv from rank {g.ranks[0]}"
+            )
             c.send(0, token, step=0)
-            c.irecv(0, report, step=1).wait(Deadline.after(tmo + 10.0))
+            try:
+                c.irecv(0, report, step=1).wait(Deadline.after(tmo + 10.0))
+            except DistTimeoutError as e:
+                raise DistTimeoutError(f"{head}: rank {g.ranks[0]} sent no verdict ({e})") from e
             k = int(report[0])
             if k > 0:
-                raise DistTimeoutError(_missing_msg(g, [int(x) for x in report[1 : 1 + k]], None, tmo, wait_all_ranks))
+                missing_r = [int(x) for x in report[1 : 1 + k]]
+                raise DistTimeoutError(f"{head}: " + _missing_msg(g, missing_r, None, tmo, wait_all_ranks))
 
     g.run("monitored_barrier", run, timeout=tmo + 15.0, signature=("monitored_barrier",))
+
+
+def _is_zero(timeout: Any) -> bool:
+    try:
+        return timeout is not None and float(getattr(timeout, "total_seconds", lambda: timeout)()) == 0.0
+    except (TypeError, ValueError):
+        return False
 
 
 def _missing_msg(g: Any, missing: List[int], arrived_ranks: Optional[List[int]], tmo: float, all_: bool) -> str:

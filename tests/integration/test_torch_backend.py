@@ -128,8 +128,15 @@ def test_unmodified_script_under_launchers(launcher: str) -> None:
 
 @pytest.mark.timeout(120)
 def test_fallthrough_to_gloo_logged_once() -> None:
-    """monitored_barrier and sparse all_reduce are answered by gloo underneath, and each is logged once."""
+    """A sparse all_reduce is answered by gloo underneath, and logged once; monitored_barrier is served natively."""
     run(2, "fallthrough")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 3])
+def test_torch_monitored_barrier(n: int) -> None:
+    """torch's dist.monitored_barrier works on procgroup groups and fails in torch's wording, naming the late rank."""
+    run(n, "monitored")
 
 
 @pytest.mark.timeout(120)

@@ -618,18 +618,14 @@ def fallthrough() -> None:
     else:
         raise AssertionError("a uint16 send before the fallback exists should raise, not hang")
     for _ in range(2):
-        # torch's dist.monitored_barrier refuses every backend name but "gloo"; holders of the group call it
-        pg.monitored_barrier(timedelta(seconds=30), wait_all_ranks=True)
+        pg.monitored_barrier(timedelta(seconds=30), wait_all_ranks=True)  # served natively: no fallthrough
         idx = torch.tensor([[0, 2]])
         s = torch.sparse_coo_tensor(idx, torch.full((2,), float(RANK + 1)), (4,))
         dist.all_reduce(s)
         check(torch.equal(s.to_dense(), torch.tensor([S, 0.0, S, 0.0])), f"sparse all_reduce {s.to_dense()}")
-    check(pg.fallthrough_counts == {"monitored_barrier": 2, "allreduce": 2}, f"counts {pg.fallthrough_counts}")
+    check(pg.fallthrough_counts == {"allreduce": 2}, f"counts {pg.fallthrough_counts}")
     msgs = [r.getMessage() for r in records if "falls through" in r.getMessage()]
-    check(
-        len(msgs) == 2 and any("monitored_barrier" in m for m in msgs) and any("sparse" in m for m in msgs),
-        f"logged once per op: {msgs}",
-    )
+    check(len(msgs) == 1 and "sparse" in msgs[0], f"logged once per op: {msgs}")
     t = torch.full((2,), float(RANK + 1))
     dist.all_reduce(t)  # native ops still native
     eq(t, S, "native all_reduce after fallthrough")
@@ -784,6 +780,45 @@ def mismatch() -> None:
     raise AssertionError("mismatched all_reduce returned")
 
 
+def monitored() -> None:
+    """torch's ``dist.monitored_barrier`` on procgroup groups (torch itself refuses every name but "gloo"): it
+    passes when every rank arrives; when rank 1 stays away, rank 0 names it and rank 2 reports rank 0's errors, in
+    torch's (gloo's) wording; rank 0 alone with a zero timeout says it timed out itself."""
+    dist.monitored_barrier(timeout=timedelta(seconds=20))
+    dist.monitored_barrier(timeout=timedelta(seconds=20), wait_all_ranks=True)
+    if WS < 3:
+        return
+    late = dist.new_group(backend="procgroup")
+    alone = dist.new_group(backend="procgroup")
+    dist.barrier()
+    if RANK == 1:
+        time.sleep(4.0)  # stays away from the monitored barriers (the others fail within about 1 s)
+        return
+    t0 = time.monotonic()
+    try:
+        dist.monitored_barrier(late, timeout=timedelta(seconds=1))
+    except RuntimeError as e:
+        took, msg = time.monotonic() - t0, str(e)
+    else:
+        raise AssertionError(f"rank {RANK}: monitored_barrier passed without rank 1")
+    if RANK == 0:
+        check("Rank 1 failed to pass monitoredBarrier in 1000 ms" in msg, f"rank 0's error: {msg}")
+        check("rank [1] did not reach monitored_barrier" in msg, f"rank 0's error names rank 1: {msg}")
+    else:
+        want = "Rank 2 successfully reached monitoredBarrier, but received errors while waiting for send/recv "
+        want += "from rank 0: "
+        check(want + "rank [1] did not reach" in msg, f"rank 2's error: {msg}")
+    check(took < 10.0, f"the error took {took:.1f}s")
+    if RANK == 0:
+        try:
+            alone.monitored_barrier(timedelta(0))
+        except RuntimeError as e:
+            check("Rank 0 timed out in monitoredBarrier after" in str(e), f"zero timeout: {e}")
+        else:
+            raise AssertionError("a zero-timeout monitored_barrier with absent ranks passed")
+    time.sleep(0.5)
+
+
 SCENARIOS: Dict[str, Callable[[], None]] = {
     "basic": basic,
     "collectives": collectives,
@@ -793,6 +828,7 @@ SCENARIOS: Dict[str, Callable[[], None]] = {
     "p2p": p2p,
     "subgroups": subgroups,
     "fallthrough": fallthrough,
+    "monitored": monitored,
     "delegate": delegate,
     "dead_peer": dead_peer,
     "deadline": deadline,

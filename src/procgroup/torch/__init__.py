@@ -50,8 +50,10 @@ DEVICES = ["cpu", "cuda"]
 
 def _factory(*args: Any) -> Any:
     """torch's creator function: imports the backend module on first use (see ``backend.create_backend``)."""
+    from ._monitored import install
     from .backend import create_backend
 
+    install()  # torch's monitored_barrier checks for the name "gloo": let procgroup groups through
     return create_backend(*args)
 
 

@@ -8,7 +8,7 @@ torch's operations with procgroup's collectives, in place on the caller's tensor
 * CPU tensors of the common dtypes run natively (shared memory within a host, TCP across);
 * tensors on another device go to that device's torch backend, built lazily over the same store
   (``cuda`` -> ``nccl`` by default; :class:`Options` ``device_backends`` changes the map);
-* anything else (sparse tensors, dtypes procgroup does not reduce, ``PREMUL_SUM``, ``monitored_barrier``...)
+* anything else (sparse tensors, dtypes procgroup does not reduce, ``PREMUL_SUM``...)
   falls through to a gloo backend built lazily on the same store; each kind of op is logged once.
 
 A deadline or a dead peer raises procgroup's error (naming the op, rank and peer) instead of hanging.
@@ -708,20 +708,18 @@ class ProcgroupBackend(dist.ProcessGroup):
         return self._end_coalescing(device)
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-        """torch's monitored barrier (rank 0 names the ranks that did not arrive); runs on the fallback."""
-        why = "monitored_barrier"
-        kind = self._options.fallback
-        self.fallthrough_counts[why] = self.fallthrough_counts.get(why, 0) + 1
-        if (why, why) not in _LOGGED:
-            _LOGGED.add((why, why))
-            logger.warning(
-                "procgroup.torch: monitored_barrier is not served by procgroup; it falls through to %s", kind
-            )
+        """torch's monitored barrier, served by procgroup (:func:`procgroup.monitored_barrier`, torch's wording).
+
+        Rank 0 raises ``Rank N failed to pass monitoredBarrier ...`` naming the first rank that did not arrive
+        within ``timeout`` (every one with ``wait_all_ranks``); the ranks that arrived raise ``... received errors
+        while waiting for send/recv from rank 0``.  ``torch.distributed.monitored_barrier`` reaches it too
+        (:mod:`procgroup.torch._monitored` lets procgroup groups past torch's check for the name "gloo").
+        """
+        from .. import debug
+
         self._exec.drain()
-        b = self._torch_backend(kind)
-        if timeout is None:
-            timeout = timedelta(seconds=self._timeout)
-        b.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+        t = self._timeout if timeout is None else timeout  # timedelta(0) is a zero timeout here, as in gloo
+        debug.monitored_barrier(self._pg, t.total_seconds() if isinstance(t, timedelta) else t, wait_all_ranks)
 
     # -- point-to-point ----------------------------------------------------------------------------
     def send(self, tensors: List[torch.Tensor], dstRank: int, tag: int = 0) -> Any:  # noqa: N803 - torch's names
