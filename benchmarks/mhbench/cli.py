@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="COLL=ALG,...",
         help="experiments: pin procgroup algorithms through procgroup.algorithms.select.FORCE in every rank, "
         "e.g. all_reduce=ring (flat ring over all ranks instead of the hierarchical all_reduce) or "
-        "all_reduce=multileader",
+        "all_reduce=multileader; an upper-case name sets that integer threshold of select instead, e.g. "
+        "INTER_DIRECT_SMALL=0",
     )
     p.add_argument(
         "--pg-variant",

@@ -30,7 +30,12 @@ def _worker(ns: argparse.Namespace) -> int:
         if ns.pg_force:
             from procgroup.algorithms import select
 
-            select.FORCE.update(kv.split("=", 1) for kv in ns.pg_force.split(","))
+            for kv in ns.pg_force.split(","):
+                k, v = kv.split("=", 1)
+                if k.isupper() and isinstance(getattr(select, k, None), int):  # a threshold, e.g. MULTILEADER_MIN=0
+                    setattr(select, k, int(v))
+                else:
+                    select.FORCE[k] = v
         info = _procgroup_info(dist, a, sizes if ns.op == "all_reduce" else [])
         if ns.pg_stage_times:
             stages = _StageTimes()
