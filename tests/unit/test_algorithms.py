@@ -654,7 +654,8 @@ def test_multileader_and_hierarchical_across_the_direct_threshold(hosts):
     """Slices at, just below and just above INTER_DIRECT_SMALL (direct / direct_rsag between hosts), odd sizes."""
     p = len(hosts)
     per = select.INTER_DIRECT_SMALL // 4 * 2  # float32 elements whose multileader slice is exactly the threshold
-    ns = [per - 1, per, per + 1, per + 3, 3 * per + 5, 6 * per // 2 + 1]
+    half = per // 2  # ... whose whole buffer is (the hierarchical stage between hosts)
+    ns = [half - 1, half, half + 1, per - 1, per, per + 1, per + 3, 3 * per + 5]
     cases = [(dt, op, n) for n in ns for dt, op in (("float32", ReduceOp.SUM), ("int32", ReduceOp.MAX))]
     fns = (AR.allreduce_multileader, AR.allreduce_hierarchical)
     out: dict = {}

@@ -179,13 +179,18 @@ BIG_LIMIT: Dict[str, int] = {
     "all_gather": 2 << 20,
 }
 #: multi-host all_reduce on hosts with as many ranks each: one leader per host below this, multileader
-#: from here (3 netns hosts x 2 ranks, issue 14.3: multileader 0.45-0.94x hierarchical's time at 64 KiB)
-MULTILEADER_MIN = 64 * 1024
+#: from here.  3 netns hosts x 2 ranks on the 2-CPU host (same-process A/B, variants alternating per
+#: iteration, direct stages between hosts): hierarchical 0.78-0.94x multileader's time at 64-512 KiB with
+#: 0.7-0.9x its CPU (half the messages: the per-message Python cost dominates there), multileader
+#: ahead from 1 MiB (hierarchical 1.03-1.23x at 1-4 MiB)
+MULTILEADER_MIN = 1024 * 1024
 #: the all_reduce between hosts (a stage of the two above) uses the direct algorithms up to this many hosts
 INTER_DIRECT_MAX_P = 8
 #: ... and between them: direct (one hop, (p-1)n bytes out per rank) up to here, direct reduce-scatter +
-#: all-gather (two hops, the ring's bytes) above
-INTER_DIRECT_SMALL = 64 * 1024
+#: all-gather (two hops, the ring's bytes) above.  Same A/B: direct and direct reduce-scatter + all-gather
+#: within noise of each other up to 1 MiB, direct with fewer messages and less CPU up to 512 KiB; both
+#: ahead of recursive doubling / ring (those 1.02-1.22x at 64 KiB-4 MiB)
+INTER_DIRECT_SMALL = 512 * 1024
 
 #: collective -> algorithm name, overriding the size-based choice
 FORCE: Dict[str, str] = {}
