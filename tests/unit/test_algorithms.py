@@ -635,7 +635,7 @@ def test_multileader_all_reduce(hosts):
     assert crossing == set(range(p)), f"every rank should send across hosts, only {sorted(crossing)} did"
 
 
-def test_inter_host_stage_is_direct_for_few_hosts():
+def test_inter_host_stage_is_direct_for_few_hosts(monkeypatch):
     """The stage between hosts: direct (one hop) when small, direct reduce-scatter + all-gather above, flat rows
     beyond INTER_DIRECT_MAX_P hosts; the hierarchical all_reduces ask for it."""
     small, maxp = select.INTER_DIRECT_SMALL, select.INTER_DIRECT_MAX_P
@@ -646,6 +646,9 @@ def test_inter_host_stage_is_direct_for_few_hosts():
     assert select.choose_all_reduce_inter(maxp, 1 << 20, 1 << 18) is DIR.allreduce_direct_rsag
     assert select.choose_all_reduce_inter(maxp + 1, 4, 1) is AR.allreduce_recursive_doubling
     assert select.choose_all_reduce_inter(maxp + 1, 1 << 20, 1 << 18) is AR.allreduce_ring
+    monkeypatch.setattr(select, "INTER_RSAG_MAX", 1 << 20)
+    assert select.choose_all_reduce_inter(3, 1 << 20, 1 << 18) is DIR.allreduce_direct_rsag
+    assert select.choose_all_reduce_inter(3, (1 << 20) + 4, (1 << 18) + 1) is AR.allreduce_ring
     assert select.ALGORITHMS["all_reduce"]["direct"] is DIR.allreduce_direct
 
 

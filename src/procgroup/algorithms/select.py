@@ -19,8 +19,8 @@ all_reduce         recursive doubling (fold for p != 2^k)       ring reduce-scat
                    slice i -> intra-host ring all-gather.  The stage between hosts (leaders, or
                    local rank i of every host) is chosen by choose_all_reduce_inter: for at most
                    INTER_DIRECT_MAX_P hosts direct (every message at once: one hop) up to
-                   INTER_DIRECT_SMALL, direct reduce-scatter + direct all-gather (two hops) above;
-                   the flat rows for more hosts
+                   INTER_DIRECT_SMALL, direct reduce-scatter + direct all-gather (two hops) above
+                   (up to INTER_RSAG_MAX); the flat rows for more hosts
 broadcast          binomial tree when n <= BCAST_SMALL or p<=2  binomial scatter + ring all-gather
 reduce             binomial tree when n <= REDUCE_SMALL         ring reduce-scatter + direct gather to root
                    or elements < p
@@ -191,6 +191,10 @@ INTER_DIRECT_MAX_P = 8
 #: within noise of each other up to 1 MiB, direct with fewer messages and less CPU up to 512 KiB; both
 #: ahead of recursive doubling / ring (those 1.02-1.22x at 64 KiB-4 MiB)
 INTER_DIRECT_SMALL = 512 * 1024
+#: ... and the direct reduce-scatter + all-gather up to here (bytes of the stage), the flat rows (ring) above:
+#: no limit, the same A/B at 4-16 MiB per rank (stages of 2-8 MiB) gave the ring 0.98-1.07x its time and
+#: 1.07-1.10x its CPU (a knob for hosts where many concurrent streams lose)
+INTER_RSAG_MAX = 1 << 62
 
 #: collective -> algorithm name, overriding the size-based choice
 FORCE: Dict[str, str] = {}
@@ -272,7 +276,9 @@ def choose_all_reduce_inter(p: int, nbytes: int, nelems: int) -> Callable[..., N
         return choose_all_reduce_flat(p, nbytes, nelems)
     if nbytes <= INTER_DIRECT_SMALL or nelems < p:
         return allreduce_direct
-    return allreduce_direct_rsag
+    if nbytes <= INTER_RSAG_MAX:
+        return allreduce_direct_rsag
+    return choose_all_reduce_flat(p, nbytes, nelems)
 
 
 #: host keys -> (hierarchical applies, every host has as many ranks)
