@@ -42,9 +42,11 @@ What it does, as root:
 
 Experiments (for whoever tunes procgroup): ``--pg-stage-times`` splits procgroup's all_reduce
 time into its stages; ``--pg-variant NAME=all_reduce=ALG`` times procgroup with an algorithm pinned
-(select.FORCE) beside the default in every
-round; ``--op sendrecv --hosts 2 --per-host 1`` measures one TCP hop.  ``--render JSON`` re-renders a
-report.  Every run also records each system's CPU time per call (all ranks, user + sys).
+(select.FORCE; an upper-case name sets an integer threshold of select) beside the default in every
+round, and with ``--pg-ab`` inside the default run, alternating with it per iteration (the comparison
+to trust on a shared machine: load drifts between runs); ``--op sendrecv --hosts 2 --per-host 1``
+measures one TCP hop.  ``--render JSON`` re-renders a report.  Every run also records each system's
+CPU time per call (all ranks, user + sys).
 
 The same file is the worker (``--worker procgroup|mpi``, started by the launchers).
 """

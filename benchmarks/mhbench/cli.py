@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="COLL=ALG,...",
         help="experiments: pin procgroup algorithms through procgroup.algorithms.select.FORCE in every rank, "
         "e.g. all_reduce=ring (flat ring over all ranks instead of the hierarchical all_reduce) or "
-        "all_reduce=multileader",
+        "all_reduce=multileader; an upper-case name sets that integer threshold of select instead, e.g. "
+        "INTER_DIRECT_SMALL=0",
     )
     p.add_argument(
         "--pg-variant",
@@ -101,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=COLL=ALG[,COLL=ALG]",
         help="experiments: also time procgroup with these algorithms pinned, as system procgroup-NAME, in "
         "every round (repeatable), e.g. --pg-variant ml=all_reduce=multileader",
+    )
+    p.add_argument(
+        "--pg-ab",
+        action="store_true",
+        help="experiments: time the --pg-variant settings inside the default procgroup run instead of in runs of "
+        "their own, alternating with the default per iteration (each call after a barrier; time = slowest rank, "
+        "CPU = all ranks and threads): load that drifts between runs cannot bias this comparison",
     )
     p.add_argument(
         "--pg-stage-times",
@@ -128,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     # internal modes
     p.add_argument("--worker", choices=("procgroup", "mpi"), help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--pg-ab-variants", default="", help=argparse.SUPPRESS)
     p.add_argument("--_watchdog", dest="watchdog", help=argparse.SUPPRESS)
     return p
 
@@ -186,7 +195,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     # Ctrl-C tears down too, even when started from a shell that ignores SIGINT in background jobs
     old[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
-    systems = ["procgroup"] + [f"procgroup-{v}" for v in ns.variants] + [f"mpi-{c}" for c in configs]
+    if ns.pg_ab and not ns.variants:
+        p.error("--pg-ab compares --pg-variant settings with the default: give at least one --pg-variant")
+    solo = [] if ns.pg_ab else [f"procgroup-{v}" for v in ns.variants]  # --pg-ab: inside the default run
+    systems = ["procgroup"] + solo + [f"mpi-{c}" for c in configs]
     started = datetime.datetime.now(datetime.timezone.utc)
     result: dict = {
         "tool": "benchmarks/multihost.py",
@@ -210,6 +222,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "pg_force": ns.pg_force,
             "pg_variants": ns.variants,
             "pg_stage_times": ns.pg_stage_times,
+            "pg_ab": ns.pg_ab,
             "calm": ns.calm,
         },
         "machine": machine_info(),

@@ -209,6 +209,17 @@ def markdown(result: dict) -> str:
                     for k, v in st.items()
                 )
             )
+    for r in result["runs"]:
+        for size, row in (r.get("ab") or {}).items():
+            lines.append(
+                f"{r['system']} A/B in one run (--pg-ab), round {r['round']}, {fmt_size(int(size))}: "
+                + "; ".join(
+                    f"{name} {v['median_ms']:.3f} ms, x{v['ratio_vs_default']:.2f} of default (median per-call ratio), "
+                    f"CPU {v['cpu_ms_per_call_all_ranks']:.2f} ms/call all ranks"
+                    + (f" [{v['spec']}]" if v["spec"] else "")
+                    for name, v in row.items()
+                )
+            )
     td = result.get("teardown", {})
     lines += [
         "",

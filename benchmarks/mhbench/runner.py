@@ -48,6 +48,11 @@ class Runner:
             str(self.ns.timeout),
             *(["--pg-force", force] if system == "procgroup" and force else []),
             *(["--pg-stage-times"] if system == "procgroup" and self.ns.pg_stage_times else []),
+            *(
+                ["--pg-ab-variants", json.dumps(self.ns.variants)]
+                if system == "procgroup" and self.ns.pg_ab and not force
+                else []
+            ),
         ]
 
     def _start(self, cmd: List[str], env: dict, logf) -> subprocess.Popen:  # type: ignore[no-untyped-def]
@@ -180,6 +185,9 @@ class Runner:
         cpu = next((r for r in recs if r.get("kind") == "cpu"), None)
         if cpu:
             info["cpu"] = {k: v for k, v in cpu.items() if k != "kind"}
+        ab = next((r for r in recs if r.get("kind") == "ab"), None)
+        if ab:
+            info["ab"] = ab.get("ab")
         st = next((r for r in recs if r.get("kind") == "stages"), None)
         if st:
             info["stage_times"] = st.get("stage_times")

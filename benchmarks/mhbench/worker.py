@@ -28,9 +28,7 @@ def _worker(ns: argparse.Namespace) -> int:
         dist.init_process_group(timeout=ns.timeout)
         a = TorchStyleAdapter("procgroup", dist)
         if ns.pg_force:
-            from procgroup.algorithms import select
-
-            select.FORCE.update(kv.split("=", 1) for kv in ns.pg_force.split(","))
+            _apply_force(ns.pg_force)
         info = _procgroup_info(dist, a, sizes if ns.op == "all_reduce" else [])
         if ns.pg_stage_times:
             stages = _StageTimes()
@@ -91,6 +89,11 @@ def _worker(ns: argparse.Namespace) -> int:
                     )
                     + "\n"
                 )
+            if ns.pg_ab_variants:
+                ab = _ab(dist, a, sizes, json.loads(ns.pg_ab_variants), ns.iters, ns.warmup)
+                if f is not None:
+                    f.write(json.dumps({"kind": "ab", "ab": ab}) + "\n")
+                    f.flush()
             if stages is not None:
                 m = a.gather_rows(stages.row())
                 if f is not None:
@@ -112,6 +115,83 @@ def _worker(ns: argparse.Namespace) -> int:
         if finish is not None:
             finish()
     return 0
+
+
+def _apply_force(spec: str) -> None:
+    """``COLL=ALG,...`` into select.FORCE; an upper-case name sets that integer threshold of select instead."""
+    from procgroup.algorithms import select
+
+    for kv in spec.split(","):
+        k, v = kv.split("=", 1)
+        if k.isupper() and isinstance(getattr(select, k, None), int):  # a threshold, e.g. MULTILEADER_MIN=0
+            setattr(select, k, int(v))
+        else:
+            select.FORCE[k] = v
+
+
+def _ab(dist, a, sizes: Sequence[int], variants: Dict[str, str], iters: int, warmup: int) -> dict:  # type: ignore[no-untyped-def]
+    """--pg-ab: the default and every variant in one run, alternating per iteration (order reversed every other
+    one), each call after a barrier; per call the slowest rank's time and the CPU time of all ranks (all threads).
+
+    Load that drifts over seconds biases separate runs; here every variant sees the same load.  Each variant's
+    result is checked against the closed form first.  Rank 0 returns {size: {variant: stats}}.
+    """
+    import time
+
+    import numpy as np
+
+    from procgroup.algorithms import select
+
+    specs = [("default", "")] + list(variants.items())
+    force0 = dict(select.FORCE)
+    keys = {kv.split("=", 1)[0] for _, spec in specs for kv in spec.split(",") if spec}
+    ints0 = {k: getattr(select, k) for k in keys if k.isupper() and isinstance(getattr(select, k, None), int)}
+
+    def use(spec: str) -> None:
+        select.FORCE.clear()
+        select.FORCE.update(force0)
+        for k, v in ints0.items():
+            setattr(select, k, v)
+        if spec:
+            _apply_force(spec)
+
+    n, out = a.size, {}
+    try:
+        for s in sizes:
+            buf = np.zeros(max(1, s // 4), np.float32)
+            for name, spec in specs:
+                use(spec)
+                buf[:] = a.rank + 1
+                dist.all_reduce(buf)
+                if not (buf == n * (n + 1) // 2).all():
+                    raise AssertionError(f"--pg-ab {name}: wrong all_reduce result, {s} bytes, rank {a.rank}")
+                buf[:] = 0
+                for _ in range(warmup):
+                    dist.all_reduce(buf)
+            m = np.zeros((2, len(specs), iters))
+            for i in range(iters):
+                for j in range(len(specs)) if i % 2 == 0 else reversed(range(len(specs))):
+                    use(specs[j][1])
+                    dist.barrier()
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    dist.all_reduce(buf)
+                    m[0, j, i], m[1, j, i] = time.perf_counter() - t0, time.process_time() - c0
+            g = a.gather_rows(m.ravel())
+            if g is not None:
+                g = g.reshape(g.shape[0], 2, len(specs), iters)
+                t, cpu = g[:, 0].max(axis=0), g[:, 1].sum(axis=0)  # (variants, iters)
+                out[str(s)] = {
+                    name: {
+                        "median_ms": round(1e3 * float(np.median(t[j])), 4),
+                        "ratio_vs_default": round(float(np.median(t[j] / t[0])), 3),
+                        "cpu_ms_per_call_all_ranks": round(1e3 * float(cpu[j].mean()), 3),
+                        "spec": spec,
+                    }
+                    for j, (name, spec) in enumerate(specs)
+                }
+    finally:
+        use("")
+    return out
 
 
 class _StageTimes:

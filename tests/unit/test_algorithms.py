@@ -20,6 +20,7 @@ import pytest
 from procgroup.algorithms import allreduce as AR
 from procgroup.algorithms import alltoall as A2A
 from procgroup.algorithms import bcast as BC
+from procgroup.algorithms import direct as DIR
 from procgroup.algorithms import dissemination as BAR
 from procgroup.algorithms import gathering as GA
 from procgroup.algorithms import redscat as RSC
@@ -244,6 +245,8 @@ ALLREDUCE = {
     "ring": AR.allreduce_ring,
     "reduce_bcast": AR.allreduce_reduce_bcast,
     "hierarchical_1host": AR.allreduce_hierarchical,
+    "direct": DIR.allreduce_direct,
+    "direct_rsag": DIR.allreduce_direct_rsag,
     "select": select.all_reduce,
 }
 
@@ -266,7 +269,7 @@ def test_all_reduce(alg, p):
 
 
 @pytest.mark.parametrize("p", [3, 5, 6, 8])
-@pytest.mark.parametrize("alg", ["recursive_doubling", "ring", "reduce_bcast"])
+@pytest.mark.parametrize("alg", ["recursive_doubling", "ring", "reduce_bcast", "direct", "direct_rsag"])
 def test_all_reduce_identical_bits_on_every_rank(alg, p):
     """Inexact float sums: every rank must hold the same bits, close to the float64 sum."""
     n = 5003
@@ -630,6 +633,48 @@ def test_multileader_all_reduce(hosts):
         assert len({out[(r, k)] for r in range(p)}) == 1, f"case {k}: ranks disagree bitwise"
     crossing = {s for s, d in log if hosts[s] != hosts[d]}
     assert crossing == set(range(p)), f"every rank should send across hosts, only {sorted(crossing)} did"
+
+
+def test_inter_host_stage_is_direct_for_few_hosts(monkeypatch):
+    """The stage between hosts: direct (one hop) when small, direct reduce-scatter + all-gather above, flat rows
+    beyond INTER_DIRECT_MAX_P hosts; the hierarchical all_reduces ask for it."""
+    small, maxp = select.INTER_DIRECT_SMALL, select.INTER_DIRECT_MAX_P
+    assert AR._stages.all_reduce_flat is select.choose_all_reduce_inter
+    assert select.choose_all_reduce_inter(3, 4, 1) is DIR.allreduce_direct
+    assert select.choose_all_reduce_inter(3, small, small // 4) is DIR.allreduce_direct
+    assert select.choose_all_reduce_inter(3, small + 4, small // 4 + 1) is DIR.allreduce_direct_rsag
+    assert select.choose_all_reduce_inter(maxp, 1 << 20, 1 << 18) is DIR.allreduce_direct_rsag
+    assert select.choose_all_reduce_inter(maxp + 1, 4, 1) is AR.allreduce_recursive_doubling
+    assert select.choose_all_reduce_inter(maxp + 1, 1 << 20, 1 << 18) is AR.allreduce_ring
+    monkeypatch.setattr(select, "INTER_RSAG_MAX", 1 << 20)
+    assert select.choose_all_reduce_inter(3, 1 << 20, 1 << 18) is DIR.allreduce_direct_rsag
+    assert select.choose_all_reduce_inter(3, (1 << 20) + 4, (1 << 18) + 1) is AR.allreduce_ring
+    assert select.ALGORITHMS["all_reduce"]["direct"] is DIR.allreduce_direct
+
+
+@pytest.mark.parametrize("hosts", [["a", "a", "b", "b", "c", "c"], ["a", "b", "c", "a", "b", "c"]])
+def test_multileader_and_hierarchical_across_the_direct_threshold(hosts):
+    """Slices at, just below and just above INTER_DIRECT_SMALL (direct / direct_rsag between hosts), odd sizes."""
+    p = len(hosts)
+    per = select.INTER_DIRECT_SMALL // 4 * 2  # float32 elements whose multileader slice is exactly the threshold
+    half = per // 2  # ... whose whole buffer is (the hierarchical stage between hosts)
+    ns = [half - 1, half, half + 1, per - 1, per, per + 1, per + 3, 3 * per + 5]
+    cases = [(dt, op, n) for n in ns for dt, op in (("float32", ReduceOp.SUM), ("int32", ReduceOp.MAX))]
+    fns = (AR.allreduce_multileader, AR.allreduce_hierarchical)
+    out: dict = {}
+
+    def body(r, make):
+        for k, (dt, op, n) in enumerate(cases):
+            for j, f in enumerate(fns):
+                buf = contrib(dt, op, r, n)
+                f(make(2 * k + j + 1), buf, kernel(op, dt))
+                check_reduced(dt, op, p, buf, f"case {k} via {f.__name__} {dt} {op.name} n={n} rank {r}/{p}")
+                out[(r, k, j)] = buf.tobytes()
+
+    run_ranks(p, body, hosts=hosts)
+    for k in range(len(cases)):
+        for j in range(len(fns)):
+            assert len({out[(r, k, j)] for r in range(p)}) == 1, f"case {k}: ranks disagree bitwise"
 
 
 def test_multileader_falls_back_on_uneven_hosts():

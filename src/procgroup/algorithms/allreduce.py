@@ -35,9 +35,9 @@ Kernel = Callable[[np.ndarray, np.ndarray], None]
 class StageChoices:
     """How the hierarchical all_reduces pick the algorithm of each stage when the caller names none.
 
-    ``all_reduce_flat(p, nbytes, nelems)``, ``reduce(p, nbytes, nelems)`` and ``broadcast(p, nbytes)`` return
-    an algorithm.  The selection policy (:mod:`procgroup.algorithms.select`) installs its own on import,
-    so this module never imports it.
+    ``all_reduce_flat(p, nbytes, nelems)`` (the stage between hosts), ``reduce(p, nbytes, nelems)`` and
+    ``broadcast(p, nbytes)`` (within a host) return an algorithm.  The selection policy
+    (:mod:`procgroup.algorithms.select`) installs its own on import, so this module never imports it.
     """
 
     all_reduce_flat: Callable[[int, int, int], Callable[..., None]]

@@ -16,7 +16,11 @@ all_reduce         recursive doubling (fold for p != 2^k)       ring reduce-scat
                    (rows "reduce") -> all_reduce among host leaders (flat rows) -> intra-host broadcast;
                    multileader instead from MULTILEADER_MIN when every host has as many ranks:
                    intra-host ring reduce-scatter -> local rank i of every host all-reduces
-                   slice i -> intra-host ring all-gather
+                   slice i -> intra-host ring all-gather.  The stage between hosts (leaders, or
+                   local rank i of every host) is chosen by choose_all_reduce_inter: for at most
+                   INTER_DIRECT_MAX_P hosts direct (every message at once: one hop) up to
+                   INTER_DIRECT_SMALL, direct reduce-scatter + direct all-gather (two hops) above
+                   (up to INTER_RSAG_MAX); the flat rows for more hosts
 broadcast          binomial tree when n <= BCAST_SMALL or p<=2  binomial scatter + ring all-gather
 reduce             binomial tree when n <= REDUCE_SMALL         ring reduce-scatter + direct gather to root
                    or elements < p
@@ -105,6 +109,7 @@ from .arena import (
 )
 from .bcast import bcast_binomial, bcast_scatter_allgather
 from .bigarena import allgather_big, allreduce_big, bcast_big, reduce_big, reduce_scatter_big
+from .direct import allreduce_direct, allreduce_direct_rsag
 from .dissemination import barrier_dissemination
 from .gathering import (
     allgather_bruck,
@@ -133,6 +138,7 @@ __all__ = [
     "ALGORITHMS",
     "choose_all_reduce",
     "choose_all_reduce_flat",
+    "choose_all_reduce_inter",
     "choose_broadcast",
     "choose_reduce",
     "broadcast",
@@ -173,8 +179,22 @@ BIG_LIMIT: Dict[str, int] = {
     "all_gather": 2 << 20,
 }
 #: multi-host all_reduce on hosts with as many ranks each: one leader per host below this, multileader
-#: from here (3 netns hosts x 2 ranks, issue 14.3: multileader 0.45-0.94x hierarchical's time at 64 KiB)
-MULTILEADER_MIN = 64 * 1024
+#: from here.  3 netns hosts x 2 ranks on the 2-CPU host (same-process A/B, variants alternating per
+#: iteration, direct stages between hosts): hierarchical 0.78-0.94x multileader's time at 64-512 KiB with
+#: 0.7-0.9x its CPU (half the messages: the per-message Python cost dominates there), multileader
+#: ahead from 1 MiB (hierarchical 1.03-1.23x at 1-4 MiB)
+MULTILEADER_MIN = 1024 * 1024
+#: the all_reduce between hosts (a stage of the two above) uses the direct algorithms up to this many hosts
+INTER_DIRECT_MAX_P = 8
+#: ... and between them: direct (one hop, (p-1)n bytes out per rank) up to here, direct reduce-scatter +
+#: all-gather (two hops, the ring's bytes) above.  Same A/B: direct and direct reduce-scatter + all-gather
+#: within noise of each other up to 1 MiB, direct with fewer messages and less CPU up to 512 KiB; both
+#: ahead of recursive doubling / ring (those 1.02-1.22x at 64 KiB-4 MiB)
+INTER_DIRECT_SMALL = 512 * 1024
+#: ... and the direct reduce-scatter + all-gather up to here (bytes of the stage), the flat rows (ring) above:
+#: no limit, the same A/B at 4-16 MiB per rank (stages of 2-8 MiB) gave the ring 0.98-1.07x its time and
+#: 1.07-1.10x its CPU (a knob for hosts where many concurrent streams lose)
+INTER_RSAG_MAX = 1 << 62
 
 #: collective -> algorithm name, overriding the size-based choice
 FORCE: Dict[str, str] = {}
@@ -186,6 +206,8 @@ ALGORITHMS: Dict[str, Dict[str, Callable[..., None]]] = {
         "reduce_bcast": allreduce_reduce_bcast,
         "hierarchical": allreduce_hierarchical,
         "multileader": allreduce_multileader,
+        "direct": allreduce_direct,
+        "direct_rsag": allreduce_direct_rsag,
         "arena": allreduce_arena,
         "big": allreduce_big,
     },
@@ -241,6 +263,22 @@ def choose_all_reduce_flat(p: int, nbytes: int, nelems: int) -> Callable[..., No
     if nbytes <= ALLREDUCE_SMALL or nelems < p:
         return allreduce_recursive_doubling
     return allreduce_ring
+
+
+def choose_all_reduce_inter(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
+    """The all-reduce between hosts (one rank per host, a stage of the hierarchical all_reduces).
+
+    Every pair of hosts has its own connection, so for few hosts all messages of a phase go at once:
+    direct (one hop) when small, direct reduce-scatter + all-gather (two hops) otherwise; the flat
+    choice for more than ``INTER_DIRECT_MAX_P`` hosts.
+    """
+    if p > INTER_DIRECT_MAX_P:
+        return choose_all_reduce_flat(p, nbytes, nelems)
+    if nbytes <= INTER_DIRECT_SMALL or nelems < p:
+        return allreduce_direct
+    if nbytes <= INTER_RSAG_MAX:
+        return allreduce_direct_rsag
+    return choose_all_reduce_flat(p, nbytes, nelems)
 
 
 #: host keys -> (hierarchical applies, every host has as many ranks)
@@ -301,7 +339,7 @@ def choose_reduce(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
 
 # the hierarchical all_reduces pick their stages with this policy (they do not import this module)
 install_stage_choices(
-    StageChoices(all_reduce_flat=choose_all_reduce_flat, reduce=choose_reduce, broadcast=choose_broadcast)
+    StageChoices(all_reduce_flat=choose_all_reduce_inter, reduce=choose_reduce, broadcast=choose_broadcast)
 )
 
 

@@ -13,11 +13,16 @@ posted buffers or the unexpected queue, waking their waiters).
   when it dispatches the waiter's message, or when it gives the role back (the waiter then takes it).
 * One *watcher* thread per transport notices what arrives while nobody waits: an ``epoll`` set with
   every connection whose role is free, one-shot (the holder of a role disarms its socket while it
-  reads and re-arms it when it gives the role back), so the watcher is never woken for data that a
-  waiter reads.  It drains what is ready without blocking: unexpected messages, the stream of a
-  message whose receiver is not waiting yet (so two ranks sending large messages to each other cannot
-  deadlock), and EOF, resets or protocol violations, which fail the peer
-  (:class:`~procgroup.errors.PeerFailureError` naming its rank and address) whether or not anyone waits.
+  reads; the watcher re-arms it ``_GRACE`` after the role was last given back, by a waiter or by
+  itself at a message boundary; at once while a message is half read), so the watcher is
+  never woken for data that a waiter reads.  Collectives called back to back read the same
+  connections every few milliseconds, so a message that arrives before its receiver waits stays in
+  the socket for that receiver (no wake-up of the watcher, no unexpected copy, no hand-off); the
+  watcher looks at given-back connections at least every ``_IDLE`` seconds.  It drains what is ready
+  without blocking: unexpected messages, the stream of a message whose receiver is not waiting yet (so
+  two ranks sending large messages to each other cannot deadlock), and EOF, resets or protocol
+  violations, which fail the peer (:class:`~procgroup.errors.PeerFailureError` naming its rank and
+  address) whether or not anyone waits.
 
 Bounds and authentication are unchanged: every byte goes through the decoder (lengths checked against
 ``max_frame_size`` before use), and connections exist only after the HMAC handshake of formation.
@@ -47,7 +52,11 @@ logger = logging.getLogger("procgroup.transport")
 _RBUF = 64 << 10
 _MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 _SLICE = 1.0  # longest single sleep of a reader or waiter (a safety net: every wake-up has a cause)
-_GRACE = 0.002  # a connection a waiter just read stays with the waiters this long before the watcher reads it
+# a connection a waiter just read stays with the waiters this long before the watcher reads it: longer than the
+# gap between back-to-back collectives (a message that arrives early is left for its receiver), short enough to
+# drain a message nobody takes (two ranks blocked sending to each other) or notice EOF within tens of ms
+_GRACE = 0.02
+_IDLE = 0.05  # the watcher's longest sleep while connections wait for their re-arm
 _HAS_EPOLL = hasattr(select, "epoll")
 _POLLIN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 if _HAS_EPOLL:
@@ -129,7 +138,6 @@ class TcpReading(EngineTransport):
         os.set_blocking(self._wake_r, False)
         self._by_fd: Dict[int, _Conn] = {}
         self._pending: Set[_Conn] = set()  # given back by waiters, not re-armed yet (the watcher does it)
-        self._watch_idle = False  # the watcher sleeps without a re-arm due: givers re-arm themselves
         self._ep = select.epoll() if _HAS_EPOLL else None
         for c in self._conns.values():
             c.dec = FrameDecoder(self._max_frame, buffer_size=_RBUF)
@@ -203,9 +211,9 @@ class TcpReading(EngineTransport):
     def _give(self, c: _Conn, rearm: bool = False) -> None:
         """Give the role back and wake the threads that wait for it.
 
-        The watcher's interest comes back ``_GRACE`` later (or at once with ``rearm``, or when the
-        watcher is idle): a waiter that reads a conversation usually comes back for the next message
-        within microseconds, and a watcher woken meanwhile would take the message and hand it over.
+        The watcher's interest comes back ``_GRACE`` later (at once with ``rearm``), when the watcher
+        re-arms it: a waiter that reads a conversation usually comes back for the next message within
+        microseconds to milliseconds, and a watcher woken meanwhile would take the message and hand it over.
         """
         c.role.release()
         if not c.dead and not self._closed:
@@ -214,8 +222,6 @@ class TcpReading(EngineTransport):
             else:
                 c.given_at = time.monotonic()
                 self._pending.add(c)
-                if self._watch_idle:
-                    self._arm(c)
         if c.wanted:
             with self._lock:
                 self._cond.notify_all()
@@ -389,8 +395,6 @@ class TcpReading(EngineTransport):
                     events = ep.poll(timeout)
                 except InterruptedError:
                     continue
-                finally:
-                    self._watch_idle = False
                 for fd, _ in events:
                     c = self._by_fd.get(fd)
                     if c is None:  # the wake pipe: abort (not re-armed) or close (the loop ends)
@@ -402,7 +406,9 @@ class TcpReading(EngineTransport):
                         try:
                             self._pump(c, None, None)
                         finally:
-                            self._give(c, rearm=True)
+                            # in the middle of a message: keep draining it (its sender may be blocked); at a
+                            # message boundary the next one is probably for a receiver about to wait (_GRACE)
+                            self._give(c, rearm=c.rx is not None)
         except (OSError, ValueError):  # the epoll set was closed under us: the transport is closing
             if not self._closed:
                 logger.exception("rank %d: the tcp watcher failed", self.rank)
@@ -423,11 +429,9 @@ class TcpReading(EngineTransport):
                 elif not nxt or due < nxt:
                     nxt = due
             if nxt:
-                return max(nxt - now, 1e-4)
-            self._watch_idle = True  # then look again: a giver that missed the flag left its connection here
+                return min(max(nxt - now, 1e-4), _IDLE)
             if not self._pending:
-                return _SLICE
-            self._watch_idle = False
+                return _IDLE  # a waiter may give a connection back meanwhile: look again within _IDLE
 
     def _watch_slice(self) -> None:
         p = select.poll()

@@ -1,0 +1,107 @@
+"""Direct all-reduces for few ranks: every message posted at once, so each phase costs one hop.
+
+Across hosts (the inter-host stage of the hierarchical and multi-leader all_reduces) there are few
+ranks and every pair has its own connection, so the ``p - 1`` messages of a phase travel
+concurrently.  Against recursive doubling (three serial hops for three ranks: fold in, exchange,
+fold out) and the ring (``2(p - 1)`` serial hops) these need one hop (:func:`allreduce_direct`)
+or two (:func:`allreduce_direct_rsag`), for the same bytes per rank as the ring in the second case.
+
+Results are bitwise identical on all ranks: :func:`allreduce_direct` has every rank fold the
+operands in rank order (``((x0 op x1) op x2) ...``, the first pair taken in either order by the
+commutative kernel); in :func:`allreduce_direct_rsag` each block is reduced by one rank, in a fixed
+order, and copied to the others.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional
+
+import numpy as np
+
+from ..transport.base import Request
+from ._util import P_AG, P_RD, P_RS, SLOT_TMP, partition, scratch_as, step, u8
+
+__all__ = ["allreduce_direct", "allreduce_direct_rsag"]
+
+Kernel = Callable[[np.ndarray, np.ndarray], None]
+
+_ALL = step(P_RD, 0)
+_RS = step(P_RS)
+_AG = step(P_AG)
+
+
+def _wait(comm: Any, reqs: List[Optional[Request]]) -> None:
+    for q in reqs:
+        if q is not None:
+            q.wait(comm.deadline)
+
+
+def allreduce_direct(comm: Any, buf: np.ndarray, reduce: Kernel) -> None:
+    """Every rank sends its whole buffer to every other rank and folds all ``p`` in rank order: one hop.
+
+    Each rank sends and receives ``(p - 1) n`` elements (the ring moves ``2 n (p - 1) / p``): for
+    latency-bound sizes on few ranks.  Scratch: ``(p - 1) n`` elements.
+    """
+    p, r = comm.size, comm.rank
+    n = buf.shape[0]
+    if p == 1 or n == 0:
+        return
+    tmp = scratch_as(comm, (p - 1) * n, buf.dtype, SLOT_TMP)
+
+    def slot(j: int) -> np.ndarray:  # where rank j's buffer arrives
+        k = j if j < r else j - 1
+        return tmp[k * n : (k + 1) * n]
+
+    recvs = {j: comm.irecv(j, u8(slot(j)), _ALL) for j in range(p) if j != r}
+    sends: List[Optional[Request]] = [comm.isend(j, u8(buf), _ALL) for j in range(p) if j != r]
+    acc: Optional[np.ndarray] = None  # x0 op ... op x(r-1), folded while our sends are in flight
+    for j in range(r):
+        recvs[j].wait(comm.deadline)
+        if acc is None:
+            acc = slot(j)
+        else:
+            reduce(acc, slot(j))
+    _wait(comm, sends)  # buf is read by the sends until here
+    if acc is not None:
+        reduce(buf, acc)  # x_r op (x0 ... x(r-1)): the same bits as the other order (commutative kernel)
+    for j in range(r + 1, p):
+        recvs[j].wait(comm.deadline)
+        reduce(buf, slot(j))
+
+
+def allreduce_direct_rsag(comm: Any, buf: np.ndarray, reduce: Kernel) -> None:
+    """Direct reduce-scatter, then direct all-gather: two hops, the ring's bytes.
+
+    Rank ``r`` receives block ``r`` from every rank at once and reduces it (its own first, then
+    ranks ``r + 1, r + 2, ...`` modulo ``p``), then sends it to every rank.  Block sizes differ by at
+    most one element; empty blocks are not sent.  Scratch: ``(p - 1)`` blocks.
+    """
+    p, r = comm.size, comm.rank
+    n = buf.shape[0]
+    if p == 1 or n == 0:
+        return
+    offs = partition(n, p)
+    mine = buf[offs[r] : offs[r + 1]]
+    m = mine.shape[0]
+    tmp = scratch_as(comm, (p - 1) * m, buf.dtype, SLOT_TMP)
+
+    def slot(j: int) -> np.ndarray:
+        k = j if j < r else j - 1
+        return tmp[k * m : (k + 1) * m]
+
+    peers = [(r + k) % p for k in range(1, p)]
+    recvs = {j: comm.irecv(j, u8(slot(j)), _RS) for j in peers} if m else {}
+    sends: List[Optional[Request]] = [
+        comm.isend(j, u8(buf[offs[j] : offs[j + 1]]), _RS) if offs[j + 1] > offs[j] else None for j in peers
+    ]
+    for j in peers:
+        if m:
+            recvs[j].wait(comm.deadline)
+            reduce(mine, slot(j))
+    _wait(comm, sends)  # the blocks we sent are written by the all-gather below
+    gets: List[Optional[Request]] = [
+        comm.irecv(j, u8(buf[offs[j] : offs[j + 1]]), _AG) if offs[j + 1] > offs[j] else None for j in peers
+    ]
+    puts: List[Optional[Request]] = [comm.isend(j, u8(mine), _AG) for j in peers] if m else []
+    _wait(comm, gets)
+    _wait(comm, puts)
