@@ -339,3 +339,16 @@ class ShmArena(Arena):
                     f"ranks {miss} of {self.members} did not arrive within {deadline.elapsed():.2f}s"
                 )
             bell.sleep(snap, self._slice if deadline is None else max(deadline.remaining(), 1e-4), ready)
+
+    def next_slot(self) -> Optional[memoryview]:
+        """This member's payload view of the next exchange's slot (see :meth:`Arena.next_slot`).
+
+        Writing it before ``exchange(None, ...)`` is safe: this member's slot of that parity was last read by
+        the others before they published the previous exchange, which this member saw complete."""
+        t = self.t
+        if t._aborted is not None:
+            raise t._aborted
+        if t._closed or not self._others:
+            raise ClosedError(f"rank {t.rank}: shared-slot exchange on a closed shm transport")
+        k = (self._nat.count if self._nat is not None else self.count) & 1
+        return self._data[k][self.index]
