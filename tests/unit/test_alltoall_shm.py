@@ -305,3 +305,27 @@ def test_selection_uses_the_shm_path_only_with_an_arena_and_forced_names_work(mo
     run_ranks(ts, body)
     assert used == ["shm", "shm"], used  # once per rank, with the arena only
     assert select.ALGORITHMS["all_to_all"]["shm"] is A2A.alltoall_shm
+
+
+def test_bad_arguments_fail_before_any_exchange_even_after_a_cached_layout(world: Any) -> None:
+    """ConfigError for counts and buffers that cannot work, on the first call and once the counts' layout is
+    cached (a buffer too small for counts seen before; element sizes that differ)."""
+    from procgroup.errors import ConfigError
+
+    ts = world(2)
+
+    def body(r: int, make: Callable[..., Comm]) -> None:
+        _check_a2a(r, make(1), "int32", _equal(2, 5), 1, A2A.alltoall_shm)  # caches the layout of [5, 5]
+        bad = [
+            (np.zeros(10, np.int32), [5, 5], np.zeros(9, np.int32), [5, 5]),  # recvbuf too small
+            (np.zeros(9, np.int32), [5, 5], np.zeros(10, np.int32), [5, 5]),  # sendbuf too small
+            (np.zeros(10, np.int32), [5, 5], np.zeros(10, np.int16), [5, 5]),  # element sizes differ
+            (np.zeros(10, np.int32), [5, -5], np.zeros(10, np.int32), [5, 5]),  # negative
+            (np.zeros(10, np.int32), [5], np.zeros(10, np.int32), [5, 5]),  # one count short
+        ]
+        for s, sc, o, rc in bad:
+            with pytest.raises(ConfigError):
+                A2A.alltoall_shm(make(2, 5.0), s, sc, o, rc)
+        _check_a2a(r, make(3), "int32", _equal(2, 5), 3, A2A.alltoall_shm)  # nothing was published: in step
+
+    _run(ts, body)

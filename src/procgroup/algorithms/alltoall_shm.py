@@ -119,8 +119,11 @@ _PREPS: Dict[Tuple[Any, ...], Prep] = {}
 
 def prepare(p: int, me: int, send_counts: Sequence[int], recv_counts: Sequence[int], isz: int) -> Prep:
     """The :class:`Prep` of these counts (cached)."""
-    key = (p, me, isz, tuple(int(c) for c in send_counts), tuple(int(c) for c in recv_counts))
-    got = _PREPS.get(key)
+    key = (p, me, isz, tuple(send_counts), tuple(recv_counts))
+    try:
+        got = _PREPS.get(key)
+    except TypeError:  # unhashable counts: not cached
+        return Prep(p, me, send_counts, recv_counts, isz)
     if got is None:
         if len(_PREPS) >= _PREP_LIMIT:
             _PREPS.clear()
@@ -133,6 +136,14 @@ def _validate(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, sc: Sequence[
     from .alltoall import check_alltoall
 
     check_alltoall(comm, sendbuf, sc, recvbuf, rc)
+
+
+def _bytes(a: np.ndarray) -> memoryview:
+    """A byte memoryview of a C-contiguous array (a cast where the buffer's format allows one: 5x cheaper)."""
+    try:
+        return memoryview(a).cast("B")  # type: ignore[arg-type]  # numpy's stubs do not declare the buffer protocol
+    except (TypeError, ValueError):  # complex formats, or not C-contiguous (u8 then says so)
+        return memoryview(u8(a))  # type: ignore[arg-type]
 
 
 def _copy_stream(
@@ -183,12 +194,21 @@ def alltoall_shm(
                 "the shared-memory all_to_all needs a group whose ranks share a host (an arena holding "
                 f"{_header_bytes(comm.size) * 2} bytes)"
             )
-        _validate(comm, sendbuf, recvbuf, send_counts, recv_counts)
-        prep = prepare(comm.size, comm.rank, send_counts, recv_counts, sendbuf.dtype.itemsize)
-    elif prep.send_total > sendbuf.shape[0] or prep.recv_total > recvbuf.shape[0]:
+        isz = sendbuf.dtype.itemsize
+        try:
+            prep = _PREPS.get((comm.size, comm.rank, isz, tuple(send_counts), tuple(recv_counts)))
+        except TypeError:  # unhashable counts
+            prep = None
+        if prep is None:  # counts not seen yet: the full checks, once
+            _validate(comm, sendbuf, recvbuf, send_counts, recv_counts)
+            prep = prepare(comm.size, comm.rank, send_counts, recv_counts, isz)
+    if (
+        prep.send_total > sendbuf.shape[0]
+        or prep.recv_total > recvbuf.shape[0]
+        or sendbuf.dtype.itemsize != recvbuf.dtype.itemsize
+    ):
         _validate(comm, sendbuf, recvbuf, send_counts, recv_counts)  # raises the message algorithms' error
-    sb = memoryview(u8(sendbuf))  # type: ignore[arg-type]  # numpy's stubs do not declare the buffer protocol
-    rb = memoryview(u8(recvbuf))  # type: ignore[arg-type]
+    sb, rb = _bytes(sendbuf), _bytes(recvbuf)
     hb = prep.hb
     cap = a.max_bytes - hb
     big = a.big
