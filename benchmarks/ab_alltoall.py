@@ -12,7 +12,8 @@ Run under the launcher, e.g.::
 * ``shm``: the shared-memory path, big slots at every size (``BIG_LIMIT`` unlimited);
 * ``hdr+msg``: the shared-memory path's header exchange, then messages for every stream beyond the slot
   (``BIG_LIMIT`` 0): what the selection does above ``BIG_LIMIT``;
-* ``planned``: what a user's loop gets (no algorithm forced: the call's plan, shm path, unlimited).
+* ``planned``: what a user's loop gets (no algorithm forced: the call's plan, shm path, unlimited);
+* ``shm/pK``: ``shm`` with each stream cut into K windows (``alltoall_shm.PIPE_PARTS``; how it was set).
 """
 
 import os
@@ -21,13 +22,19 @@ import time
 import numpy as np
 
 import procgroup as dist
-from procgroup.algorithms import select
+from procgroup.algorithms import alltoall_shm, select
 
 MODES = ("msg", "shm", "hdr+msg", "planned")
 
 
+PARTS = alltoall_shm.PIPE_PARTS
+
+
 def _set(mode: str, n: int) -> None:
     select.FORCE.pop("all_to_all", None)
+    alltoall_shm.PIPE_PARTS = PARTS
+    if mode.startswith("shm/p"):
+        mode, alltoall_shm.PIPE_PARTS = "shm", int(mode[5:])
     select.BIG_LIMIT["all_to_all"] = 0 if mode == "hdr+msg" else 1 << 62
     if mode == "msg":
         select.FORCE["all_to_all"] = "linear" if n <= select.ALLTOALL_SMALL else "pairwise"

@@ -329,3 +329,18 @@ def test_bad_arguments_fail_before_any_exchange_even_after_a_cached_layout(world
         _check_a2a(r, make(3), "int32", _equal(2, 5), 3, A2A.alltoall_shm)  # nothing was published: in step
 
     _run(ts, body)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_pipelined_windows_of_their_own_per_sender(world: Any, p: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PIPE_MIN 1 KiB: every sender cuts its stream into windows of its own size (uneven streams: unequal
+    windows and round counts per sender), the ranks still agree on the rounds."""
+    monkeypatch.setattr(A2A, "PIPE_MIN", 1024)
+    ts = world(p)
+    cases = [_uneven(p, 5000), _mixed(p), _equal(p, SLOT // 3 + 1), _uneven(p, SLOT // 2)]
+
+    def body(r: int, make: Callable[..., Comm]) -> None:
+        for k, C in enumerate(cases):
+            _check_a2a(r, make(k + 1), "int8", C, k, A2A.alltoall_shm)
+
+    _run(ts, body)

@@ -9,25 +9,28 @@ round, so the ranks agree on every later step without a round trip of its own:
    pieces for the other ranks, concatenated in rank order: its own piece never
    leaves it) and where each source's piece ends in what it receives -- and,
    when its stream fits behind the header (``cap`` bytes), the stream itself.
-   A rank whose stream does not fit writes its first big-slot buffer's worth
-   into its big slot instead (step ``turn`` of ``comm.arena.big``).  Then one
-   arena exchange: the payloads of the small case, and the first round of the
-   large one, are complete when it returns.
+   A rank whose stream does not fit writes its first window of it (a slot's
+   worth, see ``PIPE_PARTS``) into its big slot instead (step ``turn`` of
+   ``comm.arena.big``).  Then one arena exchange (check word: the call's,
+   salted with this op's): the payloads of the small case, and the first
+   round of the large one, are complete when it returns.
 2. Every rank reads every header, so every rank derives the same facts: which
-   senders were inline, the longest stream ``M`` of the others, hence the same
-   number of further rounds (``ceil(M / slot) - 1``, each one big-slot sync
-   with a check word naming the call, the op and that number) -- or, above
-   ``select.BIG_LIMIT['all_to_all']`` (or without big slots), the same
+   senders were inline, every stream's length ``n_r`` (the longest: ``M``),
+   hence the same number of further rounds (``max ceil(n_r / W_r) - 1``, each one big-slot sync
+   with a check word naming the call, the op and that number) -- or, with
+   ``M`` above ``select.BIG_LIMIT['all_to_all']`` (or without big slots), the same
    decision to move the non-inline pieces as messages instead.  When some
    stream was not inline, every rank also checks every pair (what ``r`` sends
    ``j`` against what ``j`` expects from ``r``), so a count mismatch fails on
    every rank at once instead of leaving the others in a sync; with every
    stream inline, each rank checks what it receives (as the message
    algorithms do) and the others have already finished.
-3. Round ``t`` moves bytes ``[t L, (t + 1) L)`` of every stream: each rank
-   copies that window of its stream into its buffer ``t & 1``, syncs, and
-   copies its own piece of the window out of every other rank's buffer (the
-   double buffering and the check words are those of ``algorithms.bigarena``).
+3. Round ``t`` moves window ``t`` of every stream (bytes ``[t W, (t + 1) W)``,
+   ``W`` each sender's window, a function of its stream's length that every
+   rank reads in the headers): each rank copies that window of its stream
+   into its buffer ``t & 1``, syncs, and copies its own piece of every other
+   rank's window out of that rank's buffer (the double buffering and the
+   check words are those of ``algorithms.bigarena``).
 
 A rank's own piece is copied locally.  The result is the bytes the message
 algorithms deliver, bit for bit.  The arena exchange and the syncs keep
@@ -65,6 +68,15 @@ _OP_ALLTOALL = 7  # beside algorithms.bigarena's op codes (1-6)
 #: folded into the arena exchange's check word: another collective whose call fingerprint collides with this
 #: one's (16 bits) still never completes an exchange with it
 _SALT = 0xA2A0_0000
+#: a stream through the big slots goes in windows of 1/PIPE_PARTS of it, at least PIPE_MIN bytes, at most a slot.
+#: 1: no pipelining within a slot's worth.  benchmarks/ab_alltoall.py (shm/p1, shm/p2, shm/p4; 2-CPU host at
+#: load 7-10): 2 parts took 1.04x-1.13x one part's time at N=2 from 256 KiB to 1 MiB per rank, and 4 parts
+#: 1.1x-2x (an extra sync costs a wake-up when a member is descheduled; the overlap it buys needs both
+#: members running).  Rerun on a quiet host before raising it.
+PIPE_PARTS = 1
+PIPE_MIN = 64 << 10
+#: (sender, where its piece for this rank starts and ends in its stream, its stream's length)
+Piece = Tuple[int, int, int, int]
 #: prepared layouts kept per (counts, item size, group size, rank); past that the cache starts over
 _PREP_LIMIT = 64
 
@@ -146,6 +158,12 @@ def _bytes(a: np.ndarray) -> memoryview:
         return memoryview(u8(a))  # type: ignore[arg-type]
 
 
+def _window(n: int, slot: int) -> int:
+    """Bytes per round of a stream of ``n`` bytes: 1/PIPE_PARTS of it (so that a sender's copy in of the next
+    window overlaps the receivers' copy out of this one), at least PIPE_MIN, at most a slot (1 for n = 0)."""
+    return max(1, min(slot, max(PIPE_MIN, ((n + PIPE_PARTS - 1) // PIPE_PARTS + 4095) & ~4095)))
+
+
 def _copy_stream(
     dst: memoryview, dst_at: int, src: memoryview, segs: List[Tuple[int, int, int]], lo: int, hi: int
 ) -> None:
@@ -224,7 +242,7 @@ def alltoall_shm(
         for pos, x, y in prep.segs:
             slot[hb + pos : hb + pos + y - x] = sb[x:y]
     elif big is not None and mine <= limit:  # round 0 of the big slots, complete when the exchange is
-        _copy_stream(memoryview(big.arrays[big.turn & 1][prep.me]), 0, sb, prep.segs, 0, min(mine, big.slot_bytes))
+        _copy_stream(memoryview(big.arrays[big.turn & 1][prep.me]), 0, sb, prep.segs, 0, _window(mine, big.slot_bytes))
     views = a.exchange(
         slot[: hb + (mine if inline else 0)] if staged else None, comm.check_word() ^ _SALT, comm.deadline
     )
@@ -232,7 +250,7 @@ def alltoall_shm(
     if own is not None:
         rb[own[0] : own[1]] = sb[own[2] : own[2] + own[1] - own[0]]
     # every sender's piece for us (position in its stream) and stream length; inline pieces copied now
-    pieces: List[Tuple[int, int, int]] = []  # (sender, start, end) of the senders whose stream was not inline
+    pieces: List[Piece] = []  # (sender, start, end, stream length) of the senders whose stream was not inline
     longest = 0
     bad = ""
     qq = _QQ.unpack_from
@@ -251,8 +269,9 @@ def alltoall_shm(
             elif want:
                 rb[dst : dst + want] = v[hb + lo : hb + hi]
         else:
-            pieces.append((r, lo, hi))
-            longest = max(longest, q(v, end)[0])
+            n = q(v, end)[0]
+            pieces.append((r, lo, hi, n))
+            longest = max(longest, n)
     if not inline:
         longest = max(longest, mine)
     if not longest:  # every stream was inline: done (each rank checked what it receives)
@@ -269,7 +288,7 @@ def _beyond(
     sb: memoryview,
     rb: memoryview,
     prep: Prep,
-    pieces: List[Tuple[int, int, int]],
+    pieces: List[Piece],
     inline: bool,
     longest: int,
     limit: int,
@@ -300,41 +319,44 @@ def _rounds(
     sb: memoryview,
     rb: memoryview,
     prep: Prep,
-    pieces: List[Tuple[int, int, int]],
+    pieces: List[Piece],
     inline: bool,
     longest: int,
     dt: np.dtype,
 ) -> None:
-    """Round 0 (written before the exchange) out, then the further rounds of the big slots."""
+    """Round 0 (written before the exchange) out, then the further rounds of the big slots.
+
+    Each sender cuts its stream into windows of its own (:func:`_window` of its stream's length, which every
+    rank reads in the headers); round ``t`` carries window ``t`` of every stream that has one."""
     me, dl = comm.rank, comm.deadline
     L = big.slot_bytes
-    rounds = -(-longest // L)
     ro = prep.ro
     mine = 0 if inline else prep.stream
+    wme = _window(mine, L)
+    wins = [(r, lo, hi, _window(n, L)) for r, lo, hi, n in pieces]
+    rounds = max([-(-n // _window(n, L)) for _, _, _, n in pieces] + [-(-mine // wme)])
     if rounds > 1:
         big.begin(_check_word(comm, rounds, dt), rounds - 1)
     for t in range(rounds):
-        w0, w1 = t * L, (t + 1) * L
         bufs = big.arrays[big.turn & 1]
         big.turn += 1
         if t:
-            if w0 < mine:
-                _copy_stream(memoryview(bufs[me]), 0, sb, prep.segs, w0, min(w1, mine))
+            if t * wme < mine:
+                _copy_stream(memoryview(bufs[me]), 0, sb, prep.segs, t * wme, min((t + 1) * wme, mine))
             big.sync(dl)
-        for r, lo, hi in pieces:
-            x, y = max(lo, w0), min(hi, w1)
+        for r, lo, hi, w in wins:
+            w0 = t * w
+            x, y = max(lo, w0), min(hi, w0 + w)
             if x < y:
                 rb[ro[r] + x - lo : ro[r] + y - lo] = memoryview(bufs[r])[x - w0 : y - w0]
 
 
-def _messages(
-    comm: Any, sb: memoryview, rb: memoryview, prep: Prep, pieces: List[Tuple[int, int, int]], inline: bool
-) -> None:
+def _messages(comm: Any, sb: memoryview, rb: memoryview, prep: Prep, pieces: List[Piece], inline: bool) -> None:
     """The pieces of the streams that were not inline, as messages (pairwise order: bounded data in flight)."""
     p, me = comm.size, comm.rank
     so, ro = prep.so, prep.ro
     stp = step(P_ALLTOALL)
-    senders = {r for r, _, _ in pieces}
+    senders = {x[0] for x in pieces}
     for s in range(1, p):
         dst, src = (me + s) % p, (me - s) % p
         req = None
