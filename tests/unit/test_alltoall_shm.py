@@ -34,9 +34,10 @@ from .test_transport_conformance import _form, _segments, run_ranks
 ARENA = 32 << 10  # transport.base.ARENA_BYTES
 
 
-@pytest.fixture(params=["memory", "shm"])
+@pytest.fixture(params=["memory", "shm", "shm-python"])
 def world(request: Any) -> Any:
-    """Transports of n ranks (threads) with big slots of SLOT bytes; checks /dev/shm is clean afterwards."""
+    """Transports of n ranks (threads) with big slots of SLOT bytes (shm: the compiled arena path where it was
+    built, shm-python: the pure-Python one); checks /dev/shm is clean afterwards."""
     job = f"a2a-{uuid.uuid4().hex[:10]}"
     made: List[Transport] = []
 
@@ -45,10 +46,11 @@ def world(request: Any) -> Any:
             ts = _form("memory", n, job)
             ts[0].hub.big_slot = SLOT  # type: ignore[attr-defined]
         else:
-            ts = _form("shm", n, job, shm_options=ShmOptions(big_slot=SLOT))
+            ts = _form("shm", n, job, shm_options=ShmOptions(big_slot=SLOT, native=request.param == "shm"))
         made.extend(ts)
         return ts
 
+    factory.kind = request.param  # type: ignore[attr-defined]
     yield factory
     for t in made:
         t.close()
@@ -106,6 +108,9 @@ def test_equal_uneven_and_zero_splits_int8_and_float64(world: Any, p: int) -> No
     cases = _cases(p)
 
     def body(r: int, make: Callable[..., Comm]) -> None:
+        arena = make(0).arena
+        if world.kind == "shm-python":  # type: ignore[attr-defined]
+            assert not arena.native  # type: ignore[union-attr]
         for k, C in enumerate(cases):
             for dt in ("int8", "float64"):
                 _check_a2a(r, make(2 * k + (dt == "int8") + 1), dt, C, k, A2A.alltoall_shm)
