@@ -349,3 +349,27 @@ def test_pipelined_windows_of_their_own_per_sender(world: Any, p: int, monkeypat
             _check_a2a(r, make(k + 1), "int8", C, k, A2A.alltoall_shm)
 
     _run(ts, body)
+
+
+def test_an_arena_without_in_place_slots_stages_the_payload() -> None:
+    """An Arena whose next_slot() is None (the base class's): header and data staged in scratch, then published."""
+    p = 3
+    ts = _form("memory", p, "x")
+    ts[0].hub.big_slot = 4096  # type: ignore[attr-defined]
+
+    def body(t: Transport) -> None:
+        a = t.arena(0, list(range(p)))
+        a.next_slot = lambda: None  # type: ignore[method-assign, union-attr]
+        for k, C in enumerate([_equal(p, 0), _equal(p, 9), _uneven(p, 700), _mixed(p)]):
+            c = Comm(t, list(range(p)), t.rank, k + 1, Deadline.after(30), arena=a)
+            _check_a2a(t.rank, c, "float32", C, k, A2A.alltoall_shm)
+
+    run_ranks(ts, body)
+
+
+def test_world_size_one_has_no_arena_and_copies_locally() -> None:
+    t = _form("memory", 1, "x")[0]
+    assert t.arena(0, [0]) is None
+    for k, n in enumerate((0, 1, 7, SLOT + 3)):
+        c = Comm(t, [0], 0, k + 1, Deadline.after(5), arena=None)
+        _check_a2a(0, c, "int16", [[n]], k, _select)
