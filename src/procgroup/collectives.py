@@ -613,7 +613,7 @@ def all_to_all_single(
     fast = eng.all_to_all(g, src.dtype) if eng is not None else None
     a2a = fast or alg.all_to_all
     if key is not None and out.back is None and src.back is None:
-        plans.remember(g, key, plans.all_to_all(g, _dname(src.dtype), sc, rc, fast))
+        plans.remember(g, key, plans.all_to_all(g, _dname(src.dtype), sc, rc, fast, src.array.itemsize))
     return g.run(
         "all_to_all_single",
         after(lambda c: a2a(c, src.array, sc, out.array, rc), (out,)),

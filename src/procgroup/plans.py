@@ -26,9 +26,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import algorithms as alg
+from .algorithms.alltoall_shm import alltoall_shm, prepare, shm_applies
 from .algorithms.arena import allgather_arena, allreduce_arena, barrier_arena, bcast_arena, fits, reduce_arena
 from .algorithms.comm import Comm
-from .algorithms.select import choose_all_reduce
+from .algorithms.select import BIG_LIMIT, choose_all_reduce
 from .deadline import Deadline
 from .ops import ReduceOp, finalize
 from .process_group import FP_MASK, ProcessGroup, fingerprint
@@ -190,9 +191,20 @@ def reduce_scatter(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, k
     return Plan(g, "reduce_scatter_tensor", ("reduce_scatter", dname, n, op.name), fn)
 
 
-def all_to_all(g: ProcessGroup, dname: str, sc: list, rc: list, fast: Any) -> Plan:
-    """The plan of ``all_to_all_single`` with element counts ``sc`` sent and ``rc`` received per rank."""
+def all_to_all(g: ProcessGroup, dname: str, sc: list, rc: list, fast: Any, itemsize: int = 0) -> Plan:
+    """The plan of ``all_to_all_single`` with element counts ``sc`` sent and ``rc`` received per rank.
+
+    With an arena (``itemsize`` given), the shared-memory all_to_all with its layout prepared once; the
+    streams' limit (``select.BIG_LIMIT``) is read per call."""
     a2a = fast or alg.all_to_all
+    if fast is None and itemsize and g.size() > 1 and shm_applies(probe := _probe(g)):
+        prep = prepare(probe.size, probe.rank, sc, rc, itemsize)
+        limits = BIG_LIMIT
+
+        def fn_shm(c: Any, a: Any, b: Any) -> None:
+            alltoall_shm(c, a, sc, b, rc, prep, limits["all_to_all"])
+
+        return Plan(g, "all_to_all_single", ("all_to_all", dname), fn_shm)
 
     def fn(c: Any, a: Any, b: Any) -> None:
         a2a(c, a, sc, b, rc)

@@ -60,6 +60,11 @@ broadcast          pipelined copy in / copy out    bytes
 all_gather         pipelined copy in / copy out    bytes per rank (sendbuf)
 =================  ==============================  ===================================================
 
+all_to_all on such a group always goes through the arena (``algorithms.alltoall_shm``): a header with the
+rank's counts and, when it fits the slot, the data, in one exchange; the longer streams (bytes a rank sends
+to the others) continue through the big slots up to ``BIG_LIMIT['all_to_all']`` (compared with the longest
+stream of any rank, which every rank reads from the headers, so all agree) and as messages above it.
+
 ``BIG_LIMIT[collective]`` hands calls above it back to the table above (the
 message algorithms, with the single-copy path for large messages).  The
 limits come from same-process A/B runs on the quiet 2-CPU host (old and
@@ -68,14 +73,18 @@ N=2 and N=4, 64 KiB-64 MiB): the big slots took 0.3x-0.9x of the message
 algorithms' time for all_reduce, reduce and reduce_scatter at every size, so
 those have no limit; broadcast lost at N=2 from 32 MiB (1.2x-1.5x: the
 single-copy path moves each byte once, the big slots twice) and all_gather at
-N=2 from 4 MiB (1.04x-1.08x), so those stop at 16 MiB and 2 MiB.
+N=2 from 4 MiB (1.04x-1.08x), so those stop at 16 MiB and 2 MiB.  all_to_all (benchmarks/ab_alltoall.py,
+loaded 2-CPU host, equal splits): the big slots took 0.8x the messages' time up to a 1 MiB stream at N=2
+(2 MiB per rank), 0.98x at 1.5 MiB, 1.07x-1.34x from 2 MiB (two copies against the single-copy path's
+one); at N=4 0.3x-0.9x up to 1.5 MiB, 1.3x-1.4x at 6 MiB: the limit is a 1 MiB stream.
 
 Every choice is computed from values all ranks of the call agree on (the
 group size and the per-rank message size), so all ranks pick the same
 algorithm -- except all_to_all with uneven counts, where each rank looks at
 what it sends; the two all_to_all algorithms use the same messages (one per
 ordered pair, same step) and post receives before waiting, so ranks that chose
-differently still match up.
+differently still match up.  (With an arena, all_to_all decides from the
+headers of its first exchange, which every rank reads alike.)
 """
 
 from __future__ import annotations
@@ -98,6 +107,7 @@ from .allreduce import (
     uniform_layout,
 )
 from .alltoall import alltoall_linear, alltoall_pairwise
+from .alltoall_shm import alltoall_shm, shm_applies
 from .arena import (
     allgather_arena,
     allreduce_arena,
@@ -177,6 +187,7 @@ BIG_LIMIT: Dict[str, int] = {
     "reduce_scatter": 1 << 62,
     "broadcast": 16 << 20,
     "all_gather": 2 << 20,
+    "all_to_all": 1 << 20,
 }
 #: multi-host all_reduce on hosts with as many ranks each: one leader per host below this, multileader
 #: from here.  3 netns hosts x 2 ranks on the 2-CPU host (same-process A/B, variants alternating per
@@ -233,7 +244,7 @@ ALGORITHMS: Dict[str, Dict[str, Callable[..., None]]] = {
     "all_gatherv": {"gather_bcast": allgatherv_gather_bcast, "ring": allgatherv_ring},
     "gather": {"binomial": gather_binomial, "linear": gather_linear},
     "scatter": {"binomial": scatter_binomial, "linear": scatter_linear},
-    "all_to_all": {"linear": alltoall_linear, "pairwise": alltoall_pairwise},
+    "all_to_all": {"linear": alltoall_linear, "pairwise": alltoall_pairwise, "shm": alltoall_shm},
     "barrier": {"dissemination": barrier_dissemination, "arena": barrier_arena},
 }
 
@@ -441,6 +452,8 @@ def all_to_all(
     """``send_counts[j]`` elements to rank j, ``recv_counts[i]`` from rank i (displacements: prefix sums)."""
     sendbuf, recvbuf = flat(sendbuf, "all_to_all sendbuf"), flat(recvbuf, "all_to_all recvbuf")
     f = _forced("all_to_all")
+    if f is None and shm_applies(comm):
+        return alltoall_shm(comm, sendbuf, send_counts, recvbuf, recv_counts, None, BIG_LIMIT["all_to_all"])
     if f is None:
         sent = sum(int(c) for c in send_counts) * sendbuf.dtype.itemsize
         f = alltoall_linear if sent <= ALLTOALL_SMALL else alltoall_pairwise

@@ -225,6 +225,12 @@ class Arena(abc.ABC):
         ``check`` (a u32) must be equal on every member for the same call.
         """
 
+    def next_slot(self) -> Optional[memoryview]:
+        """This member's writable payload bytes (``max_bytes``) of the next :meth:`exchange`, or None where the
+        arena has no such view.  What is written there before ``exchange(None, ...)`` is what that exchange
+        publishes (all_to_all writes its header and data in place, without a staging copy)."""
+        return None
+
 
 class BigArena(abc.ABC):
     """Two big buffers per member plus a published counter (see the module docstring)."""

@@ -192,6 +192,11 @@ class _MemoryArena(Arena):
                 raise_if_stuck(me, "shared-slot exchange", missing, hub.failed, deadline)
                 hub.cond.wait(None if deadline is None else deadline.remaining_or_none())
 
+    def next_slot(self) -> Optional[memoryview]:
+        """This member's slot bytes of the next exchange (see :meth:`Arena.next_slot`)."""
+        self.t._check(self.t.rank, "arena exchange")
+        return memoryview(self.slots[self.count & 1][self.index].data)
+
 
 class _MemoryBigArena(BigArena):
     """The reference :class:`BigArena`: counters and buffers in the hub, waits on the hub's condition."""

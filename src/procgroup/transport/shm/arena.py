@@ -315,6 +315,19 @@ class ShmArena(Arena):
             lambda: f"call {self.calls} of this group's arena",
         )
 
+    def next_slot(self) -> Optional[memoryview]:
+        """This member's payload view of the next exchange's slot (see :meth:`Arena.next_slot`).
+
+        Writing it before ``exchange(None, ...)`` is safe: this member's slot of that parity was last read by
+        the others before they published the previous exchange, which this member saw complete."""
+        t = self.t
+        if t._aborted is not None:
+            raise t._aborted
+        if t._closed or not self._others:
+            raise ClosedError(f"rank {t.rank}: shared-slot exchange on a closed shm transport")
+        k = (self._nat.count if self._nat is not None else self.count) & 1
+        return self._data[k][self.index]
+
 
 def poll(ready: Callable[[], bool], spin: float, yld: bool) -> bool:
     """Poll ``ready()`` for ``spin`` seconds (``yld``: yielding the CPU at every poll, for the member we wait
