@@ -50,6 +50,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ._util import scratch_as
+from .arena import _FUSED
 
 __all__ = [
     "big_of",
@@ -127,7 +128,14 @@ def _reduce_direct(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> No
     big = _slots(comm)
     dt = buf.dtype
     big.begin(_check(comm, _OP_DIRECT, buf.nbytes, dt, root), 1)
-    arrs = _typed(big.arrays[big.turn & 1], buf.nbytes, dt)
+    k = big.turn & 1
+    sr = getattr(big, "sync_reduce", None)  # the compiled path: copy in, sync and reduce in one call
+    if sr is not None and buf.flags.c_contiguous:
+        codes = _FUSED.get((getattr(reduce, "ufunc", None), dt))
+        if codes is not None and sr(buf, k, codes[0], codes[1], root < 0 or comm.rank == root, comm.deadline):
+            big.turn += 1
+            return
+    arrs = _typed(big.arrays[k], buf.nbytes, dt)
     big.turn += 1
     arrs[comm.rank][...] = buf
     big.sync(comm.deadline)
