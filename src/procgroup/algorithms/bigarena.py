@@ -237,9 +237,18 @@ def bcast_big(comm: Any, buf: np.ndarray, root: int) -> None:
     n = buf.shape[0]
     step = _pipe_elems(buf.nbytes, isz, big.slot_bytes)
     big.begin(_check(comm, _OP_BCAST, buf.nbytes, dt, root), -(-n // step))
+    sc = getattr(big, "sync_copy", None) if buf.flags.c_contiguous else None  # the compiled path: one call a step
     for a in range(0, n, step):
         k = min(step, n - a)
-        src = big.arrays[big.turn & 1][root][: k * isz].view(dt)
+        t = big.turn & 1
+        if sc is not None and (
+            sc(buf[a : a + k], t, None, 0, 0, 0, 0, dl)
+            if me == root
+            else sc(None, t, buf, root, a * isz, 0, k * isz, dl)
+        ):
+            big.turn += 1
+            continue
+        src = big.arrays[t][root][: k * isz].view(dt)
         big.turn += 1
         if me == root:
             src[...] = buf[a : a + k]
@@ -259,9 +268,16 @@ def allgather_big(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
     step = _pipe_elems(sendbuf.nbytes, isz, big.slot_bytes)
     big.begin(_check(comm, _OP_ALLGATHER, sendbuf.nbytes, dt), -(-n // step))
     out = recvbuf[: p * n].reshape(p, n)
+    sc = None  # the compiled path: copy in, sync and copy out in one call per step
+    if sendbuf.flags.c_contiguous and recvbuf.flags.c_contiguous and recvbuf.dtype == sendbuf.dtype:
+        sc = getattr(big, "sync_copy", None)
     for a in range(0, n, step):
         k = min(step, n - a)
-        arrs = _typed(big.arrays[big.turn & 1], k * isz, dt)
+        t = big.turn & 1
+        if sc is not None and sc(sendbuf[a : a + k], t, recvbuf, -1, a * isz, n * isz, k * isz, dl):
+            big.turn += 1
+            continue
+        arrs = _typed(big.arrays[t], k * isz, dt)
         big.turn += 1
         arrs[me][...] = sendbuf[a : a + k]
         big.sync(dl)

@@ -749,6 +749,112 @@ static PyObject *Big_reduce(Big *b, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
+static void big_copy_out(Big *b, int k, char *out, Py_ssize_t src, Py_ssize_t off, Py_ssize_t stride,
+                         Py_ssize_t chunk) {
+    int nogil = chunk * (src >= 0 ? 1 : b->n) >= BIG_NOGIL;
+    PyThreadState *ts = NULL;
+    if (nogil) {
+        b->busy++;
+        ts = PyEval_SaveThread();
+    }
+    if (src >= 0)
+        memcpy(out + off, b->buf[k][src], (size_t)chunk);
+    else
+        for (Py_ssize_t m = 0; m < b->n; m++) memcpy(out + m * stride + off, b->buf[k][m], (size_t)chunk);
+    if (nogil) {
+        PyEval_RestoreThread(ts);
+        b->busy--;
+    }
+}
+
+/* the copy-out arguments (out, src, off, stride, chunk) of sync_copy / copy; 0 valid, 1 invalid */
+static int big_copy_args(Big *b, PyObject *const *args, Py_buffer *o, Py_ssize_t *src, Py_ssize_t *off,
+                         Py_ssize_t *stride, Py_ssize_t *chunk) {
+    *src = PyLong_AsSsize_t(args[1]);
+    *off = PyLong_AsSsize_t(args[2]);
+    *stride = PyLong_AsSsize_t(args[3]);
+    *chunk = PyLong_AsSsize_t(args[4]);
+    if (PyErr_Occurred()) return -1;
+    if (*src < -1 || *src >= b->n || *off < 0 || *stride < 0 || *chunk < 0 || *chunk > b->bytes) return 1;
+    Py_ssize_t last = *src >= 0 ? *off + *chunk : (b->n - 1) * *stride + *off + *chunk;
+    return last > o->len ? 1 : 0;
+}
+
+/* sync_copy(data, k, val, end, check, out, src, off, stride, chunk) -> -3 (bad sizes: nothing done), else as sync.
+ * Copies data (None: nothing) into this member's buffer k, syncs, and when complete copies into out (None:
+ * nothing) the first `chunk` bytes of member src's buffer k at byte `off`, or with src -1 every member m's at
+ * `off + m * stride` */
+static PyObject *Big_sync_copy(Big *b, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "sync_copy(data, k, val, end, check, out, src, off, stride, chunk)");
+        return NULL;
+    }
+    unsigned long long val, end;
+    uint32_t check;
+    if (big_live(b) || big_counts(args + 2, &val, &end, &check)) return NULL;
+    long k = PyLong_AsLong(args[1]);
+    if (k == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer d, o;
+    d.buf = o.buf = NULL;
+    d.len = o.len = 0;
+    int hd = args[0] != Py_None, ho = args[5] != Py_None, r = R_MISALIGNED, bad = 0;
+    Py_ssize_t src = 0, off = 0, stride = 0, chunk = 0;
+    if (hd && PyObject_GetBuffer(args[0], &d, PyBUF_SIMPLE) < 0) return NULL;
+    if (ho && PyObject_GetBuffer(args[5], &o, PyBUF_WRITABLE) < 0) {
+        if (hd) PyBuffer_Release(&d);
+        return NULL;
+    }
+    if (ho) {
+        bad = big_copy_args(b, args + 5, &o, &src, &off, &stride, &chunk);
+        if (bad < 0) goto out;
+    }
+    if (!bad && (k == 0 || k == 1) && d.len <= b->bytes) {
+        if (d.len) {
+            char *mine = b->buf[k][b->me];
+            if (d.len >= BIG_NOGIL) {
+                b->busy++;
+                Py_BEGIN_ALLOW_THREADS memcpy(mine, d.buf, (size_t)d.len);
+                Py_END_ALLOW_THREADS b->busy--;
+            } else {
+                memcpy(mine, d.buf, (size_t)d.len);
+            }
+        }
+        r = b->released ? R_WAIT : big_sync(b, val, end, check);
+        if (r >= 0 && ho && !b->released) big_copy_out(b, (int)k, o.buf, src, off, stride, chunk);
+        if (b->released && !b->busy) big_free(b);
+    }
+out:
+    if (hd) PyBuffer_Release(&d);
+    if (ho) PyBuffer_Release(&o);
+    if (PyErr_Occurred()) return NULL;
+    return PyLong_FromLong(r);
+}
+
+/* copy(out, k, src, off, stride, chunk): sync_copy's copy out of buffer k (after the caller saw the sync end) */
+static PyObject *Big_copy(Big *b, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "copy(out, k, src, off, stride, chunk)");
+        return NULL;
+    }
+    if (big_live(b)) return NULL;
+    long k = PyLong_AsLong(args[1]);
+    if (k == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer o;
+    if (PyObject_GetBuffer(args[0], &o, PyBUF_WRITABLE) < 0) return NULL;
+    PyObject *a5[5] = {args[0], args[2], args[3], args[4], args[5]};
+    Py_ssize_t src, off, stride, chunk;
+    int bad = big_copy_args(b, a5, &o, &src, &off, &stride, &chunk);
+    if (!bad && (k == 0 || k == 1)) {
+        big_copy_out(b, (int)k, o.buf, src, off, stride, chunk);
+        if (b->released && !b->busy) big_free(b);
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "big slots: bad copy");
+    }
+    PyBuffer_Release(&o);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *Big_arrived(Big *b, PyObject *unused) {
     if (b->released || !b->bufs || !b->synced) Py_RETURN_FALSE;
     return PyBool_FromLong(big_arrived(b));
@@ -768,6 +874,11 @@ static PyMethodDef Big_methods[] = {
      "buffer k first, reduces every member's buffer k into buf when complete and reduce"},
     {"reduce", (PyCFunction)(void (*)(void))Big_reduce, METH_FASTCALL,
      "reduce(out, k, off, op, type): every member's buffer k from byte off, reduced into out"},
+    {"sync_copy", (PyCFunction)(void (*)(void))Big_sync_copy, METH_FASTCALL,
+     "sync_copy(data, k, val, end, check, out, src, off, stride, chunk) -> as sync, or -3 (nothing done); copies "
+     "data into buffer k first, and member src's buffer k (src -1: every member's) into out when complete"},
+    {"copy", (PyCFunction)(void (*)(void))Big_copy, METH_FASTCALL,
+     "copy(out, k, src, off, stride, chunk): sync_copy's copy out"},
     {"arrived", (PyCFunction)Big_arrived, METH_NOARGS, "True when every member passed the last sync"},
     {"release", (PyCFunction)Big_release, METH_NOARGS, "drop the exports of the mappings"},
     {NULL, NULL, 0, NULL},

@@ -201,6 +201,40 @@ class ShmBigArena(BigArena):
             self._ring_sleepers()
         return True
 
+    def sync_copy(
+        self,
+        data: Any,
+        k: int,
+        out: Any,
+        src: int,
+        off: int,
+        stride: int,
+        chunk: int,
+        deadline: Optional[Deadline],
+    ) -> bool:
+        """Copy ``data`` (None: nothing) into this member's buffer ``k``, :meth:`sync`, and copy into ``out``
+        (None: nothing) the first ``chunk`` bytes of member ``src``'s buffer ``k`` at byte ``off`` (``src`` -1:
+        every member ``m``'s at ``off + m * stride``), in one compiled call.
+
+        Returns False, having done nothing, where the compiled path is off or a size does not fit.
+        """
+        nat = self._nat
+        if nat is None:
+            return False
+        self._enter()
+        val = self.count + 1
+        r = nat.sync_copy(data, k, val, self._end, self._check, out, src, off, stride, chunk)
+        if r == -3:
+            return False
+        self.count = val
+        if r < 0:
+            self._wait(val, deadline, nat.arrived)
+            if out is not None:
+                nat.copy(out, k, src, off, stride, chunk)
+        elif r:
+            self._ring_sleepers()
+        return True
+
     def _wait(self, val: int, deadline: Optional[Deadline], ready: Optional[Callable[[], bool]] = None) -> None:
         if ready is None:
 
