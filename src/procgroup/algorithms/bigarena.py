@@ -160,6 +160,9 @@ def _reduce_slices(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> No
     # before it is read (members 2.. when the result goes to buf: left-to-right order reads it third or later;
     # member 1 too when the kernel is not a ufunc: _reduce_chain then copies parts[0] into out first)
     own_in_shm = keep and (me >= 2 or (me == 1 and getattr(reduce, "ufunc", None) is None))
+    # the compiled reduction (member order, numpy's results), reading our own part from buf where it stays there
+    codes = _FUSED.get((getattr(reduce, "ufunc", None), dt)) if buf.flags.c_contiguous else None
+    red = getattr(big, "reduce_into", None) if codes is not None and buf.flags.aligned else None
     for a in range(0, n, step):
         k = min(step, n - a)
         arrs = _typed(big.arrays[big.turn & 1], k * isz, dt)
@@ -173,11 +176,13 @@ def _reduce_slices(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> No
             mine[hi:] = buf[a + hi : a + k]
         big.sync(dl)
         if hi > lo:
-            parts = [x[lo:hi] for x in arrs]
-            if not own_in_shm:
-                parts[me] = buf[a + lo : a + hi]
             out = buf[a + lo : a + hi] if keep else scratch_as(comm, hi - lo, dt, SLOT_BIG)
-            _reduce_chain(out, parts, reduce)
+            own = None if own_in_shm else buf[a + lo : a + hi]
+            if red is None or not red(out, (big.turn - 1) & 1, lo * isz, codes[0], codes[1], own):  # type: ignore[index]
+                parts = [x[lo:hi] for x in arrs]
+                if not own_in_shm:
+                    parts[me] = buf[a + lo : a + hi]
+                _reduce_chain(out, parts, reduce)
             mine[lo:hi] = out
         big.sync(dl)
         if keep:

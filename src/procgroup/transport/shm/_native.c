@@ -676,14 +676,27 @@ static PyObject *Big_sync(Big *b, PyObject *const *args, Py_ssize_t nargs) {
 
 #define BIG_NOGIL (64 << 10) /* copies and reductions from this many bytes on run with the GIL released */
 
-static void big_reduce(Big *b, int k, Py_ssize_t off, char *out, Py_ssize_t nbytes, int op, int type) {
+/* out = every member's buffer k from byte off on (this member's from `own` instead, where not NULL; it may be
+ * out itself: each element is read before it is written), reduced in member order */
+/* out = every member's buffer k from byte off on (this member's from `own` instead, where not NULL; it may be
+ * out itself: each element is read before it is written), reduced in member order; -1: out of memory */
+static int big_reduce(Big *b, int k, Py_ssize_t off, char *out, Py_ssize_t nbytes, int op, int type, char *own) {
+    char *stack[64], **src = b->n <= 64 ? stack : PyMem_Malloc((size_t)b->n * sizeof(char *));
+    if (!src) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t m = 0; m < b->n; m++) src[m] = b->buf[k][m] + off;
+    if (own) src[b->me] = own;
     if (nbytes >= BIG_NOGIL) {
         b->busy++;
-        Py_BEGIN_ALLOW_THREADS reduce_ptrs(b->buf[k], b->n, off, out, nbytes / type_size[type], op, type);
+        Py_BEGIN_ALLOW_THREADS reduce_ptrs(src, b->n, 0, out, nbytes / type_size[type], op, type);
         Py_END_ALLOW_THREADS b->busy--;
     } else {
-        reduce_ptrs(b->buf[k], b->n, off, out, nbytes / type_size[type], op, type);
+        reduce_ptrs(src, b->n, 0, out, nbytes / type_size[type], op, type);
     }
+    if (src != stack) PyMem_Free(src);
+    return 0;
 }
 
 /* sync_reduce(buf, k, val, end, check, op, type, reduce) -> -3 (buf not aligned to its element size, or larger
@@ -717,17 +730,19 @@ static PyObject *Big_sync_reduce(Big *b, PyObject *const *args, Py_ssize_t nargs
             memcpy(mine, v.buf, (size_t)v.len);
         }
         r = b->released ? R_WAIT : big_sync(b, val, end, check);
-        if (r >= 0 && red && !b->released) big_reduce(b, (int)k, 0, v.buf, v.len, op, type);
+        if (r >= 0 && red && !b->released && big_reduce(b, (int)k, 0, v.buf, v.len, op, type, NULL) < 0) r = -4;
         if (b->released && !b->busy) big_free(b);
     }
     PyBuffer_Release(&v);
+    if (r == -4) return NULL; /* out of memory, raised */
     return PyLong_FromLong(r);
 }
 
-/* reduce(out, k, off, op, type): out = every member's buffer k from byte `off` on, reduced in member order */
+/* reduce(out, k, off, op, type[, own]): out = every member's buffer k from byte `off` on, reduced in member order
+ * (this member's part read from `own`, of out's size, where given) */
 static PyObject *Big_reduce(Big *b, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "reduce(out, k, off, op, type)");
+    if (nargs != 5 && nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "reduce(out, k, off, op, type[, own])");
         return NULL;
     }
     int op, type;
@@ -735,17 +750,24 @@ static PyObject *Big_reduce(Big *b, PyObject *const *args, Py_ssize_t nargs) {
     long k = PyLong_AsLong(args[1]);
     Py_ssize_t off = PyLong_AsSsize_t(args[2]);
     if (PyErr_Occurred()) return NULL;
-    Py_buffer v;
+    Py_buffer v, w;
+    int hw = nargs == 6 && args[5] != Py_None;
     if (PyObject_GetBuffer(args[0], &v, PyBUF_WRITABLE) < 0) return NULL;
-    int sz = type_size[type];
-    if ((k != 0 && k != 1) || off < 0 || off + v.len > b->bytes || v.len % sz || (uintptr_t)v.buf % (uintptr_t)sz) {
+    if (hw && PyObject_GetBuffer(args[5], &w, PyBUF_SIMPLE) < 0) {
         PyBuffer_Release(&v);
-        PyErr_SetString(PyExc_ValueError, "big slots: bad reduction buffer");
         return NULL;
     }
-    big_reduce(b, (int)k, off, v.buf, v.len, op, type);
-    if (b->released && !b->busy) big_free(b);
+    int sz = type_size[type];
+    if ((k != 0 && k != 1) || off < 0 || off + v.len > b->bytes || v.len % sz || (uintptr_t)v.buf % (uintptr_t)sz ||
+        (hw && (w.len != v.len || (uintptr_t)w.buf % (uintptr_t)sz))) {
+        PyErr_SetString(PyExc_ValueError, "big slots: bad reduction buffer");
+    } else {
+        (void)big_reduce(b, (int)k, off, v.buf, v.len, op, type, hw ? w.buf : NULL); /* sets the error */
+        if (b->released && !b->busy) big_free(b);
+    }
+    if (hw) PyBuffer_Release(&w);
     PyBuffer_Release(&v);
+    if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
 }
 

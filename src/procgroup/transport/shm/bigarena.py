@@ -201,6 +201,15 @@ class ShmBigArena(BigArena):
             self._ring_sleepers()
         return True
 
+    def reduce_into(self, out: Any, k: int, off: int, op: int, dtype: int, own: Any = None) -> bool:
+        """``out`` = every member's buffer ``k`` from byte ``off`` on (this member's read from ``own`` where given;
+        it may be ``out`` itself), reduced in member order, in compiled code; False where the path is off."""
+        nat = self._nat
+        if nat is None:
+            return False
+        nat.reduce(out, k, off, op, dtype, own)
+        return True
+
     def sync_copy(
         self,
         data: Any,
