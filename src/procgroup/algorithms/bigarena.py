@@ -163,6 +163,7 @@ def _reduce_slices(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> No
     # the compiled reduction (member order, numpy's results), reading our own part from buf where it stays there
     codes = _FUSED.get((getattr(reduce, "ufunc", None), dt)) if buf.flags.c_contiguous else None
     red = getattr(big, "reduce_into", None) if codes is not None and buf.flags.aligned else None
+    rop, rty = codes if codes is not None else (0, 0)
     for a in range(0, n, step):
         k = min(step, n - a)
         arrs = _typed(big.arrays[big.turn & 1], k * isz, dt)
@@ -178,7 +179,7 @@ def _reduce_slices(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> No
         if hi > lo:
             out = buf[a + lo : a + hi] if keep else scratch_as(comm, hi - lo, dt, SLOT_BIG)
             own = None if own_in_shm else buf[a + lo : a + hi]
-            if red is None or not red(out, (big.turn - 1) & 1, lo * isz, codes[0], codes[1], own):  # type: ignore[index]
+            if red is None or not red(out, (big.turn - 1) & 1, lo * isz, rop, rty, own):
                 parts = [x[lo:hi] for x in arrs]
                 if not own_in_shm:
                     parts[me] = buf[a + lo : a + hi]
