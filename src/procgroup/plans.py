@@ -26,8 +26,17 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import algorithms as alg
-from .algorithms.arena import allgather_arena, allreduce_arena, barrier_arena, bcast_arena, fits, reduce_arena
-from .algorithms.comm import Comm
+from .algorithms.arena import (
+    _EMPTY,
+    _FUSED,
+    allgather_arena,
+    allreduce_arena,
+    barrier_arena,
+    bcast_arena,
+    fits,
+    reduce_arena,
+)
+from .algorithms.comm import STEP_BITS, Comm
 from .algorithms.select import choose_all_reduce
 from .deadline import Deadline
 from .ops import ReduceOp, finalize
@@ -87,6 +96,24 @@ def _probe(g: ProcessGroup) -> Comm:
     return Comm(g.world.transport, g.ranks, g.rank(), 0, Deadline(float("inf")), g._hosts, None, g.arena())
 
 
+def _compiled(g: ProcessGroup) -> Any:
+    """The group's arena where it runs the compiled fast path (``ShmArena.native``), else None: plans for it
+    call its one-call methods straight (``exchange_reduce``, ``exchange_copy``), without the algorithm layer."""
+    a = g.arena()
+    return a if getattr(a, "native", False) else None
+
+
+#: a planned call's check word: ``Comm.check_word()`` of the comm ``run_plan`` set up, inlined
+_CW_SHIFT, _CW_MASK = STEP_BITS, 0xFFFFFFFF
+
+
+def _fused_codes(kern: Any, dt: Any) -> Any:
+    try:
+        return _FUSED.get((getattr(kern, "ufunc", None), dt))
+    except TypeError:  # an unhashable dtype key
+        return None
+
+
 def _arena_fits(g: ProcessGroup, nbytes: int) -> bool:
     return g.size() > 1 and nbytes > 0 and fits(_probe(g), nbytes)
 
@@ -116,6 +143,13 @@ def all_reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, kern:
         def fn(c: Any, a: Any, b: Any) -> None:
             fast(c, a)
 
+    elif algo is allreduce_arena and (ar := _compiled(g)) is not None and (codes := _fused_codes(kern, dt)):
+        xr, rop, rty = ar.exchange_reduce, codes[0], codes[1]
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            if not xr(a, rop, rty, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline, True):
+                algo(c, a, kern)  # not aligned: nothing was published, the general arena path
+
     else:
 
         def fn(c: Any, a: Any, b: Any) -> None:
@@ -127,9 +161,26 @@ def all_reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, kern:
 def broadcast(g: ProcessGroup, dt: Any, n: int, root: int, dname: str, fast: Any) -> Plan:
     """The plan of ``broadcast`` of ``n`` elements of ``dt`` from group rank ``root``."""
     algo = fast or (bcast_arena if _arena_fits(g, n * _itemsize(dt)) else alg.broadcast)
+    ar = _compiled(g) if algo is bcast_arena else None
+    fn: Fn
+    if ar is not None:
+        xc = ar.exchange_copy
+        if g.rank() == root:
 
-    def fn(c: Any, a: Any, b: Any) -> None:
-        algo(c, a, root)
+            def fn(c: Any, a: Any, b: Any) -> None:
+                if not xc(a, _EMPTY, root, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline):
+                    algo(c, a, root)  # nothing was published: the general arena path
+
+        else:
+
+            def fn(c: Any, a: Any, b: Any) -> None:
+                if not xc(None, a, root, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline):
+                    algo(c, a, root)
+
+    else:
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            algo(c, a, root)
 
     return Plan(g, "broadcast", ("broadcast", dname, n, f"root={root}"), fn)
 
@@ -145,10 +196,20 @@ def reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, root: int, dname: str
         def core(c: Any, a: Any, r: int) -> None:
             algo(c, a, kern, r)
 
-    def fn(c: Any, a: Any, b: Any) -> None:
-        core(c, a, root)
-        if avg and c.rank == root:
-            finalize(op, a, c.size, dt)
+    fn: Fn
+    if fast is None and not avg and algo is reduce_arena and (ar := _compiled(g)) and (codes := _fused_codes(kern, dt)):
+        xr, rop, rty, here = ar.exchange_reduce, codes[0], codes[1], g.rank() == root
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            if not xr(a, rop, rty, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline, here):
+                algo(c, a, kern, root)  # not aligned: nothing was published, the general arena path
+
+    else:
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            core(c, a, root)
+            if avg and c.rank == root:
+                finalize(op, a, c.size, dt)
 
     return Plan(g, "reduce", ("reduce", dname, n, op.name, f"root={root}"), fn)
 
@@ -156,9 +217,17 @@ def reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, root: int, dname: str
 def barrier(g: ProcessGroup, fast: Any) -> Plan:
     """The plan of ``barrier`` (``fast``: the engine's)."""
     algo = fast or (barrier_arena if g.size() > 1 and g.arena() is not None else alg.barrier)
+    fn: Fn
+    if algo is barrier_arena and (ar := _compiled(g)) is not None:
+        ex = ar.exchange
 
-    def fn(c: Any, a: Any, b: Any) -> None:
-        algo(c)
+        def fn(c: Any, a: Any, b: Any) -> None:
+            ex(None, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline)
+
+    else:
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            algo(c)
 
     return Plan(g, "barrier", ("barrier",), fn)
 

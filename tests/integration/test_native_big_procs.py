@@ -4,7 +4,8 @@ Both paths (``PROCGROUP_NATIVE`` 1 and 0) against closed-form values: all_reduce
 every dtype and ReduceOp, at sizes just above the arena, odd, at ``DIRECT_MAX`` (the fused one-sync path) and
 past it (two syncs per step), a misaligned buffer (the C call refuses it, numpy reduces), a rank that arrives
 late (the others' spin ends and they reduce after the doorbell sleep), broadcast and all_gather on the
-compiled syncs; and a peer that dies while the others wait in a big-slot sync.  No /dev/shm segment is left.
+compiled syncs; warm plans of all_reduce, reduce, broadcast and barrier (which call the compiled arena
+straight); and a peer that dies while the others wait in a big-slot sync.  No /dev/shm segment is left.
 """
 
 from __future__ import annotations
@@ -99,6 +100,60 @@ _WORKER = textwrap.dedent(
             assert np.array_equal(out, np.repeat(np.arange(ws), n)), n
             checks += ws + 1
         print(f"rank {r}: {checks} big-slot checks passed", flush=True)
+    elif mode == "plans":
+        # warm plans (a call shape's second call on) of the small collectives: on the compiled path they call the
+        # arena's one-call methods straight; the general arena path's helper must not run then
+        from procgroup import plans as P
+        from procgroup.algorithms import arena as A
+
+        P.PLAN_LIMIT = 1 << 20  # every shape here keeps its plan (the count below assumes no restart of the cache)
+
+        general = []
+        fused = A._fused
+        A._fused = lambda *x: general.append(1) or fused(*x)
+        checks = 0
+        for dt in ("float32", "float64", "int32", "int64", "float16", "uint8"):
+            s = np.dtype(dt).itemsize
+            for n in (1, 7, 1001, 32768 // s):
+                for op in ("SUM", "PRODUCT", "MIN", "MAX", "AVG"):
+                    if op == "AVG" and dt not in ("float32", "float64"):
+                        continue
+                    xs = [vals(q, n, dt) for q in range(ws)]
+                    want = xs[0].copy()
+                    for y in xs[1:]:
+                        (ops["SUM"] if op == "AVG" else ops[op])(want, y, out=want)
+                    if op == "AVG":
+                        want /= ws
+                    for _ in range(3):
+                        x = xs[r].copy()
+                        dist.all_reduce(x, op=getattr(dist.ReduceOp, op))
+                        assert x.tobytes() == want.tobytes(), (op, dt, n)
+                        for root in range(ws):
+                            y = xs[r].copy()
+                            dist.reduce(y, dst=root, op=getattr(dist.ReduceOp, op))
+                            assert y.tobytes() == (want if r == root else xs[r]).tobytes(), (op, dt, n, root)
+                        checks += 1 + ws
+                for root in range(ws):
+                    for _ in range(3):
+                        b = vals(root, n, dt) if r == root else np.zeros(n, dt)
+                        dist.broadcast(b, src=root)
+                        assert np.array_equal(b, vals(root, n, dt)), (dt, n, root)
+                        checks += 1
+        for _ in range(3):
+            dist.barrier()
+        raw = np.zeros(4 * 1001 + 1, np.uint8)  # misaligned: the compiled call refuses it, the general path runs
+        x = raw[1:].view(np.float32)
+        for _ in range(3):
+            x[...] = vals(r, 1001, "float32")
+            dist.all_reduce(x)
+            assert np.array_equal(x, sum(vals(q, 1001, "float32") for q in range(ws)))
+        if ws > 1 and a.native:
+            # first calls of each fused shape and the non-fused dtypes run the general path; warm fused ones not
+            # fused dtypes x sizes x ops: the first of 3 calls; AVG (float32/64) and float16/uint8: all 3; the
+            # misaligned array: 3 (its plan's compiled call refuses it); each all_reduce + one reduce per root
+            want = (4 * 4 * 4 + 2 * 4 * 3 + 2 * 4 * 4 * 3) * (1 + ws) + 3
+            assert len(general) == want, (len(general), want)
+        print(f"rank {r}: {checks} planned checks passed, general path {len(general)}", flush=True)
     elif mode == "die":
         x = np.ones(40001, np.float32)
         dist.all_reduce(x)
@@ -161,6 +216,22 @@ def test_big_slot_reductions_on_both_paths(tmp_path: Path, ws: int, native: str)
         assert "big-slot checks passed" in r.stdout, report(results)
         if ws > 1:
             assert f"native={native == '1'}" in r.stdout, report(results)  # each rank ran the path asked for
+    assert not _leaked(job)
+
+
+@pytest.mark.parametrize("native", PATHS)
+@pytest.mark.parametrize("ws", [1, 2, 3, 4])
+@pytest.mark.timeout(240)
+def test_warm_plans_of_the_small_collectives_on_both_paths(tmp_path: Path, ws: int, native: str) -> None:
+    job = f"nplan-{os.getpid()}-{ws}-{native}"
+    procs = _spawn(tmp_path, ws, "plans", native, job)
+    try:
+        results = collect(procs, 220)
+    finally:
+        kill_all(procs)
+    assert all(r.returncode == 0 for r in results), report(results)
+    for r in results:
+        assert "planned checks passed" in r.stdout, report(results)
     assert not _leaked(job)
 
 

@@ -279,7 +279,10 @@ class ShmArena(Arena):
         elif r:
             self._ring_sleepers()
         if data is not None:
-            t.bytes_sent += memoryview(data).nbytes  # for `procgroup top` (procgroup.telemetry)
+            try:
+                t.bytes_sent += data.nbytes  # for `procgroup top` (procgroup.telemetry)
+            except AttributeError:  # bytes, bytearray
+                t.bytes_sent += memoryview(data).nbytes
         return True
 
     def _ring_sleepers(self) -> None:
