@@ -247,14 +247,27 @@ def reduce_scatter(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, k
 
     The algorithm is chosen per call (``algorithms.reduce_scatter``: by thresholds) unless the engine has one."""
     avg = op is ReduceOp.AVG
+    p, isz = g.size(), _itemsize(dt)
+    ar = _compiled(g) if fast is None and not avg and _arena_fits(g, p * n * isz) else None
+    codes = _fused_codes(kern, dt) if ar is not None else None
+    fn: Fn
+    if ar is not None and codes is not None:
+        # one member's whole input fits its slot: the arena's reduce_scatter (as algorithms.select picks), compiled
+        xb, rop, rty, off = ar.exchange_reduce_block, codes[0], codes[1], g.rank() * n * isz
 
-    def fn(c: Any, a: Any, b: Any) -> None:
-        if fast is None:
-            alg.reduce_scatter(c, a, b, kern)
-        else:
-            fast(c, a, b)
-        if avg:
-            finalize(op, b, c.size, dt)
+        def fn(c: Any, a: Any, b: Any) -> None:
+            if not xb(a, b, rop, rty, off, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline):
+                alg.reduce_scatter(c, a, b, kern)  # not aligned: nothing was published, the general path
+
+    else:
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            if fast is None:
+                alg.reduce_scatter(c, a, b, kern)
+            else:
+                fast(c, a, b)
+            if avg:
+                finalize(op, b, c.size, dt)
 
     return Plan(g, "reduce_scatter_tensor", ("reduce_scatter", dname, n, op.name), fn)
 

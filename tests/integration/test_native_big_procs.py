@@ -4,8 +4,8 @@ Both paths (``PROCGROUP_NATIVE`` 1 and 0) against closed-form values: all_reduce
 every dtype and ReduceOp, at sizes just above the arena, odd, at ``DIRECT_MAX`` (the fused one-sync path) and
 past it (two syncs per step), a misaligned buffer (the C call refuses it, numpy reduces), a rank that arrives
 late (the others' spin ends and they reduce after the doorbell sleep), broadcast and all_gather on the
-compiled syncs; warm plans of all_reduce, reduce, broadcast and barrier (which call the compiled arena
-straight); and a peer that dies while the others wait in a big-slot sync.  No /dev/shm segment is left.
+compiled syncs; warm plans of all_reduce, reduce, broadcast, reduce_scatter and barrier (which call the
+compiled arena straight); and a peer that dies while the others wait in a big-slot sync.  No /dev/shm segment is left.
 """
 
 from __future__ import annotations
@@ -138,6 +138,32 @@ _WORKER = textwrap.dedent(
                         b = vals(root, n, dt) if r == root else np.zeros(n, dt)
                         dist.broadcast(b, src=root)
                         assert np.array_equal(b, vals(root, n, dt)), (dt, n, root)
+                        checks += 1
+        # reduce_scatter_tensor whose whole input fits a slot: the compiled block reduction once the plan is warm
+        import procgroup.algorithms as ALG
+
+        rs_general = []
+        rs = ALG.reduce_scatter
+        ALG.reduce_scatter = lambda *x: rs_general.append(1) or rs(*x)
+        for dt in ("float32", "float64", "int32", "int64", "float16", "uint8"):
+            s = np.dtype(dt).itemsize
+            for n in (1, 7, 1001, 32768 // s // ws):
+                for op in ("SUM", "PRODUCT", "MIN", "MAX", "AVG"):
+                    if op == "AVG" and dt not in ("float32", "float64"):
+                        continue
+                    xs = [vals(q, ws * n, dt) for q in range(ws)]
+                    want = xs[0].copy()
+                    for y in xs[1:]:
+                        (ops["SUM"] if op == "AVG" else ops[op])(want, y, out=want)
+                    if op == "AVG":
+                        want /= ws
+                    for i in range(3):
+                        before = len(rs_general)
+                        o = np.full(n, 99, dt)
+                        dist.reduce_scatter_tensor(o, xs[r], op=getattr(dist.ReduceOp, op))
+                        assert o.tobytes() == want[r * n : (r + 1) * n].tobytes(), (op, dt, n)
+                        if i and ws > 1 and a.native and op != "AVG" and dt not in ("float16", "uint8"):
+                            assert len(rs_general) == before, (op, dt, n)  # the warm plan's compiled call
                         checks += 1
         for _ in range(3):
             dist.barrier()

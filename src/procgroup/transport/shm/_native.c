@@ -335,26 +335,62 @@ static PyObject *Slots_exchange_reduce(Slots *s, PyObject *const *args, Py_ssize
     return PyLong_FromLong(r);
 }
 
-/* reduce(buf, op, type): buf = the reduction of the last call's slots (after the caller saw it complete) */
+/* reduce(buf, op, type[, off]): buf = the reduction of the last call's slots from payload byte `off` (after the
+ * caller saw it complete) */
 static PyObject *Slots_reduce(Slots *s, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "reduce(buf, op, type)");
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "reduce(buf, op, type[, off])");
         return NULL;
     }
     if (check_live(s)) return NULL;
     int op, type;
     if (parse_op(args[1], args[2], &op, &type)) return NULL;
+    Py_ssize_t off = nargs == 4 ? PyLong_AsSsize_t(args[3]) : 0;
+    if (off == -1 && PyErr_Occurred()) return NULL;
     Py_buffer b;
     if (PyObject_GetBuffer(args[0], &b, PyBUF_WRITABLE) < 0) return NULL;
     int sz = type_size[type];
-    if (b.len > s->max_bytes || b.len % sz || (uintptr_t)b.buf % (uintptr_t)sz) {
+    if (off < 0 || off + b.len > s->max_bytes || b.len % sz || (uintptr_t)b.buf % (uintptr_t)sz) {
         PyBuffer_Release(&b);
         PyErr_SetString(PyExc_ValueError, "arena slots: bad reduction buffer");
         return NULL;
     }
-    reduce_slots(s, s->k, b.buf, b.len / sz, op, type);
+    reduce_ptrs(s->slot[s->k], s->n, SLOT_HDR + off, b.buf, b.len / sz, op, type);
     PyBuffer_Release(&b);
     Py_RETURN_NONE;
+}
+
+/* exchange_reduce_block(data, out, check, op, type, off): publish data; when complete, out = every member's slot
+ * from payload byte `off` (len(out) bytes), reduced in member order (reduce_scatter's block) */
+static PyObject *Slots_exchange_reduce_block(Slots *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "exchange_reduce_block(data, out, check, op, type, off)");
+        return NULL;
+    }
+    if (check_live(s)) return NULL;
+    int op, type;
+    if (parse_op(args[3], args[4], &op, &type)) return NULL;
+    unsigned long check = PyLong_AsUnsignedLongMask(args[2]);
+    Py_ssize_t off = PyLong_AsSsize_t(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer d, o;
+    if (PyObject_GetBuffer(args[0], &d, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &o, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&d);
+        return NULL;
+    }
+    int sz = type_size[type], r;
+    if (d.len > s->max_bytes)
+        r = R_TOO_LARGE;
+    else if (off < 0 || off + o.len > d.len || o.len % sz || (uintptr_t)o.buf % (uintptr_t)sz)
+        r = R_MISALIGNED;
+    else {
+        r = publish_and_poll(s, d.buf, d.len, (uint32_t)check);
+        if (r >= 0) reduce_ptrs(s->slot[s->k], s->n, SLOT_HDR + off, o.buf, o.len / sz, op, type);
+    }
+    PyBuffer_Release(&o);
+    PyBuffer_Release(&d);
+    return PyLong_FromLong(r);
 }
 
 static void copy_slots(const Slots *s, int k, char *out, Py_ssize_t nbytes, Py_ssize_t src) {
@@ -463,7 +499,10 @@ static PyMethodDef Slots_methods[] = {
      "exchange_reduce(buf, check, op, type, reduce) -> as exchange, or -3 for a buffer not aligned to its "
      "element size (nothing done); reduces into buf when complete"},
     {"reduce", (PyCFunction)(void (*)(void))Slots_reduce, METH_FASTCALL,
-     "reduce(buf, op, type): reduce the last call's slots into buf"},
+     "reduce(buf, op, type[, off]): reduce the last call's slots (from payload byte off) into buf"},
+    {"exchange_reduce_block", (PyCFunction)(void (*)(void))Slots_exchange_reduce_block, METH_FASTCALL,
+     "exchange_reduce_block(data, out, check, op, type, off) -> as exchange, or -3 (nothing done); reduces every "
+     "member's slot from payload byte off into out when complete"},
     {"exchange_copy", (PyCFunction)(void (*)(void))Slots_exchange_copy, METH_FASTCALL,
      "exchange_copy(data, check, out, src) -> as exchange (-3: out is not n equal parts, nothing done); copies "
      "member src's slot (src -1: every member's, in order) into out when complete"},

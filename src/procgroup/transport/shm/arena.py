@@ -252,6 +252,34 @@ class ShmArena(Arena):
         t.bytes_sent += buf.nbytes  # for `procgroup top` (procgroup.telemetry)
         return True
 
+    def exchange_reduce_block(
+        self, data: Any, out: Any, op: int, dtype: int, off: int, check: int, deadline: Optional[Deadline]
+    ) -> bool:
+        """Publish ``data`` and reduce every member's slot from payload byte ``off`` (``out.nbytes`` bytes) into
+        ``out``, in member order, in one C call (reduce_scatter's block; ``op``/``dtype`` as for
+        :meth:`exchange_reduce`).  Returns False, having done nothing, where the compiled path is off or ``out``
+        is not aligned or does not lie within ``data``.  Raises as :meth:`exchange`."""
+        nat = self._nat
+        if nat is None:
+            return False
+        t = self.t
+        if t._aborted is not None:
+            raise t._aborted
+        if t._closed or not self._others:
+            raise ClosedError(f"rank {t.rank}: shared-slot exchange on a closed shm transport")
+        r = nat.exchange_reduce_block(data, out, check, op, dtype, off)
+        if r < 0:
+            if r == -3:
+                return False
+            if r == -2:
+                raise ConfigError(f"arena exchange of {data.nbytes} bytes exceeds the slot size {ARENA_BYTES}")
+            self._sleep(nat.arrived, nat.missing, deadline)
+            nat.reduce(out, op, dtype, off)
+        elif r:
+            self._ring_sleepers()
+        t.bytes_sent += data.nbytes  # for `procgroup top` (procgroup.telemetry)
+        return True
+
     def exchange_copy(self, data: Optional[Any], out: Any, src: int, check: int, deadline: Optional[Deadline]) -> bool:
         """Publish ``data`` (None: no bytes) and copy into ``out``, in one C call, member ``src``'s slot (its first
         ``out.nbytes`` bytes) or, with ``src`` -1, every member's first ``out.nbytes / n`` bytes in member order.
