@@ -235,9 +235,19 @@ def barrier(g: ProcessGroup, fast: Any) -> Plan:
 def all_gather(g: ProcessGroup, dt: Any, n: int, dname: str, fast: Any) -> Plan:
     """The plan of ``all_gather_into_tensor`` of ``n`` elements of ``dt`` per rank (``a`` in, ``b`` out)."""
     algo = fast or (allgather_arena if _arena_fits(g, n * _itemsize(dt)) else alg.all_gather)
+    ar = _compiled(g) if algo is allgather_arena else None
+    fn: Fn
+    if ar is not None:
+        xc = ar.exchange_copy
 
-    def fn(c: Any, a: Any, b: Any) -> None:
-        algo(c, a, b)
+        def fn(c: Any, a: Any, b: Any) -> None:
+            if not xc(a, b, -1, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline):
+                algo(c, a, b)  # nothing was published: the general arena path
+
+    else:
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            algo(c, a, b)
 
     return Plan(g, "all_gather_into_tensor", ("all_gather", dname, n), fn)
 

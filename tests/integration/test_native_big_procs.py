@@ -4,7 +4,7 @@ Both paths (``PROCGROUP_NATIVE`` 1 and 0) against closed-form values: all_reduce
 every dtype and ReduceOp, at sizes just above the arena, odd, at ``DIRECT_MAX`` (the fused one-sync path) and
 past it (two syncs per step), a misaligned buffer (the C call refuses it, numpy reduces), a rank that arrives
 late (the others' spin ends and they reduce after the doorbell sleep), broadcast and all_gather on the
-compiled syncs; warm plans of all_reduce, reduce, broadcast, reduce_scatter and barrier (which call the
+compiled syncs; warm plans of all_reduce, reduce, broadcast, all_gather, reduce_scatter and barrier (which call the
 compiled arena straight); and a peer that dies while the others wait in a big-slot sync.  No /dev/shm segment is left.
 """
 
@@ -133,6 +133,11 @@ _WORKER = textwrap.dedent(
                             dist.reduce(y, dst=root, op=getattr(dist.ReduceOp, op))
                             assert y.tobytes() == (want if r == root else xs[r]).tobytes(), (op, dt, n, root)
                         checks += 1 + ws
+                for _ in range(3):
+                    out = np.full(ws * n, 99, dt)
+                    dist.all_gather_into_tensor(out, vals(r, n, dt))
+                    assert np.array_equal(out, np.concatenate([vals(q, n, dt) for q in range(ws)])), (dt, n)
+                    checks += 1
                 for root in range(ws):
                     for _ in range(3):
                         b = vals(root, n, dt) if r == root else np.zeros(n, dt)
