@@ -27,7 +27,11 @@ the last one:
 * all_gather: each member copies a chunk of its input in; sync; everyone
   copies every member's chunk out.
 
-Broadcast and all_gather use steps of a quarter of the message (at least
+Where the big slots run the compiled path (``ShmBigArena.native``), the one-sync all_reduce/reduce is one C
+call (copy in, sync, reduce), broadcast and all_gather one per step (copy in, sync, copy out), and the split
+path reduces its slices in C; the results are numpy's, in member order, on either path.
+
+Broadcast and all_gather use steps of 1/PIPE_PARTS of the message (at least
 64 KiB, at most a buffer) so that the root's copy-in of the next step
 overlaps the others' copy-out of this one.
 
