@@ -93,6 +93,56 @@ class ArenaHost(Protocol):
         """The transport's doorbell."""
 
 
+def poll(ready: Callable[[], bool], spin: float, yld: bool) -> bool:
+    """Poll ``ready()`` for ``spin`` seconds (``yld``: yielding the CPU at every poll, for the member we wait
+    for may be queued behind us); True once it is, False when the spin ends or the views were released."""
+    end = time.monotonic() + spin
+    try:
+        while time.monotonic() < end:
+            if ready():
+                return True
+            if yld:
+                _sched_yield()
+    except ValueError:  # the views were released: the transport closed (the sleep loop says so)
+        pass
+    return False
+
+
+def sleep_until(
+    t: ArenaHost,
+    ready: Callable[[], bool],
+    missing: Callable[[], List[int]],
+    deadline: Optional[Deadline],
+    slice_s: float,
+    what: str,
+    members: Sequence[int],
+    where: Callable[[], str],
+) -> None:
+    """Sleep on ``t``'s doorbell until ``ready()``, checking abort, close, dead members and the deadline.
+
+    ``missing()``: the members (global ranks) not there yet; ``what``, ``members``, ``where()``: for the
+    error messages (see :func:`~procgroup.transport.base.raise_if_stuck`); ``slice_s``: the longest sleep
+    without a deadline.
+    """
+    bell = t.doorbell
+    while True:
+        seg = t._seg
+        if t._aborted is not None:
+            raise t._aborted
+        if t._closed or seg is None:
+            raise ClosedError(f"rank {t.rank}: the shm transport was closed during a {what}")
+        try:
+            snap = seg.i[OFF_BELL // 4]  # before the check: a ring after it moves the doorbell
+            if ready():
+                return
+            miss = missing()
+        except ValueError:  # the views were released: the transport closed just now (raised above)
+            continue
+        if deadline is not None and deadline.expired() or any(m in t._failed for m in miss):
+            raise_if_stuck(t.rank, what, miss, t._failed, deadline, members=members, where=where())
+        bell.sleep(snap, slice_s if deadline is None else max(deadline.remaining(), 1e-4), ready)
+
+
 class ShmArena(Arena):
     """Arena slots of group ``key`` in the segments of ``members`` (``segs``, in member order).
 
@@ -345,53 +395,3 @@ class ShmArena(Arena):
             members,
             lambda: f"call {self.calls} of this group's arena",
         )
-
-
-def poll(ready: Callable[[], bool], spin: float, yld: bool) -> bool:
-    """Poll ``ready()`` for ``spin`` seconds (``yld``: yielding the CPU at every poll, for the member we wait
-    for may be queued behind us); True once it is, False when the spin ends or the views were released."""
-    end = time.monotonic() + spin
-    try:
-        while time.monotonic() < end:
-            if ready():
-                return True
-            if yld:
-                _sched_yield()
-    except ValueError:  # the views were released: the transport closed (the sleep loop says so)
-        pass
-    return False
-
-
-def sleep_until(
-    t: ArenaHost,
-    ready: Callable[[], bool],
-    missing: Callable[[], List[int]],
-    deadline: Optional[Deadline],
-    slice_s: float,
-    what: str,
-    members: Sequence[int],
-    where: Callable[[], str],
-) -> None:
-    """Sleep on ``t``'s doorbell until ``ready()``, checking abort, close, dead members and the deadline.
-
-    ``missing()``: the members (global ranks) not there yet; ``what``, ``members``, ``where()``: for the
-    error messages (see :func:`~procgroup.transport.base.raise_if_stuck`); ``slice_s``: the longest sleep
-    without a deadline.
-    """
-    bell = t.doorbell
-    while True:
-        seg = t._seg
-        if t._aborted is not None:
-            raise t._aborted
-        if t._closed or seg is None:
-            raise ClosedError(f"rank {t.rank}: the shm transport was closed during a {what}")
-        try:
-            snap = seg.i[OFF_BELL // 4]  # before the check: a ring after it moves the doorbell
-            if ready():
-                return
-            miss = missing()
-        except ValueError:  # the views were released: the transport closed just now (raised above)
-            continue
-        if deadline is not None and deadline.expired() or any(m in t._failed for m in miss):
-            raise_if_stuck(t.rank, what, miss, t._failed, deadline, members=members, where=where())
-        bell.sleep(snap, slice_s if deadline is None else max(deadline.remaining(), 1e-4), ready)
