@@ -27,8 +27,17 @@ from typing import Any, Callable
 
 from . import algorithms as alg
 from .algorithms.alltoall_shm import alltoall_shm, prepare, shm_applies
-from .algorithms.arena import allgather_arena, allreduce_arena, barrier_arena, bcast_arena, fits, reduce_arena
-from .algorithms.comm import Comm
+from .algorithms.arena import (
+    _EMPTY,
+    _FUSED,
+    allgather_arena,
+    allreduce_arena,
+    barrier_arena,
+    bcast_arena,
+    fits,
+    reduce_arena,
+)
+from .algorithms.comm import STEP_BITS, Comm
 from .algorithms.select import BIG_LIMIT, choose_all_reduce
 from .deadline import Deadline
 from .ops import ReduceOp, finalize
@@ -88,6 +97,24 @@ def _probe(g: ProcessGroup) -> Comm:
     return Comm(g.world.transport, g.ranks, g.rank(), 0, Deadline(float("inf")), g._hosts, None, g.arena())
 
 
+def _compiled(g: ProcessGroup) -> Any:
+    """The group's arena where it runs the compiled fast path (``ShmArena.native``), else None: plans for it
+    call its one-call methods straight (``exchange_reduce``, ``exchange_copy``), without the algorithm layer."""
+    a = g.arena()
+    return a if getattr(a, "native", False) else None
+
+
+#: a planned call's check word: ``Comm.check_word()`` of the comm ``run_plan`` set up, inlined
+_CW_SHIFT, _CW_MASK = STEP_BITS, 0xFFFFFFFF
+
+
+def _fused_codes(kern: Any, dt: Any) -> Any:
+    try:
+        return _FUSED.get((getattr(kern, "ufunc", None), dt))
+    except TypeError:  # an unhashable dtype key
+        return None
+
+
 def _arena_fits(g: ProcessGroup, nbytes: int) -> bool:
     return g.size() > 1 and nbytes > 0 and fits(_probe(g), nbytes)
 
@@ -117,6 +144,13 @@ def all_reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, kern:
         def fn(c: Any, a: Any, b: Any) -> None:
             fast(c, a)
 
+    elif algo is allreduce_arena and (ar := _compiled(g)) is not None and (codes := _fused_codes(kern, dt)):
+        xr, rop, rty = ar.exchange_reduce, codes[0], codes[1]
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            if not xr(a, rop, rty, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline, True):
+                algo(c, a, kern)  # not aligned: nothing was published, the general arena path
+
     else:
 
         def fn(c: Any, a: Any, b: Any) -> None:
@@ -128,9 +162,26 @@ def all_reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, kern:
 def broadcast(g: ProcessGroup, dt: Any, n: int, root: int, dname: str, fast: Any) -> Plan:
     """The plan of ``broadcast`` of ``n`` elements of ``dt`` from group rank ``root``."""
     algo = fast or (bcast_arena if _arena_fits(g, n * _itemsize(dt)) else alg.broadcast)
+    ar = _compiled(g) if algo is bcast_arena else None
+    fn: Fn
+    if ar is not None:
+        xc = ar.exchange_copy
+        if g.rank() == root:
 
-    def fn(c: Any, a: Any, b: Any) -> None:
-        algo(c, a, root)
+            def fn(c: Any, a: Any, b: Any) -> None:
+                if not xc(a, _EMPTY, root, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline):
+                    algo(c, a, root)  # nothing was published: the general arena path
+
+        else:
+
+            def fn(c: Any, a: Any, b: Any) -> None:
+                if not xc(None, a, root, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline):
+                    algo(c, a, root)
+
+    else:
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            algo(c, a, root)
 
     return Plan(g, "broadcast", ("broadcast", dname, n, f"root={root}"), fn)
 
@@ -146,10 +197,20 @@ def reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, root: int, dname: str
         def core(c: Any, a: Any, r: int) -> None:
             algo(c, a, kern, r)
 
-    def fn(c: Any, a: Any, b: Any) -> None:
-        core(c, a, root)
-        if avg and c.rank == root:
-            finalize(op, a, c.size, dt)
+    fn: Fn
+    if fast is None and not avg and algo is reduce_arena and (ar := _compiled(g)) and (codes := _fused_codes(kern, dt)):
+        xr, rop, rty, here = ar.exchange_reduce, codes[0], codes[1], g.rank() == root
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            if not xr(a, rop, rty, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline, here):
+                algo(c, a, kern, root)  # not aligned: nothing was published, the general arena path
+
+    else:
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            core(c, a, root)
+            if avg and c.rank == root:
+                finalize(op, a, c.size, dt)
 
     return Plan(g, "reduce", ("reduce", dname, n, op.name, f"root={root}"), fn)
 
@@ -157,9 +218,17 @@ def reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, root: int, dname: str
 def barrier(g: ProcessGroup, fast: Any) -> Plan:
     """The plan of ``barrier`` (``fast``: the engine's)."""
     algo = fast or (barrier_arena if g.size() > 1 and g.arena() is not None else alg.barrier)
+    fn: Fn
+    if algo is barrier_arena and (ar := _compiled(g)) is not None:
+        ex = ar.exchange
 
-    def fn(c: Any, a: Any, b: Any) -> None:
-        algo(c)
+        def fn(c: Any, a: Any, b: Any) -> None:
+            ex(None, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline)
+
+    else:
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            algo(c)
 
     return Plan(g, "barrier", ("barrier",), fn)
 
@@ -167,9 +236,19 @@ def barrier(g: ProcessGroup, fast: Any) -> Plan:
 def all_gather(g: ProcessGroup, dt: Any, n: int, dname: str, fast: Any) -> Plan:
     """The plan of ``all_gather_into_tensor`` of ``n`` elements of ``dt`` per rank (``a`` in, ``b`` out)."""
     algo = fast or (allgather_arena if _arena_fits(g, n * _itemsize(dt)) else alg.all_gather)
+    ar = _compiled(g) if algo is allgather_arena else None
+    fn: Fn
+    if ar is not None:
+        xc = ar.exchange_copy
 
-    def fn(c: Any, a: Any, b: Any) -> None:
-        algo(c, a, b)
+        def fn(c: Any, a: Any, b: Any) -> None:
+            if not xc(a, b, -1, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline):
+                algo(c, a, b)  # nothing was published: the general arena path
+
+    else:
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            algo(c, a, b)
 
     return Plan(g, "all_gather_into_tensor", ("all_gather", dname, n), fn)
 
@@ -179,14 +258,27 @@ def reduce_scatter(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, k
 
     The algorithm is chosen per call (``algorithms.reduce_scatter``: by thresholds) unless the engine has one."""
     avg = op is ReduceOp.AVG
+    p, isz = g.size(), _itemsize(dt)
+    ar = _compiled(g) if fast is None and not avg and _arena_fits(g, p * n * isz) else None
+    codes = _fused_codes(kern, dt) if ar is not None else None
+    fn: Fn
+    if ar is not None and codes is not None:
+        # one member's whole input fits its slot: the arena's reduce_scatter (as algorithms.select picks), compiled
+        xb, rop, rty, off = ar.exchange_reduce_block, codes[0], codes[1], g.rank() * n * isz
 
-    def fn(c: Any, a: Any, b: Any) -> None:
-        if fast is None:
-            alg.reduce_scatter(c, a, b, kern)
-        else:
-            fast(c, a, b)
-        if avg:
-            finalize(op, b, c.size, dt)
+        def fn(c: Any, a: Any, b: Any) -> None:
+            if not xb(a, b, rop, rty, off, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline):
+                alg.reduce_scatter(c, a, b, kern)  # not aligned: nothing was published, the general path
+
+    else:
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            if fast is None:
+                alg.reduce_scatter(c, a, b, kern)
+            else:
+                fast(c, a, b)
+            if avg:
+                finalize(op, b, c.size, dt)
 
     return Plan(g, "reduce_scatter_tensor", ("reduce_scatter", dname, n, op.name), fn)
 

@@ -291,6 +291,7 @@ class ProcessGroup:
         self.inflight: Optional[FlightRecord] = None
         self._scratch = ScratchPool()
         self._comm: Optional[Comm] = None  # reused by blocking calls (one at a time: async ones get their own)
+        self._plan_dl = Deadline(0.0, 0.0)  # run_plan's, reset per call
         self._comm_busy = False
         self._lock = threading.Lock()
         #: held by the thread inside a call of this group (see run): a second thread gets ConcurrentUseError
@@ -580,7 +581,11 @@ class ProcessGroup:
             self._chain = chain = _crc32(plan.fpb, self._chain)
             self.chain.append((seq, chain))
             now = _monotonic()
-            dl = Deadline(now + self.timeout, now)
+            # one Deadline per group, reset per planned call (a new one costs ~0.3 us): planned calls of a group
+            # run one at a time (the lock above) and nothing keeps a call's deadline past its return
+            dl = self._plan_dl
+            dl.at = now + self.timeout
+            dl.start = now
             rec = FlightRecord(seq, plan.op, plan.sig, now)
             self.flight.append(rec)
             self.inflight = rec

@@ -8,6 +8,7 @@ that took the general path (``ProcessGroup.run``) instead.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -351,3 +352,30 @@ def test_planned_reduce_scatter_and_all_to_all_single(ws):
         assert len(slow) == shapes, (len(slow), shapes)
 
     run_ranks(ws, body, timeout=110)
+
+
+def test_each_planned_call_gets_its_own_full_deadline():
+    """run_plan resets one Deadline per group per call: warm calls spread over several timeouts all complete,
+    and a missing peer times out one timeout after its own call began, naming that elapsed time."""
+    pgs = thread_world(2, timeout=0.4)
+    errors: list = []
+
+    def body(r):
+        g = pgs[r]
+        x = np.ones(4, np.float32)
+        calls = spy(g)
+        for _ in range(8):  # 8 x 0.1 s: twice the timeout in all, each call well within its own
+            dist.all_reduce(x, group=g)
+            time.sleep(0.1)
+        assert calls == ["all_reduce"], calls  # the first call built the plan, the others ran from it
+        if r == 0:
+            t0 = time.monotonic()
+            with pytest.raises(DistTimeoutError) as ei:
+                dist.all_reduce(x, group=g)  # rank 1 never joins
+            waited = time.monotonic() - t0
+            errors.append((waited, str(ei.value)))
+
+    run_ranks(2, body)
+    ((waited, msg),) = errors
+    assert 0.35 < waited < 2.0, waited
+    assert "0.4" in msg, msg  # the deadline named is this call's own

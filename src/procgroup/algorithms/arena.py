@@ -142,7 +142,15 @@ def allgather_arena(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None
 
 def reduce_scatter_arena(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, reduce: Reducer) -> None:
     """Everyone publishes ``sendbuf`` (p blocks); rank r reduces block r of every slot, in member order."""
-    views = _arena(comm).exchange(_bytes(sendbuf), comm.check_word(), comm.deadline)
+    a = _arena(comm)
+    xb = getattr(a, "exchange_reduce_block", None)  # the compiled path: publish, wait and reduce in one call
+    if xb is not None and sendbuf.flags.c_contiguous and recvbuf.flags.c_contiguous:
+        codes = _FUSED.get((getattr(reduce, "ufunc", None), recvbuf.dtype))
+        if codes is not None and xb(
+            sendbuf, recvbuf, codes[0], codes[1], comm.rank * recvbuf.nbytes, comm.check_word(), comm.deadline
+        ):
+            return
+    views = a.exchange(_bytes(sendbuf), comm.check_word(), comm.deadline)
     k = recvbuf.nbytes
     lo = comm.rank * k
     _reduce_into(recvbuf, [v[lo : lo + k] for v in views], reduce)

@@ -27,7 +27,11 @@ the last one:
 * all_gather: each member copies a chunk of its input in; sync; everyone
   copies every member's chunk out.
 
-Broadcast and all_gather use steps of a quarter of the message (at least
+Where the big slots run the compiled path (``ShmBigArena.native``), the one-sync all_reduce/reduce is one C
+call (copy in, sync, reduce), broadcast and all_gather one per step (copy in, sync, copy out), and the split
+path reduces its slices in C; the results are numpy's, in member order, on either path.
+
+Broadcast and all_gather use steps of 1/PIPE_PARTS of the message (at least
 64 KiB, at most a buffer) so that the root's copy-in of the next step
 overlaps the others' copy-out of this one.
 
@@ -50,6 +54,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ._util import scratch_as
+from .arena import _FUSED
 
 __all__ = [
     "big_of",
@@ -127,7 +132,14 @@ def _reduce_direct(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> No
     big = _slots(comm)
     dt = buf.dtype
     big.begin(_check(comm, _OP_DIRECT, buf.nbytes, dt, root), 1)
-    arrs = _typed(big.arrays[big.turn & 1], buf.nbytes, dt)
+    k = big.turn & 1
+    sr = getattr(big, "sync_reduce", None)  # the compiled path: copy in, sync and reduce in one call
+    if sr is not None and buf.flags.c_contiguous:
+        codes = _FUSED.get((getattr(reduce, "ufunc", None), dt))
+        if codes is not None and sr(buf, k, codes[0], codes[1], root < 0 or comm.rank == root, comm.deadline):
+            big.turn += 1
+            return
+    arrs = _typed(big.arrays[k], buf.nbytes, dt)
     big.turn += 1
     arrs[comm.rank][...] = buf
     big.sync(comm.deadline)
@@ -152,6 +164,10 @@ def _reduce_slices(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> No
     # before it is read (members 2.. when the result goes to buf: left-to-right order reads it third or later;
     # member 1 too when the kernel is not a ufunc: _reduce_chain then copies parts[0] into out first)
     own_in_shm = keep and (me >= 2 or (me == 1 and getattr(reduce, "ufunc", None) is None))
+    # the compiled reduction (member order, numpy's results), reading our own part from buf where it stays there
+    codes = _FUSED.get((getattr(reduce, "ufunc", None), dt)) if buf.flags.c_contiguous else None
+    red = getattr(big, "reduce_into", None) if codes is not None and buf.flags.aligned else None
+    rop, rty = codes if codes is not None else (0, 0)
     for a in range(0, n, step):
         k = min(step, n - a)
         arrs = _typed(big.arrays[big.turn & 1], k * isz, dt)
@@ -165,11 +181,13 @@ def _reduce_slices(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> No
             mine[hi:] = buf[a + hi : a + k]
         big.sync(dl)
         if hi > lo:
-            parts = [x[lo:hi] for x in arrs]
-            if not own_in_shm:
-                parts[me] = buf[a + lo : a + hi]
             out = buf[a + lo : a + hi] if keep else scratch_as(comm, hi - lo, dt, SLOT_BIG)
-            _reduce_chain(out, parts, reduce)
+            own = None if own_in_shm else buf[a + lo : a + hi]
+            if red is None or not red(out, (big.turn - 1) & 1, lo * isz, rop, rty, own):
+                parts = [x[lo:hi] for x in arrs]
+                if not own_in_shm:
+                    parts[me] = buf[a + lo : a + hi]
+                _reduce_chain(out, parts, reduce)
             mine[lo:hi] = out
         big.sync(dl)
         if keep:
@@ -229,9 +247,18 @@ def bcast_big(comm: Any, buf: np.ndarray, root: int) -> None:
     n = buf.shape[0]
     step = _pipe_elems(buf.nbytes, isz, big.slot_bytes)
     big.begin(_check(comm, _OP_BCAST, buf.nbytes, dt, root), -(-n // step))
+    sc = getattr(big, "sync_copy", None) if buf.flags.c_contiguous else None  # the compiled path: one call a step
     for a in range(0, n, step):
         k = min(step, n - a)
-        src = big.arrays[big.turn & 1][root][: k * isz].view(dt)
+        t = big.turn & 1
+        if sc is not None and (
+            sc(buf[a : a + k], t, None, 0, 0, 0, 0, dl)
+            if me == root
+            else sc(None, t, buf, root, a * isz, 0, k * isz, dl)
+        ):
+            big.turn += 1
+            continue
+        src = big.arrays[t][root][: k * isz].view(dt)
         big.turn += 1
         if me == root:
             src[...] = buf[a : a + k]
@@ -251,9 +278,16 @@ def allgather_big(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
     step = _pipe_elems(sendbuf.nbytes, isz, big.slot_bytes)
     big.begin(_check(comm, _OP_ALLGATHER, sendbuf.nbytes, dt), -(-n // step))
     out = recvbuf[: p * n].reshape(p, n)
+    sc = None  # the compiled path: copy in, sync and copy out in one call per step
+    if sendbuf.flags.c_contiguous and recvbuf.flags.c_contiguous and recvbuf.dtype == sendbuf.dtype:
+        sc = getattr(big, "sync_copy", None)
     for a in range(0, n, step):
         k = min(step, n - a)
-        arrs = _typed(big.arrays[big.turn & 1], k * isz, dt)
+        t = big.turn & 1
+        if sc is not None and sc(sendbuf[a : a + k], t, recvbuf, -1, a * isz, n * isz, k * isz, dl):
+            big.turn += 1
+            continue
+        arrs = _typed(big.arrays[t], k * isz, dt)
         big.turn += 1
         arrs[me][...] = sendbuf[a : a + k]
         big.sync(dl)

@@ -93,6 +93,56 @@ class ArenaHost(Protocol):
         """The transport's doorbell."""
 
 
+def poll(ready: Callable[[], bool], spin: float, yld: bool) -> bool:
+    """Poll ``ready()`` for ``spin`` seconds (``yld``: yielding the CPU at every poll, for the member we wait
+    for may be queued behind us); True once it is, False when the spin ends or the views were released."""
+    end = time.monotonic() + spin
+    try:
+        while time.monotonic() < end:
+            if ready():
+                return True
+            if yld:
+                _sched_yield()
+    except ValueError:  # the views were released: the transport closed (the sleep loop says so)
+        pass
+    return False
+
+
+def sleep_until(
+    t: ArenaHost,
+    ready: Callable[[], bool],
+    missing: Callable[[], List[int]],
+    deadline: Optional[Deadline],
+    slice_s: float,
+    what: str,
+    members: Sequence[int],
+    where: Callable[[], str],
+) -> None:
+    """Sleep on ``t``'s doorbell until ``ready()``, checking abort, close, dead members and the deadline.
+
+    ``missing()``: the members (global ranks) not there yet; ``what``, ``members``, ``where()``: for the
+    error messages (see :func:`~procgroup.transport.base.raise_if_stuck`); ``slice_s``: the longest sleep
+    without a deadline.
+    """
+    bell = t.doorbell
+    while True:
+        seg = t._seg
+        if t._aborted is not None:
+            raise t._aborted
+        if t._closed or seg is None:
+            raise ClosedError(f"rank {t.rank}: the shm transport was closed during a {what}")
+        try:
+            snap = seg.i[OFF_BELL // 4]  # before the check: a ring after it moves the doorbell
+            if ready():
+                return
+            miss = missing()
+        except ValueError:  # the views were released: the transport closed just now (raised above)
+            continue
+        if deadline is not None and deadline.expired() or any(m in t._failed for m in miss):
+            raise_if_stuck(t.rank, what, miss, t._failed, deadline, members=members, where=where())
+        bell.sleep(snap, slice_s if deadline is None else max(deadline.remaining(), 1e-4), ready)
+
+
 class ShmArena(Arena):
     """Arena slots of group ``key`` in the segments of ``members`` (``segs``, in member order).
 
@@ -252,6 +302,34 @@ class ShmArena(Arena):
         t.bytes_sent += buf.nbytes  # for `procgroup top` (procgroup.telemetry)
         return True
 
+    def exchange_reduce_block(
+        self, data: Any, out: Any, op: int, dtype: int, off: int, check: int, deadline: Optional[Deadline]
+    ) -> bool:
+        """Publish ``data`` and reduce every member's slot from payload byte ``off`` (``out.nbytes`` bytes) into
+        ``out``, in member order, in one C call (reduce_scatter's block; ``op``/``dtype`` as for
+        :meth:`exchange_reduce`).  Returns False, having done nothing, where the compiled path is off or ``out``
+        is not aligned or does not lie within ``data``.  Raises as :meth:`exchange`."""
+        nat = self._nat
+        if nat is None:
+            return False
+        t = self.t
+        if t._aborted is not None:
+            raise t._aborted
+        if t._closed or not self._others:
+            raise ClosedError(f"rank {t.rank}: shared-slot exchange on a closed shm transport")
+        r = nat.exchange_reduce_block(data, out, check, op, dtype, off)
+        if r < 0:
+            if r == -3:
+                return False
+            if r == -2:
+                raise ConfigError(f"arena exchange of {data.nbytes} bytes exceeds the slot size {ARENA_BYTES}")
+            self._sleep(nat.arrived, nat.missing, deadline)
+            nat.reduce(out, op, dtype, off)
+        elif r:
+            self._ring_sleepers()
+        t.bytes_sent += data.nbytes  # for `procgroup top` (procgroup.telemetry)
+        return True
+
     def exchange_copy(self, data: Optional[Any], out: Any, src: int, check: int, deadline: Optional[Deadline]) -> bool:
         """Publish ``data`` (None: no bytes) and copy into ``out``, in one C call, member ``src``'s slot (its first
         ``out.nbytes`` bytes) or, with ``src`` -1, every member's first ``out.nbytes / n`` bytes in member order.
@@ -279,7 +357,10 @@ class ShmArena(Arena):
         elif r:
             self._ring_sleepers()
         if data is not None:
-            t.bytes_sent += memoryview(data).nbytes  # for `procgroup top` (procgroup.telemetry)
+            try:
+                t.bytes_sent += data.nbytes  # for `procgroup top` (procgroup.telemetry)
+            except AttributeError:  # bytes, bytearray
+                t.bytes_sent += memoryview(data).nbytes
         return True
 
     def _ring_sleepers(self) -> None:
@@ -327,53 +408,3 @@ class ShmArena(Arena):
             raise ClosedError(f"rank {t.rank}: shared-slot exchange on a closed shm transport")
         k = (self._nat.count if self._nat is not None else self.count) & 1
         return self._data[k][self.index]
-
-
-def poll(ready: Callable[[], bool], spin: float, yld: bool) -> bool:
-    """Poll ``ready()`` for ``spin`` seconds (``yld``: yielding the CPU at every poll, for the member we wait
-    for may be queued behind us); True once it is, False when the spin ends or the views were released."""
-    end = time.monotonic() + spin
-    try:
-        while time.monotonic() < end:
-            if ready():
-                return True
-            if yld:
-                _sched_yield()
-    except ValueError:  # the views were released: the transport closed (the sleep loop says so)
-        pass
-    return False
-
-
-def sleep_until(
-    t: ArenaHost,
-    ready: Callable[[], bool],
-    missing: Callable[[], List[int]],
-    deadline: Optional[Deadline],
-    slice_s: float,
-    what: str,
-    members: Sequence[int],
-    where: Callable[[], str],
-) -> None:
-    """Sleep on ``t``'s doorbell until ``ready()``, checking abort, close, dead members and the deadline.
-
-    ``missing()``: the members (global ranks) not there yet; ``what``, ``members``, ``where()``: for the
-    error messages (see :func:`~procgroup.transport.base.raise_if_stuck`); ``slice_s``: the longest sleep
-    without a deadline.
-    """
-    bell = t.doorbell
-    while True:
-        seg = t._seg
-        if t._aborted is not None:
-            raise t._aborted
-        if t._closed or seg is None:
-            raise ClosedError(f"rank {t.rank}: the shm transport was closed during a {what}")
-        try:
-            snap = seg.i[OFF_BELL // 4]  # before the check: a ring after it moves the doorbell
-            if ready():
-                return
-            miss = missing()
-        except ValueError:  # the views were released: the transport closed just now (raised above)
-            continue
-        if deadline is not None and deadline.expired() or any(m in t._failed for m in miss):
-            raise_if_stuck(t.rank, what, miss, t._failed, deadline, members=members, where=where())
-        bell.sleep(snap, slice_s if deadline is None else max(deadline.remaining(), 1e-4), ready)

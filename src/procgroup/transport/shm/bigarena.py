@@ -25,19 +25,33 @@ pass a sync together, and the watchdog names the mismatch.  Waits poll
 the doorbell like the arena's, checking abort, close, peer death and the
 deadline at every slice; whoever completes a sync rings the members whose
 sleep flag is up.
+
+Compiled path (``_native.Big``, where the arena's extension was built and
+``PROCGROUP_NATIVE`` is not 0): a sync publishes, fences and polls in one C
+call with the GIL released (the same protocol, so ranks on either path meet);
+:meth:`ShmBigArena.sync_reduce` adds the copy in and the reduction in member
+order (all_reduce/reduce up to ``DIRECT_MAX``), :meth:`ShmBigArena.sync_copy`
+the copy in and out of a broadcast or all_gather step, and
+:meth:`ShmBigArena.reduce_into` the split path's slice reduction.  The sleep
+loop stays in Python on both paths.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
 from ...deadline import Deadline
 from ...errors import ClosedError
 from ..base import BigArena
-from .arena import ArenaHost, poll, sleep_until
+from .arena import ArenaHost, native_available, poll, sleep_until
 from .layout import ARENA_HDR, OFF_SLEEP, Segment, fence
+
+try:
+    from . import _native
+except ImportError:  # not built: the pure-Python syncs (arena.py logs it once)
+    _native = None  # type: ignore[assignment]
 
 __all__ = ["ShmBigArena"]
 
@@ -60,6 +74,7 @@ class ShmBigArena(BigArena):
         spin: float,
         oversubscribed: bool,
         slice_s: float,
+        native: bool = True,
     ) -> None:
         self.t = t
         self.members = members
@@ -82,9 +97,29 @@ class ShmBigArena(BigArena):
         self.count = self._count_at[self.index][0][self._count_at[self.index][1]]  # 0 in a fresh segment
         self._end = self.count
         self._check = 0
+        self._nat: Any = None
+        if native and native_available():
+            self._nat = _native.Big(
+                [seg.mm for seg in segs],
+                offs,
+                [off + ARENA_HDR for off in offs],
+                [off + ARENA_HDR + seg.big for seg, off in zip(segs, offs)],
+                self.index,
+                big,
+                OFF_SLEEP,
+                int(spin * 1e9),
+                oversubscribed,
+            )
+
+    @property
+    def native(self) -> bool:
+        """True when the syncs run the compiled fast path (``_native.Big``)."""
+        return self._nat is not None
 
     def release(self) -> None:
         """Drop the views into the segments (before they are unmapped)."""
+        if self._nat is not None:
+            self._nat.release()  # its exports end once no call of ours is inside it
         self.arrays = [[], []]
         self._count_at = []
         self._check_at = []
@@ -114,36 +149,121 @@ class ShmBigArena(BigArena):
             if q[c] <= end and (q[c] < val or w[k] != check)
         ]
 
-    def sync(self, deadline: Optional[Deadline]) -> None:
-        """Publish the next count and wait for every member's (see the module docstring)."""
+    def _enter(self) -> None:
         t = self.t
         if t._aborted is not None:
             raise t._aborted
         if t._closed or not self._others:
             raise ClosedError(f"rank {t.rank}: big-slot collective on a closed shm transport")
+
+    def _ring_sleepers(self) -> None:
+        ring = self.t.doorbell.ring
+        for seg in self._others:
+            if seg.i[OFF_SLEEP // 4]:
+                ring(seg, force=True)  # its flag is up: a new doorbell value, then FUTEX_WAKE
+
+    def sync(self, deadline: Optional[Deadline]) -> None:
+        """Publish the next count and wait for every member's (see the module docstring)."""
+        self._enter()
         self.count += 1
         val = self.count
+        nat = self._nat
+        if nat is not None:  # publish, fence, check and spin in one C call (GIL released)
+            r = nat.sync(val, self._end, self._check)
+            if r < 0:
+                self._wait(val, deadline, nat.arrived)
+            elif r:
+                self._ring_sleepers()
+            return
         w, k = self._check_at[self.index]
         q, c = self._count_at[self.index]
         w[k] = self._check
         q[c] = val  # last: publishes what we wrote into our buffer, and the check word
         fence()  # our count before their counts and sleep flags (Dekker, as in ShmArena.exchange)
         if self._arrived(val):
-            ring = t.doorbell.ring
-            for seg in self._others:
-                if seg.i[OFF_SLEEP // 4]:
-                    ring(seg, force=True)
+            self._ring_sleepers()
             return
         self._wait(val, deadline)
 
-    def _wait(self, val: int, deadline: Optional[Deadline]) -> None:
-        def ready() -> bool:
-            return self._arrived(val)
+    def sync_reduce(self, buf: Any, k: int, op: int, dtype: int, reduce: bool, deadline: Optional[Deadline]) -> bool:
+        """Copy ``buf`` into this member's buffer ``k``, :meth:`sync`, and (``reduce``) reduce every member's
+        buffer ``k`` into ``buf`` in member order, in one compiled call (``op``/``dtype``: the codes of
+        :data:`~.arena.REDUCE_OPS`/:data:`~.arena.REDUCE_TYPES`).
 
-        # poll, yielding the CPU at every poll on an oversubscribed host (as the rings' waits do): a big-slot step
-        # is long enough that the member we wait for is often descheduled on a loaded host, and the yield lets it run
-        if self._spin and poll(ready, self._spin, self._oversubscribed):
-            return
+        Returns False, having done nothing, where the compiled path is off or ``buf`` is not aligned to its
+        element size or larger than a buffer: the caller then copies, syncs and reduces itself.
+        """
+        nat = self._nat
+        if nat is None:
+            return False
+        self._enter()
+        val = self.count + 1
+        r = nat.sync_reduce(buf, k, val, self._end, self._check, op, dtype, reduce)
+        if r == -3:
+            return False
+        self.count = val
+        if r < 0:
+            self._wait(val, deadline, nat.arrived)
+            if reduce:
+                nat.reduce(buf, k, 0, op, dtype)
+        elif r:
+            self._ring_sleepers()
+        return True
+
+    def reduce_into(self, out: Any, k: int, off: int, op: int, dtype: int, own: Any = None) -> bool:
+        """``out`` = every member's buffer ``k`` from byte ``off`` on (this member's read from ``own`` where given;
+        it may be ``out`` itself), reduced in member order, in compiled code; False where the path is off."""
+        nat = self._nat
+        if nat is None:
+            return False
+        nat.reduce(out, k, off, op, dtype, own)
+        return True
+
+    def sync_copy(
+        self,
+        data: Any,
+        k: int,
+        out: Any,
+        src: int,
+        off: int,
+        stride: int,
+        chunk: int,
+        deadline: Optional[Deadline],
+    ) -> bool:
+        """Copy ``data`` (None: nothing) into this member's buffer ``k``, :meth:`sync`, and copy into ``out``
+        (None: nothing) the first ``chunk`` bytes of member ``src``'s buffer ``k`` at byte ``off`` (``src`` -1:
+        every member ``m``'s at ``off + m * stride``), in one compiled call.
+
+        Returns False, having done nothing, where the compiled path is off or a size does not fit.
+        """
+        nat = self._nat
+        if nat is None:
+            return False
+        self._enter()
+        val = self.count + 1
+        r = nat.sync_copy(data, k, val, self._end, self._check, out, src, off, stride, chunk)
+        if r == -3:
+            return False
+        self.count = val
+        if r < 0:
+            self._wait(val, deadline, nat.arrived)
+            if out is not None:
+                nat.copy(out, k, src, off, stride, chunk)
+        elif r:
+            self._ring_sleepers()
+        return True
+
+    def _wait(self, val: int, deadline: Optional[Deadline], ready: Optional[Callable[[], bool]] = None) -> None:
+        if ready is None:
+
+            def ready() -> bool:
+                return self._arrived(val)
+
+            # poll, yielding the CPU at every poll on an oversubscribed host (as the rings' waits do): a big-slot
+            # step is long enough that the member we wait for is often descheduled on a loaded host, and the
+            # yield lets it run (the compiled sync has spun already)
+            if self._spin and poll(ready, self._spin, self._oversubscribed):
+                return
         sleep_until(
             self.t,
             ready,

@@ -272,6 +272,7 @@ class ShmTransport(EngineTransport):
                         spin=self._arena_spin,
                         oversubscribed=self._oversubscribed,
                         slice_s=self._slice,
+                        native=self._native,
                     )
                     if b is not None:
                         self._bigs[key] = b
