@@ -70,6 +70,8 @@ CI_SUBSET = (
     "test_barrier",
     "test_all_gather_object_subgroup",
     "test_DistributedDataParallel_requires_grad",
+    "test_monitored_barrier_gloo",
+    "test_monitored_barrier_gloo_rank_0_timeout",
 )
 
 
