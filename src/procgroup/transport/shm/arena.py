@@ -230,13 +230,18 @@ class ShmArena(Arena):
                 return False
         return bool(slots)  # released (the transport closed during the spin): not arrived
 
-    def exchange(self, data: Optional[Any], check: int, deadline: Optional[Deadline]) -> Sequence[memoryview]:
-        """Publish ``data`` (a byte view, or None) with ``check``; returns every member's slot, in member order."""
+    def _enter(self) -> Any:
+        """The transport, after checking it is neither aborted nor closed (raises its abort error, ClosedError)."""
         t = self.t
         if t._aborted is not None:
             raise t._aborted
         if t._closed or not self._others:
             raise ClosedError(f"rank {t.rank}: shared-slot exchange on a closed shm transport")
+        return t
+
+    def exchange(self, data: Optional[Any], check: int, deadline: Optional[Deadline]) -> Sequence[memoryview]:
+        """Publish ``data`` (a byte view, or None) with ``check``; returns every member's slot, in member order."""
+        t = self._enter()
         nat = self._nat
         if nat is not None:
             r = nat.exchange(data, check)
@@ -283,11 +288,7 @@ class ShmArena(Arena):
         nat = self._nat
         if nat is None:
             return False
-        t = self.t
-        if t._aborted is not None:
-            raise t._aborted
-        if t._closed or not self._others:
-            raise ClosedError(f"rank {t.rank}: shared-slot exchange on a closed shm transport")
+        t = self._enter()
         r = nat.exchange_reduce(buf, check, op, dtype, reduce)
         if r < 0:
             if r == -3:
@@ -312,11 +313,7 @@ class ShmArena(Arena):
         nat = self._nat
         if nat is None:
             return False
-        t = self.t
-        if t._aborted is not None:
-            raise t._aborted
-        if t._closed or not self._others:
-            raise ClosedError(f"rank {t.rank}: shared-slot exchange on a closed shm transport")
+        t = self._enter()
         r = nat.exchange_reduce_block(data, out, check, op, dtype, off)
         if r < 0:
             if r == -3:
@@ -340,11 +337,7 @@ class ShmArena(Arena):
         nat = self._nat
         if nat is None:
             return False
-        t = self.t
-        if t._aborted is not None:
-            raise t._aborted
-        if t._closed or not self._others:
-            raise ClosedError(f"rank {t.rank}: shared-slot exchange on a closed shm transport")
+        t = self._enter()
         r = nat.exchange_copy(data, check, out, src)
         if r < 0:
             if r == -3:
@@ -401,10 +394,6 @@ class ShmArena(Arena):
 
         Writing it before ``exchange(None, ...)`` is safe: this member's slot of that parity was last read by
         the others before they published the previous exchange, which this member saw complete."""
-        t = self.t
-        if t._aborted is not None:
-            raise t._aborted
-        if t._closed or not self._others:
-            raise ClosedError(f"rank {t.rank}: shared-slot exchange on a closed shm transport")
+        self._enter()
         k = (self._nat.count if self._nat is not None else self.count) & 1
         return self._data[k][self.index]
