@@ -35,8 +35,10 @@ class UnavailableBackend(Backend):
 register(
     UnavailableBackend(
         ("nccl",),
-        "backend='nccl' needs CUDA devices and an NCCL binding, which this machine does not provide; "
-        "use backend='cpu' (or 'gloo') for CPU tensors",
-        "nccl needs CUDA devices and a CUDA build of torch (pip install torch)",
+        "backend='nccl' needs CUDA devices and an NCCL binding, and procgroup's own API does not carry CUDA "
+        "tensors yet: use backend='cpu' (or 'gloo') for CPU tensors, and for CUDA tensors torch.distributed with "
+        "init_process_group('cpu:procgroup,cuda:nccl') (procgroup for CPU tensors, torch's NCCL for CUDA ones)",
+        "for CUDA tensors: a CUDA build of torch (pip install torch), and torch.distributed with backend "
+        "'cpu:procgroup,cuda:nccl'",
     )
 )
