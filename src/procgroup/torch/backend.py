@@ -26,6 +26,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions
 
 from . import _core
+from ._delegate import NATIVE_DTYPES as NATIVE_DTYPES  # noqa: PLC0414 - its old home
+from ._delegate import Delegation
 from ._fast import DoneWork, DoneWorks, GatherScratch, ViewCache, op_of, reduce_op
 from ._store import TorchStoreAdapter
 from ._work import Executor, P2PWork, Work, seconds
@@ -37,36 +39,8 @@ logger = logging.getLogger("procgroup.torch")
 #: the name torch knows this backend by
 BACKEND_NAME = "procgroup"
 
-#: dtypes procgroup's collectives carry and reduce natively
-NATIVE_DTYPES = frozenset(
-    {
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-        torch.complex64,
-        torch.complex128,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.uint8,
-        torch.bool,
-    }
-)
-
-#: torch Backend method to call on gloo/nccl for a ProcessGroup method name they do not bind
-_BACKEND_NAMES = {
-    "all_gather_single": "_allgather_base",
-    "reduce_scatter_single": "_reduce_scatter_base",
-    "all_to_all_single": "alltoall_base",
-}
-
 #: an options object's timeout at or below this is "unset" (torch uses -1 ms)
 _NO_TIMEOUT = timedelta(0)
-
-#: (op, reason) pairs already logged as fallen through, per process
-_LOGGED: set = set()
 
 _C = _core.collectives
 
@@ -113,7 +87,7 @@ def _flat(seq: Any) -> List[torch.Tensor]:
     return out
 
 
-class ProcgroupBackend(dist.ProcessGroup):
+class ProcgroupBackend(Delegation, dist.ProcessGroup):
     """A torch process group served by procgroup (see the module docstring).
 
     ``store``: torch's store for this group; ``rank``/``size``: this rank and the group size; ``timeout``:
@@ -194,95 +168,6 @@ class ProcgroupBackend(dist.ProcessGroup):
 
     def __repr__(self) -> str:
         return f"ProcgroupBackend(rank={self._rank}, size={self._size}, name={self._group_name!r})"
-
-    # -- plumbing ----------------------------------------------------------------------------------
-    def _torch_backend(self, kind: str) -> Any:
-        """The torch backend ``kind`` ("gloo", "nccl") on this group's store, built on first use (collective)."""
-        b = self._others.get(kind)
-        if b is None:
-            pstore = dist.PrefixStore(f"{kind}_under_procgroup/", self._store)
-            tmo = timedelta(seconds=self._timeout)
-            if kind == "gloo":
-                b = dist.ProcessGroupGloo(pstore, self._rank, self._size, tmo)
-            elif kind == "nccl":
-                if not dist.is_nccl_available():
-                    raise _core.ConfigError(
-                        "CUDA tensors go through torch's nccl backend, which this torch build lacks; move the "
-                        "tensors to the CPU, or map the device elsewhere with procgroup.torch.Options(device_backends=)"
-                    )
-                nccl = dist.ProcessGroupNCCL  # only in CUDA builds
-                nopts = nccl.Options()
-                nopts._timeout = tmo
-                b = nccl(pstore, self._rank, self._size, nopts)
-            else:
-                raise _core.ConfigError(f"procgroup.torch cannot build torch backend {kind!r}: use 'gloo' or 'nccl'")
-            self._others[kind] = b
-        return b
-
-    def _get_backend(self, device: Any) -> Any:
-        """The torch Backend carrying tensors of ``device`` (built on first use), as torch's own accessor.
-
-        Only delegated devices (``Options.device_backends``, CUDA by default) have one: procgroup serves CPU
-        tensors itself, so for those this raises RuntimeError, as torch does for a device with no backend.
-        """
-        dev = torch.device(device).type
-        kind = self._options.device_backends.get(dev)
-        if kind is None:
-            raise RuntimeError(
-                f"No backend type associated with device type {dev}: the procgroup process group "
-                f"serves {dev} tensors itself, without a torch Backend"
-            )
-        return self._torch_backend(kind)
-
-    def _route(self, tensors: Sequence[torch.Tensor]) -> Optional[str]:
-        """None when procgroup serves these tensors; else why not (and so where they go)."""
-        for t in tensors:
-            if t.is_cpu and self._cpu_native and t.layout is torch.strided and t.dtype in NATIVE_DTYPES:
-                continue
-            dev = t.device.type
-            if dev in self._options.device_backends:
-                return "device:" + dev
-            if dev != "cpu":
-                raise _core.ConfigError(
-                    f"procgroup.torch: tensors on device {dev!r} have no backend; pass "
-                    f"pg_options=procgroup.torch.Options(device_backends={{{dev!r}: ...}})"
-                )
-            if t.layout != torch.strided:
-                return f"{t.layout} tensors"
-            if t.dtype not in NATIVE_DTYPES:
-                return f"dtype {t.dtype}"
-        return None
-
-    def _other(self, op: str, why: str, *args: Any) -> Any:
-        """Run ``op`` on the torch backend that ``why`` selects."""
-        if why.startswith("device:"):
-            kind = self._options.device_backends[why[7:]]
-        else:
-            kind = self._options.fallback
-            self.fallthrough_counts[op] = self.fallthrough_counts.get(op, 0) + 1
-            if (op, why) not in _LOGGED:
-                _LOGGED.add((op, why))
-                logger.warning(
-                    "procgroup.torch: %s on %s is not served by procgroup; it falls through to %s", op, why, kind
-                )
-        self._exec.drain()  # program order: procgroup's queued ops first
-        b = self._torch_backend(kind)
-        return getattr(b, _BACKEND_NAMES.get(op, op))(*args)
-
-    def _other_p2p(self, op: str, why: str, *args: Any) -> Any:
-        """:meth:`_other` for point-to-point ops, which cannot build a backend underneath themselves.
-
-        Building gloo (or nccl) is collective over the group, and only two ranks take part in a send: when the
-        backend is not there yet, this raises ConfigError instead of hanging.
-        """
-        kind = self._options.device_backends[why[7:]] if why.startswith("device:") else self._options.fallback
-        if kind not in self._others and not (kind == "nccl" and why.startswith("device:")):
-            raise _core.ConfigError(
-                f"procgroup.torch: {op} of {why} is not served by procgroup and would need the {kind} backend "
-                f"underneath, which every rank of the group must build together; run a collective on such tensors "
-                f"first (it builds it), or send contiguous CPU tensors of a dtype in {sorted(map(str, NATIVE_DTYPES))}"
-            )
-        return self._other(op, why, *args)
 
     def _blocking(self, opts: Any, tensors: Sequence[torch.Tensor]) -> Optional[List[Any]]:
         """The hot path of a blocking op (see _fast): numpy views of ``tensors``, or None for the general path."""
