@@ -647,6 +647,9 @@ def delegate() -> None:
     b = torch.full((2,), 3.0 if RANK == 0 else 0.0)
     dist.broadcast(b, 0)
     eq(b, 3, "delegated broadcast")
+    nc = torch.full((8, 6), float(RANK + 1))[:, ::2]  # not contiguous: run on a copy, written back
+    dist.all_reduce(nc)
+    eq(nc, S, "delegated all_reduce of a non-contiguous tensor")
     big = torch.zeros(WS)
     dist.all_gather_into_tensor(big, torch.full((1,), float(RANK)))
     check(torch.equal(big, torch.arange(float(WS))), f"delegated all_gather_into_tensor {big}")

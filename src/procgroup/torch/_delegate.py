@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import socket
 from datetime import timedelta
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -92,6 +92,25 @@ def device_of(args: Sequence[Any]) -> Optional[torch.device]:
             if d is not None:
                 return d
     return None
+
+
+def _contiguous_args(args: Sequence[Any]) -> Tuple[List[Any], List[Tuple[torch.Tensor, torch.Tensor]]]:
+    """``args`` with each non-contiguous tensor (nested lists included) replaced by a contiguous copy, and the
+    (original, copy) pairs to write back."""
+    pairs: List[Tuple[torch.Tensor, torch.Tensor]] = []
+
+    def sub(a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            if a.layout is torch.strided and not a.is_contiguous():
+                c = a.contiguous()
+                pairs.append((a, c))
+                return c
+            return a
+        if isinstance(a, list):
+            return [sub(x) for x in a]
+        return a
+
+    return [sub(a) for a in args], pairs
 
 
 def _device_identity(device: torch.device) -> Tuple[str, str, str]:
@@ -226,7 +245,15 @@ class Delegation:
                 )
         self._exec.drain()  # program order: procgroup's queued ops first
         b = self._others.get(kind) or self._torch_backend(kind, device_of(args), collective)
-        return getattr(b, _BACKEND_NAMES.get(op, op))(*args)
+        cargs, pairs = _contiguous_args(args)
+        work = getattr(b, _BACKEND_NAMES.get(op, op))(*cargs)
+        if pairs:  # torch's NCCL refuses non-contiguous tensors: it ran on copies, written back once done
+            if work is not None:  # (torch's NCCL returns none for an op it completed, e.g. at world size 1)
+                work.wait()  # NCCL: the current stream waits for the op (the copies below queue after it)
+            with torch.no_grad():
+                for t, c in pairs:
+                    t.copy_(c)
+        return work
 
     def _other_p2p(self, op: str, why: str, *args: Any) -> Any:
         """:meth:`_other` for point-to-point ops, which cannot build a backend underneath themselves.
