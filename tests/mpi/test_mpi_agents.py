@@ -55,6 +55,37 @@ def test_cpu_backend_in_workers_of_agents_under_mpi(flavour):
         assert re.search(rf"rank {rank}: agent worker ok on (cpu|gloo) \(4 ranks\)", r.stdout), r.report()
 
 
+@pytest.mark.timeout(120)
+def test_agents_under_mpi_form_one_job_with_no_flags(flavour):
+    """`mpirun -n 2 procgroup run --nproc-per-node 2 ...` with no --nnodes/--node-rank/--master-addr: the agents
+    take their node rank and count from the MPI job (one world of 4). Before: two separate 2-rank jobs that both
+    "succeeded"."""
+    tag = new_tag()
+    cmd = [
+        *flavour.argv,
+        "-n",
+        "2",
+        sys.executable,
+        "-m",
+        "procgroup",
+        "run",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "tests.mpi.workers",
+        "agent_worker",
+        "cpu",
+        tag,
+    ]
+    # MASTER_PORT only to keep parallel jobs apart (Hydra has no job id to derive one from)
+    env = clean_env({**flavour.env, "MASTER_PORT": str(free_port())})
+    r = launch(cmd, env=env, timeout=100, tag=tag)
+    assert not r.timed_out and not r.leftovers and r.returncode == 0, r.report()
+    for rank in range(4):
+        assert re.search(rf"rank {rank}: agent worker ok on (cpu|gloo) \(4 ranks\)", r.stdout), r.report()
+    assert "node rank 0 of 2 agents" in r.stdout + r.stderr, r.report()
+
+
 def test_which_processes_are_workers_of_an_agent_under_mpi():
     """The worker of an agent launcher (run id and RANK) with an MPI launcher's rank variable; not an MPI rank
     itself (no run id), nor a worker of an agent that no MPI started."""

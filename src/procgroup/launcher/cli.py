@@ -519,8 +519,22 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
 
     slurm_step = None
     notes: tuple[str, ...] = ()
+    mpi_agents = None
+    if not ns.standalone and not ns.from_head and not any(_explicit(ns, environ, d) for d in ("nnodes", "node_rank")):
+        from .mpirun import detect_mpirun_agents  # noqa: PLC0415
+
+        # before srun's: mpirun inside a Slurm job starts its daemons with srun, so the agents also carry the
+        # daemon step's SLURM_* variables (see procgroup.identity)
+        mpi_agents = detect_mpirun_agents(environ)
+        if mpi_agents is not None:
+            nnodes, node_rank, notes = mpi_agents.nnodes, mpi_agents.node_rank, mpi_agents.notes
+            if not _explicit(ns, environ, "master_addr"):
+                ns.master_addr = mpi_agents.master_addr
+            if not _explicit(ns, environ, "master_port"):
+                ns.master_port = mpi_agents.master_port
     if (
-        not ns.standalone
+        mpi_agents is None
+        and not ns.standalone
         and not ns.from_head
         and not any(_explicit(ns, environ, d) for d in ("nnodes", "node_rank", "master_addr", "master_port"))
     ):
