@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.infra, pytest.mark.timeout(300, method="signal")]
 PER_NODE = 2
 
 
-def _run(hosts: NetnsHosts, *args: str, timeout: float = 200.0):
+def _run(hosts: NetnsHosts, *args: str, timeout: float = 200.0, per_node: int = PER_NODE, program=None):
     require_binaries("mpirun", "orted", why="Open MPI mpirun")
     try:
         import mpi4py  # noqa: F401
@@ -37,7 +37,7 @@ def _run(hosts: NetnsHosts, *args: str, timeout: float = 200.0):
         "--allow-run-as-root",
         "--oversubscribe",
         "-H",
-        host_list(hosts.names, PER_NODE),
+        host_list(hosts.names, per_node),
         "--mca",
         "plm_rsh_agent",
         str(INFRA / "rsh_hostexec.sh"),
@@ -51,9 +51,7 @@ def _run(hosts: NetnsHosts, *args: str, timeout: float = 200.0):
         "oob_tcp_if_include",
         "10.77.0.0/24",
         *[a for v in fwd for a in ("-x", v)],
-        sys.executable,
-        "-m",
-        "tests.mpi.workers",
+        *(program or [sys.executable, "-m", "tests.mpi.workers"]),
         *args,
         tag,
     )
@@ -70,6 +68,20 @@ def test_reference_collectives_across_three_hosts(netns_hosts: NetnsHosts):
     for rank in range(world):
         assert re.search(rf"rank {rank}: \d+ checks passed", r.stdout), ctx
     assert f"MASTER_ADDR={netns_hosts.addrs[netns_hosts.names[0]]}" in r.stderr, ctx
+
+
+def test_procgroup_run_agents_across_three_hosts(netns_hosts: NetnsHosts):
+    """`mpirun -H h1:1,h2:1,h3:1 procgroup run --nproc-per-node 2 ...` with no --nnodes/--node-rank/--master-addr:
+    the agents take node rank and count from the MPI job and meet on mpirun's host; one world of 6 workers
+    (backend="cpu": the workers are not MPI processes)."""
+    require_binaries("mpirun", "orted", why="Open MPI mpirun")
+    prog = [sys.executable, "-m", "procgroup", "run", "--nproc-per-node", str(PER_NODE), "-m", "tests.mpi.workers"]
+    r = _run(netns_hosts, "agent_worker", "cpu", per_node=1, program=prog)
+    world = PER_NODE * len(netns_hosts.names)
+    ctx = r.report()
+    assert not r.timed_out and not r.leftovers and r.returncode == 0, ctx
+    for rank in range(world):
+        assert re.search(rf"rank {rank}: agent worker ok on (cpu|gloo) \({world} ranks\)", r.stdout), ctx
 
 
 def test_what_mpi_lacks_and_p2p_across_three_hosts(netns_hosts: NetnsHosts):
