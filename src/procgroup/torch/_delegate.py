@@ -94,6 +94,18 @@ def device_of(args: Sequence[Any]) -> Optional[torch.device]:
     return None
 
 
+def _all_contiguous(args: Sequence[Any]) -> bool:
+    """True when no tensor among ``args`` (one level of lists included; deeper: False) is non-contiguous."""
+    for a in args:
+        if type(a) is list:
+            for t in a:
+                if type(t) is list or (isinstance(t, torch.Tensor) and not t.is_contiguous()):
+                    return False
+        elif isinstance(a, torch.Tensor) and not a.is_contiguous():
+            return False
+    return True
+
+
 def _contiguous_args(args: Sequence[Any]) -> Tuple[List[Any], List[Tuple[torch.Tensor, torch.Tensor]]]:
     """``args`` with each non-contiguous tensor (nested lists included) replaced by a contiguous copy, and the
     (original, copy) pairs to write back."""
@@ -245,6 +257,8 @@ class Delegation:
                 )
         self._exec.drain()  # program order: procgroup's queued ops first
         b = self._others.get(kind) or self._torch_backend(kind, device_of(args), collective)
+        if _all_contiguous(args):  # the usual case, without copying the argument lists
+            return getattr(b, _BACKEND_NAMES.get(op, op))(*args)
         cargs, pairs = _contiguous_args(args)
         work = getattr(b, _BACKEND_NAMES.get(op, op))(*cargs)
         if pairs:  # torch's NCCL refuses non-contiguous tensors: it ran on copies, written back once done
