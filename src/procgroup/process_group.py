@@ -308,6 +308,7 @@ class ProcessGroup:
         self._closed = False
         self._child_groups = 0  # groups created with this one as parent (for consistent ids)
         self._arena: Any = _UNSET  # the transport's shared slots for this group (None: it has none), made on first use
+        self._host_arena: Any = None  # a group spanning hosts: its members' slots on this host (made with _arena)
         #: planned calls (procgroup.plans): what a repeated collective derives once, keyed by the call's shape
         self.plans: Dict[tuple, Any] = {}
         #: why this group refuses every call (None: usable): "closed", "broken", "forked"; checked first by every call
@@ -529,7 +530,8 @@ class ProcessGroup:
         self.inflight = rec
         comm = self._comm if reuse else None
         if comm is None:
-            comm = Comm(self.world.transport, self.ranks, self._rank, tag, dl, self._hosts, self._scratch, self.arena())
+            arena, t = self.arena(), self.world.transport
+            comm = Comm(t, self.ranks, self._rank, tag, dl, self._hosts, self._scratch, arena, self._host_arena)
             if reuse:
                 self._comm = comm
         else:
@@ -593,7 +595,15 @@ class ProcessGroup:
             comm = self._comm
             if comm is None or self._comm_busy:
                 comm = Comm(
-                    self.world.transport, self.ranks, self._rank, tag, dl, self._hosts, self._scratch, self.arena()
+                    self.world.transport,
+                    self.ranks,
+                    self._rank,
+                    tag,
+                    dl,
+                    self._hosts,
+                    self._scratch,
+                    self.arena(),
+                    self._host_arena,
                 )
                 if self._comm is None:
                     self._comm = comm
@@ -642,11 +652,15 @@ class ProcessGroup:
                 a = self._arena
                 if a is _UNSET:
                     one_host = len(set(self._hosts)) == 1  # as the shm transport decides, whatever the transport
-                    a = self._arena = (
-                        self.world.transport.arena(self.gid, self.ranks)
-                        if self._rank >= 0 and one_host and self.gen == 0  # keyed by gid: first incarnation only
-                        else None
-                    )
+                    first = self._rank >= 0 and self.gen == 0  # keyed by gid: first incarnation only
+                    a = self._arena = self.world.transport.arena(self.gid, self.ranks) if first and one_host else None
+                    if first and not one_host:
+                        # a group spanning hosts has no arena of its own, so its key is free on every host: the
+                        # members on this host share slots under it (the hierarchical all_reduce's local stages)
+                        mine = self._hosts[self._rank]
+                        local = [g for g, h in zip(self.ranks, self._hosts) if h == mine]
+                        if len(local) > 1:
+                            self._host_arena = self.world.transport.arena(self.gid, local)
         return a
 
     def _submit(self, work: Work, fn: Callable[[], Any]) -> None:

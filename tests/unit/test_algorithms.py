@@ -47,8 +47,12 @@ def run_ranks(
     hosts: Optional[Sequence[str]] = None,
     timeout: float = 20.0,
     wrap: Optional[Callable[[Any], Any]] = None,
+    host_arenas: bool = False,
 ) -> List[Any]:
     """Run ``fn(rank, make_comm)`` on p threads; ``make_comm(tag)`` builds this rank's Comm for one call.
+
+    ``host_arenas``: each Comm carries the shared slots of this rank's host (``Comm.host_arena``, made once per
+    rank), as a group spanning hosts does.
 
     Re-raises the first exception of any rank (the root cause, not the
     PeerFailureErrors it triggers in the other ranks).
@@ -59,6 +63,9 @@ def run_ranks(
 
     def target(r: int) -> None:
         t = hub.transport(r)
+        ha = None
+        if host_arenas and hosts is not None:
+            ha = t.arena(0, [i for i, h in enumerate(hosts) if h == hosts[r]])
         if wrap is not None:
             t = wrap(t)
         pool = ScratchPool()
@@ -72,6 +79,7 @@ def run_ranks(
                 deadline=deadline or Deadline.after(timeout),
                 hosts=hosts,
                 scratch=scratch or pool,
+                host_arena=ha,
             )
 
         try:
@@ -589,6 +597,39 @@ def test_hierarchical_all_reduce(hosts):
     assert cross, "no cross-host traffic at all?"
     lead = set(leaders.values())
     assert all(s in lead and d in lead for s, d in cross), f"non-leader crossed hosts: {sorted(cross)}"
+
+
+@pytest.mark.parametrize("hosts", HOST_LAYOUTS, ids=["-".join(h) for h in HOST_LAYOUTS])
+def test_hierarchical_all_reduce_through_host_slots(hosts):
+    """A group spanning hosts with each host's shared slots (Comm.host_arena): the host-local stages are arena /
+    big-slot exchanges (no message between ranks of one host), only leaders cross hosts, results exact and bitwise
+    equal on every rank; sizes within the arena, in the big slots (pipelined, odd) and 0/1."""
+    p = len(hosts)
+    cases = red_cases() + [
+        ("float32", ReduceOp.SUM, 100_003),
+        ("float64", ReduceOp.MAX, 100_003),
+        ("int64", ReduceOp.SUM, 8191),
+        ("float32", ReduceOp.SUM, 8176),  # 32,704 bytes: the arena's payload exactly
+        ("float32", ReduceOp.SUM, 8177),  # just above: big slots
+    ]
+    log: list = []
+    lock = threading.Lock()
+    out: dict = {}
+
+    def body(r, make):
+        for k, (dt, op, n) in enumerate(cases):
+            buf = contrib(dt, op, r, n)
+            AR.allreduce_hierarchical(make(k + 1), buf, kernel(op, dt))
+            finalize(op, buf, p, dtype="bfloat16" if dt == "bfloat16" else None)
+            check_reduced(dt, op, p, buf, f"case {k} {dt} {op.name} n={n} rank {r}/{p}")
+            out[(r, k)] = buf.tobytes()
+
+    run_ranks(p, body, hosts=hosts, wrap=lambda t: RecordingTransport(t, log, lock), host_arenas=True)
+    for k in range(len(cases)):
+        assert len({out[(r, k)] for r in range(p)}) == 1, f"case {k}: ranks disagree bitwise"
+    leaders = {hosts.index(h) for h in hosts}
+    assert log and all(s in leaders and d in leaders for s, d in log), f"messages other than between leaders: {log}"
+    assert all(hosts[s] != hosts[d] for s, d in log), "a message between ranks of one host"
 
 
 UNIFORM_LAYOUTS = [

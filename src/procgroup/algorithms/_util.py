@@ -182,3 +182,22 @@ class SubComm(Messaging):
 
     def scratch(self, nbytes: int, slot: int = 0) -> np.ndarray:
         return self.parent.scratch(nbytes, slot)
+
+
+class HostComm(SubComm):
+    """The members of a Comm on one host, with their shared slots (the parent's ``host_arena``).
+
+    The arena and big-slot algorithms run on it as on a one-host group: ``arena`` is the host's slots (members in
+    this sub-group's order) and ``check_word()`` the parent call's, so the members of a host check that they run
+    the same call.
+    """
+
+    __slots__ = ("arena",)
+
+    def __init__(self, parent: Any, members: Sequence[int], step_base: int, arena: Any) -> None:
+        super().__init__(parent, members, step_base)
+        self.arena = arena
+
+    def check_word(self) -> int:
+        """The parent call's check word (sequence number and fingerprint)."""
+        return int(self.parent.check_word())

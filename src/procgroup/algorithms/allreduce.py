@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from ..errors import ConfigError
-from ._util import P_FOLD_IN, P_FOLD_OUT, P_RD, SLOT_TMP, SPAN, SubComm, partition, scratch_as, step, u8
+from ._util import P_FOLD_IN, P_FOLD_OUT, P_RD, SLOT_TMP, SPAN, HostComm, SubComm, partition, scratch_as, step, u8
 from .bcast import bcast_binomial
 from .gathering import ring_allgather_inplace
 from .reduction import reduce_binomial, ring_reduce_scatter_inplace
@@ -43,6 +43,10 @@ class StageChoices:
     all_reduce_flat: Callable[[int, int, int], Callable[..., None]]
     reduce: Callable[[int, int, int], Callable[..., None]]
     broadcast: Callable[[int, int], Callable[..., None]]
+    #: ``host_all_reduce(host_comm, nbytes)`` / ``host_broadcast(host_comm, nbytes)``: the shared-slot algorithms
+    #: for a host's members (a :class:`~procgroup.algorithms._util.HostComm`), or None where they do not apply
+    host_all_reduce: Callable[[Any, int], Optional[Callable[..., None]]] = lambda comm, nbytes: None
+    host_broadcast: Callable[[Any, int], Optional[Callable[..., None]]] = lambda comm, nbytes: None
 
 
 _stages = StageChoices(
@@ -205,6 +209,19 @@ def allreduce_hierarchical(
     mine = next(h for h in hosts if comm.rank in h)
     leaders = [h[0] for h in hosts]
     nbytes = buf.nbytes
+    ha = getattr(comm, "host_arena", None)
+    if ha is not None and len(mine) > 1 and intra_reduce is None and intra_bcast is None:
+        # the host's shared slots: one exchange folds the host's buffers (every member gets the host's sum),
+        # and one broadcasts the leader's result, instead of messages between the host's ranks
+        host = HostComm(comm, mine, 1 * SPAN, ha)
+        f, b = _stages.host_all_reduce(host, nbytes), _stages.host_broadcast(host, nbytes)
+        if f is not None and b is not None:
+            f(host, buf, reduce)
+            if comm.rank == mine[0] and len(leaders) > 1:
+                g = inter_allreduce or _stages.all_reduce_flat(len(leaders), nbytes, buf.shape[0])
+                g(SubComm(comm, leaders, 2 * SPAN), buf, reduce)
+            b(host, buf, 0)
+            return
     if len(mine) > 1:
         local = SubComm(comm, mine, 1 * SPAN)
         f = intra_reduce or _stages.reduce(len(mine), nbytes, buf.shape[0])

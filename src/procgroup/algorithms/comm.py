@@ -16,7 +16,8 @@ ranks as threads or as processes.
   share memory), used by hierarchical algorithms.
 * ``comm.arena`` is the group's :class:`~procgroup.transport.base.Arena`
   (shared slots, one exchange per call) or None; ``comm.check_word()`` is
-  what members of the call publish with it.
+  what members of the call publish with it.  ``comm.host_arena``: for a group
+  spanning hosts, the shared slots of its members on this host, or None.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class Messaging:
 
 
 class Comm(Messaging):
-    __slots__ = ("transport", "ranks", "rank", "size", "tag", "deadline", "hosts", "_scratch", "arena")
+    __slots__ = ("transport", "ranks", "rank", "size", "tag", "deadline", "hosts", "_scratch", "arena", "host_arena")
 
     def __init__(
         self,
@@ -100,6 +101,7 @@ class Comm(Messaging):
         hosts: Optional[Sequence[str]] = None,
         scratch: Optional[ScratchPool] = None,
         arena: Optional[Arena] = None,
+        host_arena: Optional[Arena] = None,
     ) -> None:
         self.transport = transport
         self.ranks: List[int] = list(ranks)
@@ -111,6 +113,9 @@ class Comm(Messaging):
         self._scratch = scratch if scratch is not None else ScratchPool()
         #: the group's shared slots when its ranks share a host (see ``algorithms.arena``), else None
         self.arena = arena
+        #: when the group spans hosts: the shared slots of its members on this host (members in group order), used
+        #: by the host-local stages of the hierarchical all_reduce; else None
+        self.host_arena = host_arena
 
     def check_word(self) -> int:
         """What the members of this call agree on (sequence number and fingerprint), as a u32 for the arena."""

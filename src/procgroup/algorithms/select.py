@@ -348,9 +348,42 @@ def choose_reduce(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
     return reduce_scatter_gather
 
 
+#: a group spanning hosts: its hierarchical all_reduce folds and broadcasts within each host through the host's
+#: shared slots (Comm.host_arena) up to this many bytes, and with messages above (0: never through the slots)
+HOST_SLOTS_MAX = 1 << 62
+
+
+def choose_host_all_reduce(host: Any, nbytes: int) -> Optional[Callable[..., None]]:
+    """The all-reduce among a host's members through their shared slots (``host.arena``), or None."""
+    if nbytes > HOST_SLOTS_MAX:
+        return None
+    if fits(host, nbytes):
+        return allreduce_arena
+    if _big(host, "all_reduce", nbytes):
+        return allreduce_big
+    return None
+
+
+def choose_host_broadcast(host: Any, nbytes: int) -> Optional[Callable[..., None]]:
+    """The broadcast among a host's members through their shared slots (``host.arena``), or None."""
+    if nbytes > HOST_SLOTS_MAX:
+        return None
+    if fits(host, nbytes):
+        return bcast_arena
+    if _big(host, "broadcast", nbytes):
+        return bcast_big
+    return None
+
+
 # the hierarchical all_reduces pick their stages with this policy (they do not import this module)
 install_stage_choices(
-    StageChoices(all_reduce_flat=choose_all_reduce_inter, reduce=choose_reduce, broadcast=choose_broadcast)
+    StageChoices(
+        all_reduce_flat=choose_all_reduce_inter,
+        reduce=choose_reduce,
+        broadcast=choose_broadcast,
+        host_all_reduce=choose_host_all_reduce,
+        host_broadcast=choose_host_broadcast,
+    )
 )
 
 

@@ -2,9 +2,9 @@
 
 Started once per rank by srun, mpirun or mpiexec.  It must find its rank, world size, local rank
 and node rank, and the rendezvous address, from the launcher's environment alone; then it checks
-two all_reduce results (a small and a 2 MiB int64 array, so both the latency and the bandwidth
-paths run, within a host over shm and across hosts over TCP) against their closed forms, checks
-the layout it was told to expect, and prints ONE line to stdout:
+all_reduce results (int64 SUM from 7 elements to 2 MiB, around the shared-slot thresholds, and a float64
+MAX, so both the latency and the bandwidth paths run, within a host over shm and across hosts over TCP)
+against their closed forms, checks the layout it was told to expect, and prints ONE line to stdout:
 
     PGW rank=R world=W local=L/LW node=N host=HOST ok
 
@@ -30,6 +30,9 @@ import procgroup as dist
 
 SMALL = 7
 LARGE = 1 << 18  # int64 -> 2 MiB
+#: around the shared-slot thresholds of a host's ranks (hierarchical all_reduce across hosts): the arena's
+#: payload exactly (32,704 bytes = 4088 int64), one element more (big slots), and 800 KB
+SIZES = (SMALL, 4088, 4089, 100_003, LARGE)
 
 
 def expected_sum(n: int, world: int) -> np.ndarray:
@@ -52,13 +55,21 @@ def main() -> int:
     host = socket.gethostname()
     problems = []
 
-    for n in (SMALL, LARGE):
+    for n in SIZES:
         x = np.arange(1, n + 1, dtype=np.int64) * (rank + 1)
         dist.all_reduce(x)  # default op: SUM
         want = expected_sum(n, world)
         if not np.array_equal(x, want):
             bad = int(np.flatnonzero(x != want)[0])
             problems.append(f"all_reduce(n={n})[{bad}]={x[bad]} expected {want[bad]}")
+    m = np.full(5001, -float(rank), np.float64)
+    m[rank % 5001] = 1e9 + rank
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    want_max = np.zeros(5001)
+    for r in range(world):
+        want_max[r % 5001] = max(want_max[r % 5001], 1e9 + r)
+    if not np.array_equal(m, want_max):
+        problems.append(f"all_reduce MAX float64 n=5001 differs at {int(np.flatnonzero(m != want_max)[0])}")
     # every rank agrees on the world layout
     layout = [None] * world
     dist.all_gather_object(layout, (rank, local, node, host))
