@@ -599,11 +599,17 @@ def test_hierarchical_all_reduce(hosts):
     assert all(s in lead and d in lead for s, d in cross), f"non-leader crossed hosts: {sorted(cross)}"
 
 
+@pytest.mark.parametrize("mode", ["both", "fold", "spread"])
 @pytest.mark.parametrize("hosts", HOST_LAYOUTS, ids=["-".join(h) for h in HOST_LAYOUTS])
-def test_hierarchical_all_reduce_through_host_slots(hosts):
+def test_hierarchical_all_reduce_through_host_slots(hosts, mode, monkeypatch):
     """A group spanning hosts with each host's shared slots (Comm.host_arena): the host-local stages are arena /
     big-slot exchanges (no message between ranks of one host), only leaders cross hosts, results exact and bitwise
-    equal on every rank; sizes within the arena, in the big slots (pipelined, odd) and 0/1."""
+    equal on every rank; sizes within the arena, in the big slots (pipelined, odd) and 0/1.  ``fold``/``spread``:
+    only that stage through the slots (select.HOST_SLOTS_BCAST_MAX / HOST_SLOTS_MAX = 0), the other with messages."""
+    if mode == "fold":
+        monkeypatch.setattr(select, "HOST_SLOTS_BCAST_MAX", 0)
+    elif mode == "spread":
+        monkeypatch.setattr(select, "HOST_SLOTS_MAX", 0)
     p = len(hosts)
     cases = red_cases() + [
         ("float32", ReduceOp.SUM, 100_003),
@@ -628,8 +634,12 @@ def test_hierarchical_all_reduce_through_host_slots(hosts):
     for k in range(len(cases)):
         assert len({out[(r, k)] for r in range(p)}) == 1, f"case {k}: ranks disagree bitwise"
     leaders = {hosts.index(h) for h in hosts}
-    assert log and all(s in leaders and d in leaders for s, d in log), f"messages other than between leaders: {log}"
-    assert all(hosts[s] != hosts[d] for s, d in log), "a message between ranks of one host"
+    within = [(s, d) for s, d in log if hosts[s] == hosts[d]]
+    if mode == "both":
+        assert log and all(s in leaders and d in leaders for s, d in log), f"messages besides between leaders: {log}"
+        assert not within, f"messages between ranks of one host: {within}"
+    else:  # the other stage runs on messages within hosts
+        assert within, f"{mode}: no messages within hosts"
 
 
 UNIFORM_LAYOUTS = [

@@ -209,20 +209,15 @@ def allreduce_hierarchical(
     mine = next(h for h in hosts if comm.rank in h)
     leaders = [h[0] for h in hosts]
     nbytes = buf.nbytes
-    ha = getattr(comm, "host_arena", None)
-    if ha is not None and len(mine) > 1 and intra_reduce is None and intra_bcast is None:
-        # the host's shared slots: one exchange folds the host's buffers (every member gets the host's sum),
-        # and one broadcasts the leader's result, instead of messages between the host's ranks
-        host = HostComm(comm, mine, 1 * SPAN, ha)
-        f, b = _stages.host_all_reduce(host, nbytes), _stages.host_broadcast(host, nbytes)
-        if f is not None and b is not None:
-            f(host, buf, reduce)
-            if comm.rank == mine[0] and len(leaders) > 1:
-                g = inter_allreduce or _stages.all_reduce_flat(len(leaders), nbytes, buf.shape[0])
-                g(SubComm(comm, leaders, 2 * SPAN), buf, reduce)
-            b(host, buf, 0)
-            return
-    if len(mine) > 1:
+    # the host's shared slots, where it has them (a group spanning hosts: Comm.host_arena): one exchange folds
+    # the host's buffers (every member gets the host's result), one broadcasts the leader's, without messages
+    ha = getattr(comm, "host_arena", None) if len(mine) > 1 else None
+    host = HostComm(comm, mine, 1 * SPAN, ha) if ha is not None else None
+    fold = _stages.host_all_reduce(host, nbytes) if host is not None and intra_reduce is None else None
+    spread = _stages.host_broadcast(host, nbytes) if host is not None and intra_bcast is None else None
+    if fold is not None:
+        fold(host, buf, reduce)
+    elif len(mine) > 1:
         local = SubComm(comm, mine, 1 * SPAN)
         f = intra_reduce or _stages.reduce(len(mine), nbytes, buf.shape[0])
         if f is reduce_binomial:
@@ -233,7 +228,9 @@ def allreduce_hierarchical(
         inter = SubComm(comm, leaders, 2 * SPAN)
         g = inter_allreduce or _stages.all_reduce_flat(len(leaders), nbytes, buf.shape[0])
         g(inter, buf, reduce)
-    if len(mine) > 1:
+    if spread is not None:
+        spread(host, buf, 0)
+    elif len(mine) > 1:
         local = SubComm(comm, mine, 3 * SPAN)
         h = intra_bcast or _stages.broadcast(len(mine), nbytes)
         h(local, buf, 0)

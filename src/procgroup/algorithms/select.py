@@ -348,9 +348,11 @@ def choose_reduce(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
     return reduce_scatter_gather
 
 
-#: a group spanning hosts: its hierarchical all_reduce folds and broadcasts within each host through the host's
-#: shared slots (Comm.host_arena) up to this many bytes, and with messages above (0: never through the slots)
+#: a group spanning hosts: its hierarchical all_reduce folds (HOST_SLOTS_MAX) and broadcasts the leader's result
+#: (HOST_SLOTS_BCAST_MAX) within each host through the host's shared slots (Comm.host_arena) up to this many bytes,
+#: and with messages above (0: never through the slots)
 HOST_SLOTS_MAX = 1 << 62
+HOST_SLOTS_BCAST_MAX = 1 << 62
 
 
 def choose_host_all_reduce(host: Any, nbytes: int) -> Optional[Callable[..., None]]:
@@ -366,7 +368,7 @@ def choose_host_all_reduce(host: Any, nbytes: int) -> Optional[Callable[..., Non
 
 def choose_host_broadcast(host: Any, nbytes: int) -> Optional[Callable[..., None]]:
     """The broadcast among a host's members through their shared slots (``host.arena``), or None."""
-    if nbytes > HOST_SLOTS_MAX:
+    if nbytes > HOST_SLOTS_BCAST_MAX:
         return None
     if fits(host, nbytes):
         return bcast_arena
