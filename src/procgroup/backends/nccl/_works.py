@@ -85,5 +85,6 @@ class _WaitedWork:
 
 
 def pollable(kind: str, work: Any) -> Any:
-    """``work`` of a point-to-point op, pollable with ``is_completed`` (gloo's need a waiting thread)."""
+    """``work`` made pollable with ``is_completed``: gloo's send, receive and reduce_scatter complete only inside
+    ``wait()``, so a daemon thread waits for them; NCCL's (CUDA events) are returned as they are."""
     return _WaitedWork(work) if kind == "gloo" else work

@@ -45,13 +45,13 @@ logger = logging.getLogger("procgroup")
 
 #: the transport tag of the liveness probes: a p2p tag whose dtype code (31) no dtype has, so nothing matches it
 PROBE_TAG = p2p_tag(0, P2P_TAG_LIMIT - 1, 31, 0)
-#: the user tag (with dtype code 31) of the pairwise device check before a group's first device p2p op
-_PAIR_TAG = P2P_TAG_LIMIT - 2
 NAP_MIN_S = 20e-6
 NAP_MAX_S = 1e-3
 PROBE_EVERY_S = 2e-3
 #: torch's NCCL watchdog must not fire before procgroup's deadline does (it would end the process)
 NCCL_TIMEOUT_MARGIN_S = 60.0
+#: after torch reports an error, how long the probes may take to name a dead peer as its cause
+DEAD_PEER_GRACE_S = 1.0
 
 
 def cuda_device_id(device: Any) -> str:
@@ -66,7 +66,7 @@ def cuda_device_id(device: Any) -> str:
 class _GroupState:
     """What the engine keeps for one procgroup group (one generation of its id)."""
 
-    __slots__ = ("gen", "backend", "store", "checked_all", "checked_peers", "broken", "device")
+    __slots__ = ("gen", "backend", "store", "checked_all", "checked_peers", "published", "broken", "device")
 
     def __init__(self, gen: int) -> None:
         self.gen = gen
@@ -74,6 +74,7 @@ class _GroupState:
         self.store: Any = None
         self.checked_all = False
         self.checked_peers: set = set()
+        self.published: Optional[bytes] = None
         self.broken: Optional[str] = None
         self.device: Any = None
 
@@ -134,7 +135,7 @@ class TorchDeviceEngine(CollectiveEngine):
 
             # the Python store must outlive torch's use of it (a pybind11 trampoline): the state keeps it
             st.store = ProcgroupTorchStore(self.world.store)
-            store = dist.PrefixStore(f"procgroup_{self.kind}/{self.job_id}/{g.gid}.{g.gen}/", st.store)
+            store = dist.PrefixStore(self._prefix(g) + "torch/", st.store)
             if self.kind == "gloo":
                 b = dist.ProcessGroupGloo(store, g.rank(), g.size(), timedelta(seconds=g.timeout))
             elif self.kind == "nccl":
@@ -167,28 +168,47 @@ class TorchDeviceEngine(CollectiveEngine):
             st.device = device
         return self._build(g, st)
 
-    def pair_backend(self, g: Any, peer: int, device: Any, op: str) -> Any:
-        """torch's backend of group ``g`` for a point-to-point op with global rank ``peer`` on ``device``.
+    def pair_backend(self, g: Any, peers: Sequence[int], device: Any, op: str) -> Any:
+        """torch's backend of group ``g`` for point-to-point ops with global ranks ``peers`` on ``device``.
 
-        The first op with each peer exchanges device records with it over the transport (NCCL makes a
-        communicator per pair: two ranks on one GPU fail there too)."""
+        NCCL makes a communicator per pair, and two ranks on one GPU fail there too: before the first op with
+        a peer, this rank publishes its device record in the store (under the group's key prefix) and waits
+        for the peer's (under the group's deadline, polling the probes).  Publishing comes before any waiting,
+        so ranks that contact each other in a cycle (a ring of isends) never wait for each other."""
         st = self._state(g)
         if st.broken is not None:
             raise BrokenError(st.broken)
-        if peer not in st.checked_peers and peer != self.world.rank:
-            t = self.world.transport
-            tag = p2p_tag(g.gid, _PAIR_TAG, 31, g.gen)
-            mine = np.frombuffer(encode_record(self._device_key(device), str(device)), np.uint8)
-            theirs = np.empty(RECORD_BYTES, np.uint8)
+        me = self.world.rank
+        todo = [p for p in dict.fromkeys(peers) if p != me and p not in st.checked_peers]
+        if todo:
+            store = self.world.store
+            mine = encode_record(self._device_key(device), str(device))
+            if st.published != mine:
+                store.set(f"{self._prefix(g)}dev/{me}", mine)
+                st.published = mine
+            keys = {p: f"{self._prefix(g)}dev/{p}" for p in todo}
             dl = Deadline.after(g.timeout)
-            r = t.irecv(peer, tag, theirs)
-            t.isend(peer, tag, mine).wait(dl)
-            r.wait(dl)
-            recs = {self.world.rank: decode_record(mine.tobytes()), peer: decode_record(theirs.tobytes())}
-            order = sorted(recs)
-            self._check(g, order, [recs[r] for r in order], op)
-            st.checked_peers.add(peer)
+            nap = NAP_MIN_S
+            while not store.check(list(keys.values())):
+                self.check_peers(todo)
+                if dl.expired():
+                    raise DistTimeoutError(
+                        f"rank {me}: {op} with {self.device_type} tensors in group {g.name}: ranks {todo} did not "
+                        f"make a {self.device_type} point-to-point call with this rank within {dl.elapsed():.2f}s "
+                        "(their device records are missing from the store)"
+                    )
+                time.sleep(nap)
+                nap = min(2 * nap, 10e-3)
+            for p in todo:
+                recs = {me: decode_record(mine), p: decode_record(store.get(keys[p]))}
+                order = sorted(recs)
+                self._check(g, order, [recs[r] for r in order], op)
+                st.checked_peers.add(p)
         return self._build(g, st)
+
+    def _prefix(self, g: Any) -> str:
+        """The store keys of group ``g`` (this generation of its id): a recreated group never meets old ones."""
+        return f"procgroup_{self.kind}/{self.job_id}/{g.gid}.{g.gen}/"
 
     def _device_key(self, device: Any) -> str:
         return self.device_id(device)
@@ -272,17 +292,29 @@ class TorchDeviceEngine(CollectiveEngine):
                 )
             raise
         except Exception as e:  # noqa: BLE001 - torch's error, translated
-            err = self.torch_error(e, what())
-            if abort:
-                self.fail(g, str(err))
-            raise err from e
+            self._failed(g, e, what, members, abort)
         if abort:
             try:
                 work.wait()
             except Exception as e:  # noqa: BLE001 - torch's error, translated
-                err = self.torch_error(e, what())
-                self.fail(g, str(err))
-                raise err from e
+                self._failed(g, e, what, members, abort)
+
+    def _failed(self, g: Any, e: BaseException, what: Callable[[], str], members: Sequence[int], abort: bool) -> None:
+        """Raise torch's error ``e`` of an operation as procgroup's: when a member died, torch's error ("connection
+        closed by peer") names no rank, so the probes get up to DEAD_PEER_GRACE_S to name it first."""
+        err: BaseException = self.torch_error(e, what())
+        end = time.monotonic() + DEAD_PEER_GRACE_S
+        try:
+            while True:
+                self.check_peers(members)
+                if time.monotonic() >= end:
+                    break
+                time.sleep(0.01)
+        except ProcGroupError as dead:
+            err = dead
+        if abort:
+            self.fail(g, str(err))
+        raise err from e
 
     def settle(self, g: Any, device: Any, deadline: Optional[Deadline], what: Callable[[], str]) -> None:
         """Wait (as :meth:`wait`) until the kernels issued so far on ``device``'s current stream have run: the

@@ -323,7 +323,8 @@ class DeviceOps:
             b = self.eng.backend(g, c, out.device, op_name)
             opts = dist.ReduceScatterOptions()
             opts.reduceOp = red
-            w = b._reduce_scatter_base(self._as_reduced(y), self._as_reduced(x), opts)
+            # gloo's completes only inside wait(): pollable() waits for it in a thread (NCCL's polls as it is)
+            w = pollable(self.eng.kind, b._reduce_scatter_base(self._as_reduced(y), self._as_reduced(x), opts))
             self.eng.wait(g, w, c.deadline, what)
             if op is ReduceOp.AVG:
                 y.div_(c.size)
@@ -480,7 +481,7 @@ class DeviceOps:
 
         t = self._tensor(tensor, "send tensor", "send")
         x, _ = self._flat(t, writable=False)
-        b = self.eng.pair_backend(g, peer, t.device, "send")
+        b = self.eng.pair_backend(g, (peer,), t.device, "send")
         what = f"send to rank {peer}, tag {tag}, {_dname(t)}{list(t.shape)} on {t.device}"
         w = pollable(self.eng.kind, b.send([self._bytes(x)], g.group_rank_of(peer), self._tag("send", tag)))
         req = TorchRequest(self.eng, g, w, peer, x.numel() * x.element_size(), what)
@@ -497,7 +498,7 @@ class DeviceOps:
                 "source); receive into a CPU tensor, or name the sender"
             )
         y, back = self._flat(t)
-        b = self.eng.pair_backend(g, peer, t.device, "recv")
+        b = self.eng.pair_backend(g, (peer,), t.device, "recv")
         what = f"recv from rank {peer}, tag {tag}, {_dname(t)}{list(t.shape)} on {t.device}"
         w = pollable(self.eng.kind, b.recv([self._bytes(y)], g.group_rank_of(peer), self._tag("recv", tag)))
         req = TorchRequest(self.eng, g, w, peer, y.numel() * y.element_size(), what)
@@ -527,8 +528,7 @@ class DeviceOps:
                 )
             x, back = self._flat(t, writable=is_recv)
             prepared.append((is_recv, t, peer, self._tag("batch_isend_irecv", tag), x, back))
-        for _, _, peer, _, _, _ in prepared:
-            b = self.eng.pair_backend(g, peer, first.device, "batch_isend_irecv")
+        b = self.eng.pair_backend(g, [item[2] for item in prepared], first.device, "batch_isend_irecv")
         coalesce = self.eng.kind == "nccl"
         if coalesce:
             b._start_coalescing(first.device)
