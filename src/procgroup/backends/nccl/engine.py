@@ -66,7 +66,7 @@ def cuda_device_id(device: Any) -> str:
 class _GroupState:
     """What the engine keeps for one procgroup group (one generation of its id)."""
 
-    __slots__ = ("gen", "backend", "store", "checked_all", "checked_peers", "published", "broken", "device")
+    __slots__ = ("gen", "backend", "store", "checked_all", "checked_peers", "broken", "device")
 
     def __init__(self, gen: int) -> None:
         self.gen = gen
@@ -74,7 +74,6 @@ class _GroupState:
         self.store: Any = None
         self.checked_all = False
         self.checked_peers: set = set()
-        self.published: Optional[bytes] = None
         self.broken: Optional[str] = None
         self.device: Any = None
 
@@ -171,10 +170,11 @@ class TorchDeviceEngine(CollectiveEngine):
     def pair_backend(self, g: Any, peers: Sequence[int], device: Any, op: str) -> Any:
         """torch's backend of group ``g`` for point-to-point ops with global ranks ``peers`` on ``device``.
 
-        NCCL makes a communicator per pair, and two ranks on one GPU fail there too: before the first op with
-        a peer, this rank publishes its device record in the store (under the group's key prefix) and waits
-        for the peer's (under the group's deadline, polling the probes).  Publishing comes before any waiting,
-        so ranks that contact each other in a cycle (a ring of isends) never wait for each other."""
+        NCCL makes a communicator per pair on the pair's first operation (waiting inside NCCL for the peer),
+        and two ranks on one GPU fail there too: before the first op with a peer, this rank publishes its device
+        record for that peer in the store (under the group's key prefix) and waits for the peer's record for it
+        (under the group's deadline, polling the probes), so NCCL starts only once both are there, and a peer
+        that never comes is a DistTimeoutError naming it rather than a wait inside NCCL."""
         st = self._state(g)
         if st.broken is not None:
             raise BrokenError(st.broken)
@@ -183,19 +183,21 @@ class TorchDeviceEngine(CollectiveEngine):
         if todo:
             store = self.world.store
             mine = encode_record(self._device_key(device), str(device))
-            if st.published != mine:
-                store.set(f"{self._prefix(g)}dev/{me}", mine)
-                st.published = mine
-            keys = {p: f"{self._prefix(g)}dev/{p}" for p in todo}
+            pre = self._prefix(g)
+            for p in todo:  # every record first, then the waits: ranks contacting each other in a cycle all publish
+                store.set(f"{pre}dev/{me}>{p}", mine)
+            keys = {p: f"{pre}dev/{p}>{me}" for p in todo}
             dl = Deadline.after(g.timeout)
             nap = NAP_MIN_S
             while not store.check(list(keys.values())):
                 self.check_peers(todo)
                 if dl.expired():
+                    missing = [p for p in todo if not store.check([keys[p]])]
                     raise DistTimeoutError(
-                        f"rank {me}: {op} with {self.device_type} tensors in group {g.name}: ranks {todo} did not "
-                        f"make a {self.device_type} point-to-point call with this rank within {dl.elapsed():.2f}s "
-                        "(their device records are missing from the store)"
+                        f"rank {me}: {op} with {self.device_type} tensors in group {g.name}: rank(s) {missing} made "
+                        f"no {self.device_type} point-to-point call with this rank within {dl.elapsed():.2f}s. NCCL "
+                        "forms a communicator per pair on its first operation, which waits for both ranks: post "
+                        "sends and receives that wait for each other (a ring) together with batch_isend_irecv"
                     )
                 time.sleep(nap)
                 nap = min(2 * nap, 10e-3)
@@ -236,7 +238,10 @@ class TorchDeviceEngine(CollectiveEngine):
     def _probe(self, peer: int) -> Request:
         req = self._probes.get(peer)
         if req is None:
-            req = self._probes[peer] = self.world.transport.irecv(peer, PROBE_TAG, bytearray(1))
+            with self._lock:  # the async worker and the caller's thread may both wait on the same peer
+                req = self._probes.get(peer)
+                if req is None:
+                    req = self._probes[peer] = self.world.transport.irecv(peer, PROBE_TAG, bytearray(1))
         return req
 
     def check_peers(self, peers: Sequence[int]) -> None:
