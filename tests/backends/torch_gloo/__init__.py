@@ -10,6 +10,10 @@ Importing this package registers two names:
   procgroup's own path, as they do under ``backend="nccl"``.
 * ``"torch_gloo_onedev"``: the same, but every rank reports the same device, so the one-device-per-rank check
   fires (what two ranks on one GPU get from ``backend="nccl"``).
+
+Where gloo differs from NCCL: its group's constructor connects every pair (NCCL's forms communicators on first
+use), so a group's first torch-tensor call must be one all members make (a collective; the tests' are); its
+send, receive and reduce_scatter works complete only inside ``wait()`` (the engine waits for them in a thread).
 """
 
 from __future__ import annotations
