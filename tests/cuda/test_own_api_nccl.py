@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import pytest
 
@@ -51,9 +51,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(n: int, scenario: str, *args: str, backend: str = "nccl", timeout: float = 240.0) -> List[Tuple[int, str]]:
+def run(
+    n: int, scenario: str, *args: str, backend: str = "nccl", timeout: float = 240.0, ranks: Optional[List[int]] = None
+) -> List[Tuple[int, str]]:
     """Run ``scenario`` at world size ``n``; returns (rank, stdout); fails with every rank's output unless every
-    rank exited 0 and printed OK."""
+    rank (or every one of ``ranks``) exited 0 and printed OK."""
     port, secret = _free_port(), secrets.token_hex(16)
     procs = []
     for r in range(n):
@@ -105,7 +107,7 @@ def run(n: int, scenario: str, *args: str, backend: str = "nccl", timeout: float
                 os.killpg(q.pid, signal.SIGKILL)
                 q.wait(10)
     text = "\n".join(f"--- rank {r} rc={rc}\n{so}\n{se}" for r, rc, so, se in out)
-    if any(rc != 0 or "OK" not in so for _, rc, so, _ in out):
+    if any(rc != 0 or "OK" not in so for r, rc, so, _ in out if ranks is None or r in ranks):
         raise AssertionError(f"{scenario} at world size {n} failed:\n{text}")
     return [(r, so) for r, _, so, _ in out]
 
@@ -135,3 +137,37 @@ def test_cuda_tensors_on_the_cpu_backend_name_the_fix():
     """backend='cpu' with a CUDA tensor: ConfigError saying the cpu backend takes CPU tensors and naming
     backend='nccl' (what it said before this backend existed)."""
     run(1, "cpu_backend", backend="cpu")
+
+
+def _gpus() -> int:
+    if _REASON:
+        return 0
+    import torch
+
+    return int(torch.cuda.device_count())
+
+
+_TWO = pytest.mark.skipif(_gpus() < 2, reason=f"needs 2 GPUs (one per rank); this machine has {_gpus()}")
+
+
+@_TWO
+@pytest.mark.timeout(400)
+def test_every_collective_on_several_gpus():
+    """As test_every_collective_with_cuda_tensors, at world size 2 (and 4 where there are 4 GPUs): every root,
+    point-to-point (send/recv, isend, batch_isend_irecv rings as one coalesced NCCL group), ANY_SOURCE refused."""
+    for n in sorted({2, max(2, min(4, _gpus()))}):
+        run(n, "collectives", timeout=180)
+
+
+@_TWO
+@pytest.mark.timeout(200)
+def test_failures_on_several_gpus():
+    """A skipped call: DistTimeoutError naming the op at the 2 s deadline (the NCCL group aborted, not torch's
+    watchdog ending the process); a killed peer named within seconds; CPU data on one rank and CUDA tensors on
+    the other: CollectiveMismatchError on both."""
+    run(2, "deadline", timeout=60)
+    out = run(2, "kill", timeout=60, ranks=[0])  # rank 1 kills itself
+    assert "KILLED" in out[0][1], out
+    for when in ("first", "later"):
+        out = run(2, "mismatch", when, timeout=60)
+        assert all("MISMATCH" in so for _, so in out), out
