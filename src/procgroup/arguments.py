@@ -6,14 +6,14 @@ Ranks passed as ``src``/``dst``/``peer`` are *global* ranks (as torch); the ``gr
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from .errors import ConfigError
 from .process_group import ProcessGroup
 from .state import member_group
 from .transport.base import ANY_SOURCE
 
-__all__ = ["member_group", "root_rank", "peer_rank", "API_SLOT_A", "API_SLOT_B", "API_SLOT_C"]
+__all__ = ["member_group", "root_rank", "peer_rank", "device_ops", "API_SLOT_A", "API_SLOT_B", "API_SLOT_C"]
 
 #: scratch slots of the API layer (the algorithms use small slot numbers; see algorithms/_util.py)
 API_SLOT_A, API_SLOT_B, API_SLOT_C = 101, 102, 103
@@ -61,3 +61,13 @@ def peer_rank(
     if gl == g.world.rank:
         raise ConfigError(f"{op}: rank {gl} cannot {op} to/from itself ({name}={gl}); pick another rank")
     return gl
+
+
+def device_ops(g: ProcessGroup, err: BaseException) -> Any:
+    """The device collectives of ``g``'s world that carry the device of ``err`` (a DeviceTensorError), else
+    raise ``err``: a CUDA tensor on the cpu backend stays the ConfigError that names the fix."""
+    eng = g.world.engine
+    dev = getattr(getattr(err, "device", None), "type", None)
+    if eng is None or dev not in eng.device_types:
+        raise err
+    return eng.device_ops

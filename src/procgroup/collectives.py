@@ -17,11 +17,11 @@ import numpy as np
 from . import algorithms as alg
 from . import plans
 from .algorithms.select import FORCE as _FORCE
-from .arguments import API_SLOT_A, API_SLOT_B
+from .arguments import API_SLOT_A, API_SLOT_B, device_ops
 from .arguments import member_group as _group
 from .arguments import root_rank as _root
 from .data import Flat, after, as_flat
-from .errors import ConfigError
+from .errors import ConfigError, DeviceTensorError
 from .ops import ReduceOp, finalize, reducer
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .process_group import SLOW, ProcessGroup, Work
@@ -136,7 +136,10 @@ def broadcast(
     if g is None:
         return None
     root = _root(g, "broadcast", src, group_src, "src")
-    f = as_flat(tensor, "broadcast tensor")
+    try:
+        f = as_flat(tensor, "broadcast tensor")
+    except DeviceTensorError as e:
+        return device_ops(g, e).broadcast(g, tensor, root, async_op, timeout)
     eng = g.world.engine
     fast = eng.broadcast(g, f.dtype) if eng is not None else None
     bcast = fast or alg.broadcast
@@ -172,7 +175,10 @@ def all_reduce(
     if g is None:
         return None
     op = _avg_or_none(op)
-    f = as_flat(tensor, "all_reduce tensor")
+    try:
+        f = as_flat(tensor, "all_reduce tensor")
+    except DeviceTensorError as e:
+        return device_ops(g, e).all_reduce(g, tensor, op, async_op, timeout)
     arr, dt = f.array, f.dtype
     try:
         plan = _AR_PLAN.get((dt, op))
@@ -236,7 +242,10 @@ def reduce(
         return None
     root = _root(g, "reduce", dst, group_dst, "dst")
     op = _avg_or_none(op)
-    f = as_flat(tensor, "reduce tensor")
+    try:
+        f = as_flat(tensor, "reduce tensor")
+    except DeviceTensorError as e:
+        return device_ops(g, e).reduce(g, tensor, root, op, async_op, timeout)
     kern = reducer(op, f.dtype)
     eng = g.world.engine
     fast = eng.reduce(g, f.dtype, op) if eng is not None else None
@@ -269,7 +278,10 @@ def all_gather(
         return None
     if len(tensor_list) != g.size():
         raise ConfigError(f"all_gather: tensor_list has {len(tensor_list)} entries but the group has {g.size()} ranks")
-    src = as_flat(tensor, "all_gather input", writable=False)
+    try:
+        src = as_flat(tensor, "all_gather input", writable=False)
+    except DeviceTensorError as e:
+        return device_ops(g, e).all_gather(g, tensor_list, tensor, async_op, timeout)
     outs = [as_flat(t, f"all_gather tensor_list[{i}]") for i, t in enumerate(tensor_list)]
     for i, o in enumerate(outs):
         _same("all_gather", src, o, "the input", f"tensor_list[{i}]")
@@ -321,7 +333,10 @@ def all_gather_into_tensor(
     g = _group(group, "all_gather_into_tensor")
     if g is None:
         return None
-    src = as_flat(input_tensor, "all_gather_into_tensor input", writable=False)
+    try:
+        src = as_flat(input_tensor, "all_gather_into_tensor input", writable=False)
+    except DeviceTensorError as e:
+        return device_ops(g, e).all_gather_into_tensor(g, output_tensor, input_tensor, async_op, timeout)
     out = as_flat(output_tensor, "all_gather_into_tensor output")
     _same("all_gather_into_tensor", src, out, "the input", "the output", g.size())
     eng = g.world.engine
@@ -352,7 +367,10 @@ def gather(
     if g is None:
         return None
     root = _root(g, "gather", dst, group_dst, "dst", default=0)
-    src = as_flat(tensor, "gather input", writable=False)
+    try:
+        src = as_flat(tensor, "gather input", writable=False)
+    except DeviceTensorError as e:
+        return device_ops(g, e).gather(g, tensor, gather_list, root, async_op, timeout)
     outs: List[Flat] = []
     if g.rank() == root:
         if gather_list is None or len(gather_list) != g.size():
@@ -403,7 +421,10 @@ def scatter(
     if g is None:
         return None
     root = _root(g, "scatter", src, group_src, "src", default=0)
-    out = as_flat(tensor, "scatter output")
+    try:
+        out = as_flat(tensor, "scatter output")
+    except DeviceTensorError as e:
+        return device_ops(g, e).scatter(g, tensor, scatter_list, root, async_op, timeout)
     ins: List[Flat] = []
     if g.rank() == root:
         if scatter_list is None or len(scatter_list) != g.size():
@@ -450,7 +471,10 @@ def reduce_scatter(
     if g is None:
         return None
     op = _avg_or_none(op)
-    out = as_flat(output, "reduce_scatter output")
+    try:
+        out = as_flat(output, "reduce_scatter output")
+    except DeviceTensorError as e:
+        return device_ops(g, e).reduce_scatter(g, output, input_list, op, async_op, timeout)
     if len(input_list) != g.size():
         raise ConfigError(
             f"reduce_scatter: input_list has {len(input_list)} tensors but the group has {g.size()} ranks"
@@ -495,7 +519,10 @@ def reduce_scatter_tensor(
     if g is None:
         return None
     op = _avg_or_none(op)
-    out = as_flat(output, "reduce_scatter_tensor output")
+    try:
+        out = as_flat(output, "reduce_scatter_tensor output")
+    except DeviceTensorError as e:
+        return device_ops(g, e).reduce_scatter_tensor(g, output, input, op, async_op, timeout)
     src = as_flat(input, "reduce_scatter_tensor input", writable=False)
     _same("reduce_scatter_tensor", out, src, "the output", "the input", g.size())
     kern = reducer(op, out.dtype)
@@ -537,7 +564,10 @@ def all_to_all(
             f"all_to_all: both lists need {n} tensors (one per rank), got {len(output_tensor_list)} outputs "
             f"and {len(input_tensor_list)} inputs"
         )
-    ins = [as_flat(t, f"input_tensor_list[{i}]", writable=False) for i, t in enumerate(input_tensor_list)]
+    try:
+        ins = [as_flat(t, f"input_tensor_list[{i}]", writable=False) for i, t in enumerate(input_tensor_list)]
+    except DeviceTensorError as e:
+        return device_ops(g, e).all_to_all(g, output_tensor_list, input_tensor_list, async_op, timeout)
     outs = [as_flat(t, f"output_tensor_list[{i}]") for i, t in enumerate(output_tensor_list)]
     dt = ins[0].dtype
     for i, f in enumerate(ins + outs):
@@ -603,7 +633,11 @@ def all_to_all_single(
     g = _group(group, "all_to_all_single")
     if g is None:
         return None
-    out = as_flat(output, "all_to_all_single output")
+    try:
+        out = as_flat(output, "all_to_all_single output")
+    except DeviceTensorError as e:
+        dev = device_ops(g, e)
+        return dev.all_to_all_single(g, output, input, output_split_sizes, input_split_sizes, async_op, timeout)
     src = as_flat(input, "all_to_all_single input", writable=False)
     if out.dtype != src.dtype:
         raise ConfigError(f"all_to_all_single: output dtype {out.dtype} differs from input dtype {src.dtype}")
@@ -636,6 +670,8 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None, t
     if g is None:
         return None
     eng = g.world.engine
+    if device_ids and eng is not None and eng.device_types:  # torch's barrier(device_ids=[i]): on that device
+        return eng.device_ops.barrier(g, device_ids, async_op, timeout)
     fast = eng.barrier(g) if eng is not None else None
     fn = fast or alg.barrier
     if planned:

@@ -17,9 +17,9 @@ from typing import Any, Dict, Union
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, DeviceTensorError
 
-__all__ = ["Flat", "as_flat", "is_torch_tensor", "DTypeKey"]
+__all__ = ["Flat", "as_flat", "is_torch_tensor", "DTypeKey", "device_error", "route_cpu_tensors"]
 
 DTypeKey = Union[np.dtype, str]
 
@@ -115,10 +115,7 @@ def _torch_flat(t: Any, name: str, writable: bool) -> Flat:
         dt = arr.dtype
         return Flat(arr, "bfloat16" if dt is _BF16_VIEW else dt, t.shape)
     if t.device.type != "cpu":
-        raise ConfigError(
-            f"{name} is on device {t.device}; the cpu backend takes CPU tensors: move it with .cpu(), "
-            "or init_process_group(backend='nccl') for CUDA tensors"
-        )
+        raise device_error(t, name)
     import torch  # already imported by the caller, since they hold a tensor
 
     back = None
@@ -144,6 +141,35 @@ def _torch_flat(t: Any, name: str, writable: bool) -> Flat:
         arr = d.numpy().reshape(-1)
         dkey = arr.dtype
     return Flat(arr, dkey, shape, back)
+
+
+def device_error(t: Any, name: str) -> DeviceTensorError:
+    """The error of a tensor on a device: the collectives catch it and hand the call to the world's engine when
+    that engine carries the device (backend="nccl"); elsewhere the caller gets it, naming the fix."""
+    return DeviceTensorError(
+        f"{name} is on device {t.device}; the cpu backend takes CPU tensors: move it with .cpu(), "
+        "or init_process_group(backend='nccl') for CUDA tensors",
+        device=t.device,
+    )
+
+
+_plain_torch_flat = _torch_flat
+
+
+def _routed_torch_flat(t: Any, name: str, writable: bool) -> Flat:
+    """:func:`_torch_flat` with CPU tensors treated as device tensors (see :func:`route_cpu_tensors`)."""
+    raise device_error(t, name)
+
+
+def route_cpu_tensors(on: bool) -> None:
+    """Treat torch CPU tensors as device tensors in this process (``on``), or not (the default).
+
+    For a test backend whose engine carries CPU tensors through torch's gloo (``tests/backends/torch_gloo``),
+    so that the delegation path of ``backend="nccl"`` runs on a machine without a GPU.  It swaps the function
+    :func:`as_flat` calls for torch tensors, so the default path pays nothing for this switch.
+    """
+    global _torch_flat
+    _torch_flat = _routed_torch_flat if on else _plain_torch_flat
 
 
 #: numpy dtypes already checked to be plain numeric (the per-call check is then one set lookup)

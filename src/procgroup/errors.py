@@ -53,6 +53,7 @@ __all__ = [
     "format_ranks",
     "ObjectPicklingError",
     "UnsafeObjectError",
+    "DeviceTensorError",
 ]
 
 
@@ -239,3 +240,17 @@ class NoIdentityError(ConfigError):
 
 class StaleStoreError(RendezvousError):
     """A ``file://`` store left by a job whose processes are dead (killed): delete the file, or use a fresh path."""
+
+
+# --- issue 10 item 3: procgroup's own API carries CUDA tensors (backend="nccl") --------------------------------
+class DeviceTensorError(ConfigError):
+    """A torch tensor on a device (not the CPU) reached a collective or point-to-point op.
+
+    :func:`procgroup.data.as_flat` raises it; the collectives catch it to hand the call to the world's engine
+    when that engine carries the tensor's device (``backend="nccl"``).  Where none does (the cpu backend) it
+    reaches the caller as the ConfigError it is, naming the fix.  ``device``: the tensor's ``torch.device``.
+    """
+
+    def __init__(self, message: str, *, device: object = None) -> None:
+        super().__init__(message)
+        self.device = device

@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
+from .arguments import device_ops
 from .arguments import member_group as _group
 from .arguments import peer_rank as _peer
-from .data import as_flat
-from .errors import ConfigError
+from .data import as_flat, is_torch_tensor
+from .errors import ConfigError, DeviceTensorError
 from .process_group import P2P_CODE_MASK, P2P_CODE_SHIFT, Work, dtype_code, dtype_of_code, p2p_tag
 from .transport.base import ANY_SOURCE
 
@@ -31,7 +32,10 @@ def _post_send(tensor: Any, dst: Optional[int], group: Any, tag: int, group_dst:
     if g is None:
         return None
     peer = _peer(g, "send", dst, group_dst, "dst")
-    f = as_flat(tensor, "send tensor", writable=False)
+    try:
+        f = as_flat(tensor, "send tensor", writable=False)
+    except DeviceTensorError as e:
+        return device_ops(g, e).isend(g, peer, tag, tensor)
     code = dtype_code(f.dtype)
     eng = g.world.engine
     req = eng.isend(g, peer, tag, f.array, code) if eng is not None else None
@@ -57,7 +61,10 @@ def _post_recv(tensor: Any, src: Optional[int], group: Any, tag: int, group_src:
     if g is None:
         return None
     peer = _peer(g, "recv", src, group_src, "src", allow_any=True)
-    f = as_flat(tensor, "recv tensor")
+    try:
+        f = as_flat(tensor, "recv tensor")
+    except DeviceTensorError as e:
+        return device_ops(g, e).irecv(g, peer, tag, tensor)
     code = dtype_code(f.dtype)
     ptag = p2p_tag(g.gid, tag, code, g.gen)
     eng = g.world.engine
@@ -158,6 +165,12 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
     """Post every op, receives first (so matching sends can never deadlock); returns their Works."""
     if not p2p_op_list:
         raise ConfigError("batch_isend_irecv needs a non-empty list of P2POp")
+    first = p2p_op_list[0]
+    if is_torch_tensor(first.tensor):
+        try:
+            as_flat(first.tensor, "P2POp tensor", writable=False)
+        except DeviceTensorError as e:
+            return _device_batch(p2p_op_list, e)
     works: List[Any] = [None] * len(p2p_op_list)
     order = sorted(range(len(p2p_op_list)), key=lambda i: p2p_op_list[i].op.__name__ != "irecv")
     for i in order:
@@ -167,3 +180,22 @@ def batch_isend_irecv(p2p_op_list: List[P2POp]) -> List[Work]:
         else:
             works[i] = isend(p.tensor, p.peer, p.group, p.tag, p.group_peer)
     return [w for w in works if w is not None]
+
+
+def _device_batch(p2p_op_list: List[P2POp], err: DeviceTensorError) -> List[Any]:
+    """batch_isend_irecv of device tensors: every op of the batch in one group, handed to the world's engine."""
+    group = p2p_op_list[0].group
+    if any(p.group is not group for p in p2p_op_list):
+        raise ConfigError("batch_isend_irecv of device tensors: every P2POp must name the same group")
+    g = _group(group, "batch_isend_irecv")
+    if g is None:
+        return []
+    items = []
+    for p in p2p_op_list:
+        is_recv = p.op.__name__ == "irecv"
+        if is_recv:
+            peer = _peer(g, "recv", p.peer, p.group_peer, "src", allow_any=True)
+        else:
+            peer = _peer(g, "send", p.peer, p.group_peer, "dst")
+        items.append((is_recv, p.tensor, peer, p.tag))
+    return list(device_ops(g, err).batch_isend_irecv(g, items))

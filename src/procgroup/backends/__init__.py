@@ -1,7 +1,7 @@
 """Backends: the interface and registry (:mod:`.base`), the built-in ones, and a factory without global state.
 
 Importing this package registers "cpu" (alias "gloo"), "mpi" (mpi4py, imported only when a world forms)
-and the unavailable entry "nccl".
+and "nccl" (CUDA tensors through torch's NCCL; torch imported only when asked for).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from ..config import Identity, RuntimeConfig, job_secret, to_seconds
 from ..process_group import ProcessGroup
 from . import cpu as _cpu  # noqa: F401 - registers "cpu" and "gloo"
 from . import mpi as _mpi  # noqa: F401 - registers "mpi"
-from . import unavailable as _unavailable  # noqa: F401 - registers "nccl"
+from . import nccl as _nccl  # noqa: F401 - registers "nccl"
 from .base import Backend, WorldSpec, describe_names, lookup, names, register
 
 __all__ = ["Backend", "WorldSpec", "register", "lookup", "names", "describe_names", "create_group", "destroy_group"]

@@ -106,6 +106,13 @@ class CollectiveEngine:
 
     #: shown in diagnostics
     name: str = "engine"
+    #: device types (torch's ``device.type``: "cuda") whose tensors this engine carries itself; a torch tensor on
+    #: such a device hands the whole call to :attr:`device_ops` (see ``backends/nccl``), before any of the
+    #: dtype-keyed methods below is asked.  Empty: device tensors raise ConfigError, as on the cpu backend
+    device_types: Tuple[str, ...] = ()
+    #: the object whose methods (named and ordered as the API's, after the group: ``all_reduce(g, tensor, op,
+    #: async_op, timeout)``, ``isend(g, peer, tag, tensor)``...) run calls with device tensors
+    device_ops: Any = None
 
     def all_reduce(self, group: Any, dtype: Any, op: Any) -> Optional[Callable[..., None]]:
         """``f(comm, buf)``: reduce ``buf`` in place over the group, or None."""
