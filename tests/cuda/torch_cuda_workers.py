@@ -120,7 +120,7 @@ def shared_gpu() -> None:
     except Exception as e:  # noqa: BLE001 - the test checks the type and message
         msg = str(e)
         check(type(e).__name__ == "ConfigError", f"raised {type(e).__name__}: {msg}")
-        check("both use the GPU" in msg and "ranks 0 and 1" in msg and "set_device" in msg, f"message: {msg}")
+        check("both use the same GPU" in msg and "ranks 0 and 1" in msg and "set_device" in msg, f"message: {msg}")
         print("raised:", msg, flush=True)
         return
     raise AssertionError(f"rank {RANK}: two ranks on one GPU did not raise")

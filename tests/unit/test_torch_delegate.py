@@ -1,4 +1,5 @@
-"""The one-GPU-per-rank check the torch plug-in runs before building NCCL (procgroup.torch._delegate)."""
+"""The torch plug-in's routing helpers (procgroup.torch._delegate); the one-GPU-per-rank verdict itself is
+procgroup.backends.nccl.devices' (tests/unit/test_nccl_backend.py)."""
 
 from __future__ import annotations
 
@@ -6,25 +7,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from procgroup.torch._delegate import device_of, shared_devices  # noqa: E402
+from procgroup.torch._delegate import device_of  # noqa: E402
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def test_distinct_devices_pass() -> None:
-    assert shared_devices([("a", "GPU-1", "cuda:0"), ("a", "GPU-2", "cuda:1"), ("b", "GPU-3", "cuda:0")]) is None
-    assert shared_devices([]) is None
-
-
-def test_unknown_ids_never_conflict() -> None:
-    assert shared_devices([("a", "", "cuda:0"), ("a", "", "cuda:0")]) is None
-
-
-def test_shared_device_names_both_ranks_and_the_fix() -> None:
-    why = shared_devices([("a", "GPU-1", "cuda:0"), ("a", "GPU-2", "cuda:1"), ("a", "GPU-1", "cuda:0")])
-    assert why is not None
-    assert "ranks 0 and 2 both use the GPU GPU-1" in why
-    assert "rank 2: cuda:0 on a" in why and "set_device" in why and "CUDA_VISIBLE_DEVICES" in why
 
 
 def test_device_of_finds_the_first_non_cpu_tensor() -> None:

@@ -11,6 +11,8 @@ What it uses from the core:
 * ``procgroup.store.Store`` (the interface the adapter implements, with its ``_deadline`` and
   ``_timeout_error`` helpers).
 * ``procgroup.errors``: the exception types raised and caught.
+* ``procgroup.backends.nccl.devices.check_one_device_per_rank``: the one-GPU-per-rank verdict (torch-free), the
+  same as procgroup's own ``backend="nccl"``.
 * ``procgroup.collectives`` (the public collectives, called with ``group=`` a group from :func:`create_group`)
   and ``procgroup.ops.ReduceOp``.
 * mismatch detection and roll call for the group (``create_group(..., watchdog=True)``), as
@@ -26,6 +28,7 @@ from typing import Any, Optional
 from .. import collectives as collectives  # noqa: PLC0414 - re-exported for the backend module
 from ..backends import create_group as _create_group
 from ..backends import destroy_group as _destroy_group
+from ..backends.nccl.devices import check_one_device_per_rank
 from ..config import RuntimeConfig, job_secret
 from ..errors import (
     BrokenError,
@@ -51,6 +54,7 @@ __all__ = [
     "ReduceOp",
     "Store",
     "StoreError",
+    "check_one_device_per_rank",
     "close_group",
     "collectives",
     "create_group",

@@ -10,7 +10,8 @@
 
 Before torch's NCCL is built, the members compare the GPUs they will use: two ranks on one GPU make NCCL fail
 with "Duplicate GPU detected" deep inside its first collective; here they get a :class:`ConfigError` naming
-both ranks, the GPU and the fix (:func:`shared_devices`).
+both ranks, the GPU and the fix (``procgroup.backends.nccl.devices.check_one_device_per_rank``, as for
+procgroup's own ``backend="nccl"``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch.distributed as dist
 
 from . import _core
 
-__all__ = ["NATIVE_DTYPES", "Delegation", "device_of", "shared_devices"]
+__all__ = ["NATIVE_DTYPES", "Delegation", "device_of"]
 
 logger = logging.getLogger("procgroup.torch")
 
@@ -56,29 +57,6 @@ _BACKEND_NAMES = {
 
 #: (op, reason) pairs already logged as fallen through, per process
 _LOGGED: set = set()
-
-
-def shared_devices(entries: Sequence[Tuple[str, str, str]]) -> Optional[str]:
-    """None when every rank uses its own device; else a sentence naming two ranks that share one, and the fix.
-
-    ``entries[r]`` is rank r's ``(host, device id, device name)``: the id is globally unique (a GPU's UUID),
-    the name what the user wrote (``cuda:0``).  An empty id (unknown) is never a conflict.
-    """
-    seen: Dict[str, int] = {}
-    for rank, (host, dev_id, name) in enumerate(entries):
-        if not dev_id:
-            continue
-        first = seen.setdefault(dev_id, rank)
-        if first != rank:
-            fhost, _, fname = entries[first]
-            return (
-                f"ranks {first} and {rank} both use the GPU {dev_id} (rank {first}: {fname} on {fhost}; rank "
-                f"{rank}: {name} on {host}), and NCCL needs one GPU per rank: give each rank its own device, "
-                "e.g. torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) and tensors on that device, or "
-                "CUDA_VISIBLE_DEVICES per rank; run no more ranks per host than it has GPUs "
-                "(procgroup run --nproc-per-node gpu)"
-            )
-    return None
 
 
 def device_of(args: Sequence[Any]) -> Optional[torch.device]:
@@ -201,13 +179,14 @@ class Delegation:
                 f"{self._timeout:.0f} s ({e}); every member must call the same collectives, or raise the group's "
                 "timeout"
             ) from e
-        entries = []
-        for k in keys:
-            host, uid, name = bytes(store.get(k)).decode().split("\0")
-            entries.append((host, uid, name))
-        why = shared_devices(entries)
-        if why is not None:
-            raise _core.ConfigError(f"CUDA collectives under procgroup (rank {self._rank}): {why}")
+        entries = [bytes(store.get(k)).decode().split("\0") for k in keys]
+        _core.check_one_device_per_rank(
+            [(host, uid or f"unknown device of rank {r}") for r, (host, uid, _) in enumerate(entries)],
+            list(range(self._size)),
+            names=[name for _, _, name in entries],
+            hostnames=[host for host, _, _ in entries],
+            op=f"CUDA collectives under procgroup (rank {self._rank})",
+        )
 
     def _get_backend(self, device: Any) -> Any:
         """The torch Backend carrying tensors of ``device`` (built on first use), as torch's own accessor.
