@@ -410,7 +410,13 @@ def _close_quietly(obj: Any) -> None:
 
 
 def destroy_process_group(group: Optional[ProcessGroup] = None) -> None:
-    """Destroy ``group``, or everything (the default group and every subgroup) when None."""
+    """Destroy ``group``, or everything (the default group and every subgroup) when None.
+
+    ``GroupMember.NON_GROUP_MEMBER`` (what ``new_group`` returns to a rank outside the group) is accepted and
+    nothing happens, so every rank can run the same cleanup.
+    """
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return
     with _state.lock:
         if _state.world is not None and _state.world.forked():
             _forget_forked()  # no goodbye, no closing: the parent still uses all of it

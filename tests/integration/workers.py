@@ -317,6 +317,8 @@ def subgroups() -> None:
     objs = [None, None]
     dist.all_gather_object(objs, r, group=blocks)
     check(objs == [r - r % 2, r - r % 2 + 1], f"all_gather_object in a subgroup {objs}")
+    check((g01 is dist.GroupMember.NON_GROUP_MEMBER) == (r >= 2), f"non-members get NON_GROUP_MEMBER: {g01!r}")
+    dist.destroy_process_group(g01)  # every rank runs the same cleanup; a non-member's is a no-op
     print(f"rank {r}: subgroups ok")
     dist.destroy_process_group()
 
