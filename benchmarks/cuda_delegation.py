@@ -1,8 +1,8 @@
 """What procgroup's torch backend adds to a CUDA collective it hands to torch's NCCL (needs a GPU).
 
-One process (world size 1: NCCL needs one GPU per rank, and the GPU machines here have one), three groups in
-turn: torch's own ``nccl``, ``procgroup`` (CUDA tensors routed to the NCCL it builds underneath), and
-``cpu:procgroup,cuda:nccl``.  For each, ``--iters`` blocking ``dist.all_reduce`` calls per size, timed with a
+One process (world size 1: NCCL needs one GPU per rank, and the GPU machines here have one), four groups in
+turn: torch's own ``nccl``, ``procgroup`` (CUDA tensors routed to the NCCL it builds underneath),
+``cpu:procgroup,cuda:nccl``, and procgroup's own API with ``backend="nccl"``.  For each, ``--iters`` blocking ``dist.all_reduce`` calls per size, timed with a
 ``torch.cuda.synchronize()`` at the end, median of ``--repeat`` rounds; prints µs per call and the ratio
 to torch's nccl.  Run: ``python benchmarks/cuda_delegation.py --repeat 5``.
 """
@@ -27,24 +27,32 @@ from procgroup.netutil import free_port  # noqa: E402
 
 
 def one(backend: str, sizes: list, iters: int, repeat: int) -> dict:
-    """µs per blocking all_reduce at each size (median over ``repeat`` rounds) under ``backend``."""
+    """µs per blocking all_reduce at each size (median over ``repeat`` rounds) under ``backend``
+    (``own-api``: procgroup's own ``init_process_group("nccl")`` and ``procgroup.all_reduce``)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
-    dist.init_process_group(backend, timeout=timedelta(seconds=60))
+    if backend == "own-api":
+        import procgroup as api
+
+        api.init_process_group("nccl", timeout=60)
+        all_reduce, destroy = api.all_reduce, api.destroy_process_group
+    else:
+        dist.init_process_group(backend, timeout=timedelta(seconds=60))
+        all_reduce, destroy = dist.all_reduce, dist.destroy_process_group
     out = {}
     for n in sizes:
         t = torch.ones(max(1, n // 4), device="cuda")
         for _ in range(20):
-            dist.all_reduce(t)
+            all_reduce(t)
         torch.cuda.synchronize()
         rounds = []
         for _ in range(repeat):
             t0 = time.perf_counter()
             for _ in range(iters):
-                dist.all_reduce(t)
+                all_reduce(t)
             torch.cuda.synchronize()
             rounds.append((time.perf_counter() - t0) / iters * 1e6)
         out[n] = statistics.median(rounds)
-    dist.destroy_process_group()
+    destroy()
     return out
 
 
@@ -58,13 +66,13 @@ def main() -> None:
     sizes = [int(s) for s in a.sizes.split(",")]
     torch.cuda.set_device(0)
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, NCCL {torch.cuda.nccl.version()}")
-    res = {b: one(b, sizes, a.iters, a.repeat) for b in ("nccl", "procgroup", "cpu:procgroup,cuda:nccl")}
-    mixed = "cpu:procgroup,cuda:nccl us"
-    print(f"{'bytes':>10} {'nccl us':>9} {'procgroup us':>13} {'ratio':>6} {mixed:>27} {'ratio':>6}")
+    names = ("nccl", "procgroup", "cpu:procgroup,cuda:nccl", "own-api")
+    res = {b: one(b, sizes, a.iters, a.repeat) for b in names}
+    print("µs per call (ratio to torch's nccl); own-api: procgroup.all_reduce with backend='nccl'")
+    print(f"{'bytes':>10} " + " ".join(f"{b:>26}" for b in names))
     for n in sizes:
         base = res["nccl"][n]
-        p, m = res["procgroup"][n], res["cpu:procgroup,cuda:nccl"][n]
-        print(f"{n:>10} {base:>9.2f} {p:>13.2f} {p / base:>6.2f} {m:>27.2f} {m / base:>6.2f}")
+        print(f"{n:>10} " + " ".join(f"{res[b][n]:>18.2f} ({res[b][n] / base:4.2f})" for b in names))
 
 
 if __name__ == "__main__":
