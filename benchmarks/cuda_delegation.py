@@ -2,9 +2,9 @@
 
 One process (world size 1: NCCL needs one GPU per rank, and the GPU machines here have one), four groups in
 turn: torch's own ``nccl``, ``procgroup`` (CUDA tensors routed to the NCCL it builds underneath),
-``cpu:procgroup,cuda:nccl``, and procgroup's own API with ``backend="nccl"``.  For each, ``--iters`` blocking ``dist.all_reduce`` calls per size, timed with a
-``torch.cuda.synchronize()`` at the end, median of ``--repeat`` rounds; prints µs per call and the ratio
-to torch's nccl.  Run: ``python benchmarks/cuda_delegation.py --repeat 5``.
+``cpu:procgroup,cuda:nccl``, and procgroup's own API with ``backend="nccl"``.  For each, ``--iters`` blocking
+all_reduce calls per size, timed with a ``torch.cuda.synchronize()`` at the end, median of ``--repeat`` rounds;
+prints µs per call and the ratio to torch's nccl.  Run: ``python benchmarks/cuda_delegation.py --repeat 5``.
 """
 
 from __future__ import annotations
