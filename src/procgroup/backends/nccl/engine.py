@@ -10,8 +10,9 @@ the job, the group id and its generation, so a destroyed and recreated group nev
 ``device_type``/``kind`` are constructor parameters: ("cuda", "nccl") for ``backend="nccl"``; the tests run
 the same code as ("cpu", "gloo") on machines without a GPU (``tests/backends/torch_gloo``).
 
-Waiting (:meth:`TorchDeviceEngine.wait`): a torch Work is polled with ``is_completed()`` (backing off from
-20 us to 1 ms), so a sync call returns once its result is complete on the device.  Between polls: the
+Waiting (:meth:`TorchDeviceEngine.wait`): a torch Work is polled with ``is_completed()`` (for 200 us yielding
+the CPU between polls, then sleeping from 20 us doubling to 1 ms), so a sync call returns once its result is
+complete on the device.  Between polls: the
 call's deadline (DistTimeoutError; the torch group is then aborted and the procgroup group breaks), and
 every ~2 ms one posted receive per peer on procgroup's transport that never matches (:data:`PROBE_TAG`): it
 fails when the transport is aborted (the watchdog found a mismatch or a failure through the store), closed,
@@ -22,6 +23,7 @@ torch is imported only when such a world forms.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from datetime import timedelta
@@ -45,8 +47,11 @@ logger = logging.getLogger("procgroup")
 
 #: the transport tag of the liveness probes: a p2p tag whose dtype code (31) no dtype has, so nothing matches it
 PROBE_TAG = p2p_tag(0, P2P_TAG_LIMIT - 1, 31, 0)
+#: a wait first polls the work this long (yielding the CPU between polls), then sleeps NAP_MIN_S doubling to NAP_MAX_S
+SPIN_S = 200e-6
 NAP_MIN_S = 20e-6
 NAP_MAX_S = 1e-3
+_sched_yield = getattr(os, "sched_yield", lambda: None)
 PROBE_EVERY_S = 2e-3
 #: torch's NCCL watchdog must not fire before procgroup's deadline does (it would end the process)
 NCCL_TIMEOUT_MARGIN_S = 60.0
@@ -272,11 +277,15 @@ class TorchDeviceEngine(CollectiveEngine):
         """
         members = g.ranks if peers is None else peers
         nap = NAP_MIN_S
-        next_probe = 0.0
+        spin_end = time.monotonic() + SPIN_S
+        next_probe = spin_end  # a short wait polls only the work; the peers are probed once it lasts
         at = float("inf") if deadline is None else deadline.at
         try:
             while not work.is_completed():
                 now = time.monotonic()
+                if now < spin_end:
+                    _sched_yield()  # a small collective completes within microseconds: no sleep's timer slack
+                    continue
                 if now >= next_probe:
                     next_probe = now + PROBE_EVERY_S
                     self.check_peers(members)
