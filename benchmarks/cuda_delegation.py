@@ -1,8 +1,9 @@
 """What procgroup's torch backend adds to a CUDA collective it hands to torch's NCCL (needs a GPU).
 
-One process (world size 1: NCCL needs one GPU per rank, and the GPU machines here have one), four groups in
+One process (world size 1: NCCL needs one GPU per rank, and the GPU machines here have one), five groups in
 turn: torch's own ``nccl``, ``procgroup`` (CUDA tensors routed to the NCCL it builds underneath),
-``cpu:procgroup,cuda:nccl``, and procgroup's own API with ``backend="nccl"``.  For each, ``--iters`` blocking
+``cpu:procgroup,cuda:nccl``, torch's nccl with a ``torch.cuda.synchronize()`` after each call, and procgroup's
+own API with ``backend="nccl"`` (whose blocking calls return once complete on the device).  For each, ``--iters`` blocking
 all_reduce calls per size, timed with a ``torch.cuda.synchronize()`` at the end, median of ``--repeat`` rounds;
 prints µs per call and the ratio to torch's nccl.  Run: ``python benchmarks/cuda_delegation.py --repeat 5``.
 """
@@ -35,6 +36,14 @@ def one(backend: str, sizes: list, iters: int, repeat: int) -> dict:
 
         api.init_process_group("nccl", timeout=60)
         all_reduce, destroy = api.all_reduce, api.destroy_process_group
+    elif backend == "nccl+sync":  # torch's nccl, each call waited for on the device as procgroup's own API does
+
+        def all_reduce(t: torch.Tensor) -> None:
+            dist.all_reduce(t)
+            torch.cuda.synchronize()
+
+        dist.init_process_group("nccl", timeout=timedelta(seconds=60))
+        destroy = dist.destroy_process_group
     else:
         dist.init_process_group(backend, timeout=timedelta(seconds=60))
         all_reduce, destroy = dist.all_reduce, dist.destroy_process_group
@@ -66,9 +75,12 @@ def main() -> None:
     sizes = [int(s) for s in a.sizes.split(",")]
     torch.cuda.set_device(0)
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}, NCCL {torch.cuda.nccl.version()}")
-    names = ("nccl", "procgroup", "cpu:procgroup,cuda:nccl", "own-api")
+    names = ("nccl", "procgroup", "cpu:procgroup,cuda:nccl", "nccl+sync", "own-api")
     res = {b: one(b, sizes, a.iters, a.repeat) for b in names}
-    print("µs per call (ratio to torch's nccl); own-api: procgroup.all_reduce with backend='nccl'")
+    print(
+        "µs per call (ratio to torch's nccl); nccl+sync: each call followed by torch.cuda.synchronize(); "
+        "own-api: procgroup.all_reduce with backend='nccl' (returns once complete on the device)"
+    )
     print(f"{'bytes':>10} " + " ".join(f"{b:>26}" for b in names))
     for n in sizes:
         base = res["nccl"][n]
