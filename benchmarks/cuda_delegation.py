@@ -3,9 +3,10 @@
 One process (world size 1: NCCL needs one GPU per rank, and the GPU machines here have one), five groups in
 turn: torch's own ``nccl``, ``procgroup`` (CUDA tensors routed to the NCCL it builds underneath),
 ``cpu:procgroup,cuda:nccl``, torch's nccl with a ``torch.cuda.synchronize()`` after each call, and procgroup's
-own API with ``backend="nccl"`` (whose blocking calls return once complete on the device).  For each, ``--iters`` blocking
-all_reduce calls per size, timed with a ``torch.cuda.synchronize()`` at the end, median of ``--repeat`` rounds;
-prints µs per call and the ratio to torch's nccl.  Run: ``python benchmarks/cuda_delegation.py --repeat 5``.
+own API with ``backend="nccl"`` (whose blocking calls return once complete on the device).  For each,
+``--iters`` blocking all_reduce calls per size, timed with a ``torch.cuda.synchronize()`` at the end, median of
+``--repeat`` rounds; prints µs per call and the ratio to torch's nccl.
+Run: ``python benchmarks/cuda_delegation.py --repeat 5``.
 """
 
 from __future__ import annotations
