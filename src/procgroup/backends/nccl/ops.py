@@ -126,12 +126,23 @@ class DeviceOps:
         return g.run(op, fn, async_op=async_op, timeout=timeout, signature=sig + (self.sig,))
 
     def _finish(
-        self, g: Any, c: Any, device: Any, what: Callable[[], str], backs: Sequence[Callable[[], None]]
+        self,
+        g: Any,
+        c: Any,
+        device: Any,
+        what: Callable[[], str],
+        backs: Sequence[Callable[[], None]],
+        queued: bool = True,
     ) -> None:
-        """Copy results back into the caller's tensors, then wait until those copies have run on the device."""
+        """Copy results back into the caller's tensors, then wait until those copies have run on the device.
+
+        ``queued``: the caller queued device work after the operation (a division, copies into outputs); when it
+        did not and there is nothing to copy back, the operation's own completion was the last thing to wait for.
+        """
         for b in backs:
             b()
-        self.eng.settle(g, device, c.deadline, what)
+        if queued or any(b is not _noop for b in backs):
+            self.eng.settle(g, device, c.deadline, what)
 
     # -- collectives ------------------------------------------------------------------------------
     def broadcast(self, g: Any, tensor: Any, root: int, async_op: bool, timeout: Any) -> Any:
@@ -147,7 +158,7 @@ class DeviceOps:
             opts = dist.BroadcastOptions()
             opts.rootRank, opts.rootTensor = root, 0
             self.eng.wait(g, b.broadcast([self._bytes(x)], opts), c.deadline, what)
-            self._finish(g, c, t.device, what, (back,))
+            self._finish(g, c, t.device, what, (back,), queued=False)
 
         return self._run(g, "broadcast", run, async_op, timeout, ("broadcast", _dname(t), t.numel(), f"root={root}"))
 
@@ -167,7 +178,7 @@ class DeviceOps:
             self.eng.wait(g, b.allreduce([self._as_reduced(x)], opts), c.deadline, what)
             if op is ReduceOp.AVG:
                 x.div_(c.size)
-            self._finish(g, c, t.device, what, (back,))
+            self._finish(g, c, t.device, what, (back,), queued=op is ReduceOp.AVG)
 
         return self._run(g, "all_reduce", run, async_op, timeout, ("all_reduce", _dname(t), t.numel(), op.name))
 
@@ -185,9 +196,10 @@ class DeviceOps:
             opts = dist.ReduceOptions()
             opts.reduceOp, opts.rootRank, opts.rootTensor = red, root, 0
             self.eng.wait(g, b.reduce([self._as_reduced(x)], opts), c.deadline, what)
-            if op is ReduceOp.AVG and c.rank == root:
+            avg = op is ReduceOp.AVG and c.rank == root
+            if avg:
                 x.div_(c.size)
-            self._finish(g, c, t.device, what, (back,))
+            self._finish(g, c, t.device, what, (back,), queued=avg)
 
         sig = ("reduce", _dname(t), t.numel(), op.name, f"root={root}")
         return self._run(g, "reduce", run, async_op, timeout, sig)
