@@ -576,6 +576,15 @@ class ProcessGroup:
             return SLOW
         self._owner = me
         try:
+            # the engine's split (Plan.post/done): start the operation first, so that the bookkeeping below
+            # runs while it is in flight; post never waits (the wait is done's, under the deadline set below)
+            post = plan.post
+            req = err = None
+            if post is not None:
+                try:
+                    req = post(a, b)
+                except ProcGroupError as e:
+                    err = e  # raised below, once the call has its sequence number and flight record
             seq = self._seq
             self._seq = seq + 1
             self._chain = chain = _crc32(plan.fpb, self._chain)
@@ -589,19 +598,31 @@ class ProcessGroup:
             rec = FlightRecord(seq, plan.op, plan.sig, now)
             self.flight.append(rec)
             self.inflight = rec
-            tag = (self.gid << 32) | ((seq & SEQ_MASK) << 16) | plan.fpx
-            comm = self._comm
-            if comm is None or self._comm_busy:
-                comm = Comm(
-                    self.world.transport, self.ranks, self._rank, tag, dl, self._hosts, self._scratch, self.arena()
-                )
-                if self._comm is None:
-                    self._comm = comm
-            else:
-                comm.tag = tag << STEP_BITS
-                comm.deadline = dl
             try:
-                plan.fn(comm, a, b)
+                if req is not None:
+                    plan.done(dl, req)  # the posted operation needs only the deadline: no Comm, no tag
+                elif err is not None:
+                    raise err
+                else:
+                    tag = (self.gid << 32) | ((seq & SEQ_MASK) << 16) | plan.fpx
+                    comm = self._comm
+                    if comm is None or self._comm_busy:
+                        comm = Comm(
+                            self.world.transport,
+                            self.ranks,
+                            self._rank,
+                            tag,
+                            dl,
+                            self._hosts,
+                            self._scratch,
+                            self.arena(),
+                        )
+                        if self._comm is None:
+                            self._comm = comm
+                    else:
+                        comm.tag = tag << STEP_BITS
+                        comm.deadline = dl
+                    plan.fn(comm, a, b)
             except ProcGroupError as e:
                 raise self._failed(rec, e, plan.op, seq, dl, plan.sig)  # noqa: B904 - _context sets __cause__
             except BaseException:
