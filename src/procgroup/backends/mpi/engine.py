@@ -568,7 +568,7 @@ class MpiEngine(CollectiveEngine):
 
     def post_first(
         self, group: Any, op: str, fpx: int, nbytes: int, dtype: Any = None, reduce_op: Any = None, root: int = -1
-    ) -> Optional[Tuple[Callable[..., Any], Callable[..., None]]]:
+    ) -> Optional[Tuple[Callable[..., Any], Callable[..., bool]]]:
         """A warm call shape's MPI operation posted before ``run_plan``'s bookkeeping (see the base class).
 
         ``post`` posts on the shape's own communicator (``own[fpx]``, as :meth:`_run`'s first branch) and
@@ -661,15 +661,18 @@ class MpiEngine(CollectiveEngine):
             return None
         wait_until = self.wait_until
 
-        def done(deadline: Any, req: Any) -> None:
+        def done(deadline: Any, req: Any) -> bool:
             test = req.Test
             try:
+                if test() or test() or test():  # Iallreduce's schedule takes ~3 polls, the others 1-2
+                    return False
                 for _ in _QUICK:  # the peers are usually a few us away: no wait set up
                     if test():
-                        return
+                        return False
             except MPIException as e:
                 raise failed(group, what, e) from None
             wait_until(group, deadline, req, what, nbytes)
+            return True
 
         return post, done
 
