@@ -28,6 +28,7 @@ from . import algorithms as alg
 from .config import to_seconds
 from .deadline import Deadline
 from .errors import ConfigError, DistTimeoutError, format_ranks
+from .flight import as_record
 from .state import _state, resolve_group
 
 __all__ = ["monitored_barrier", "breakpoint", "dump_state", "install_signal_handler"]
@@ -196,7 +197,7 @@ def dump_state(out: Optional[TextIO] = None) -> str:
             f"--- group {g.name} (gid {g.gid}, ranks {format_ranks(g.ranks)}): last completed seq {g.last_completed}\n"
         )
         for rec in list(g.flight)[-16:]:
-            buf.write(f"    {rec.describe()}\n")
+            buf.write(f"    {as_record(rec).describe()}\n")
     text = buf.getvalue()
     if out is not None:
         out.write(text)

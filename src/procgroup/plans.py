@@ -69,7 +69,7 @@ class Plan:
     """One call shape of one group: op name, signature, fingerprint (bytes for the chain, and xor the
     group's generation for the tag) and ``fn(comm, a, b)``, the call's work on its arrays ``a``, ``b``."""
 
-    __slots__ = ("op", "sig", "fpb", "fpx", "fn")
+    __slots__ = ("op", "sig", "fpb", "fpx", "fn", "post", "done")
 
     def __init__(self, g: ProcessGroup, op: str, sig: tuple, fn: Fn) -> None:
         fp = fingerprint(sig)
@@ -78,6 +78,21 @@ class Plan:
         self.fpb = fp.to_bytes(2, "little")
         self.fpx = (fp ^ g._gen_fp) & FP_MASK
         self.fn = fn
+        #: the engine's split of the call (``CollectiveEngine.post_first``): ``post(a, b)`` starts it before
+        #: run_plan's bookkeeping, ``done(deadline, handle)`` completes it after; None: ``fn`` does the whole call
+        self.post: Any = None
+        self.done: Any = None
+
+    def split(
+        self, g: ProcessGroup, kind: str, nbytes: int, dtype: Any = None, reduce_op: Any = None, root: int = -1
+    ) -> "Plan":
+        """Ask the world's engine for this plan's post/done split of collective ``kind`` (see
+        ``CollectiveEngine.post_first``); returns the plan."""
+        eng = g.world.engine
+        pd = eng.post_first(g, kind, self.fpx, nbytes, dtype, reduce_op, root) if eng is not None else None
+        if pd is not None:
+            self.post, self.done = pd
+        return self
 
     def __repr__(self) -> str:
         return f"Plan({self.op}, {self.sig})"
@@ -156,7 +171,8 @@ def all_reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, kern:
         def fn(c: Any, a: Any, b: Any) -> None:
             algo(c, a, kern)
 
-    return Plan(g, "all_reduce", ("all_reduce", dname, n, op.name), fn)
+    plan = Plan(g, "all_reduce", ("all_reduce", dname, n, op.name), fn)
+    return plan.split(g, "all_reduce", n * _itemsize(dt), dt, op) if fast is not None else plan
 
 
 def broadcast(g: ProcessGroup, dt: Any, n: int, root: int, dname: str, fast: Any) -> Plan:
@@ -183,7 +199,8 @@ def broadcast(g: ProcessGroup, dt: Any, n: int, root: int, dname: str, fast: Any
         def fn(c: Any, a: Any, b: Any) -> None:
             algo(c, a, root)
 
-    return Plan(g, "broadcast", ("broadcast", dname, n, f"root={root}"), fn)
+    plan = Plan(g, "broadcast", ("broadcast", dname, n, f"root={root}"), fn)
+    return plan.split(g, "broadcast", n * _itemsize(dt), root=root) if fast is not None else plan
 
 
 def reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, root: int, dname: str, kern: Any, fast: Any) -> Plan:
@@ -212,7 +229,8 @@ def reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, root: int, dname: str
             if avg and c.rank == root:
                 finalize(op, a, c.size, dt)
 
-    return Plan(g, "reduce", ("reduce", dname, n, op.name, f"root={root}"), fn)
+    plan = Plan(g, "reduce", ("reduce", dname, n, op.name, f"root={root}"), fn)
+    return plan.split(g, "reduce", n * _itemsize(dt), dt, op, root) if fast is not None else plan
 
 
 def barrier(g: ProcessGroup, fast: Any) -> Plan:
@@ -230,7 +248,8 @@ def barrier(g: ProcessGroup, fast: Any) -> Plan:
         def fn(c: Any, a: Any, b: Any) -> None:
             algo(c)
 
-    return Plan(g, "barrier", ("barrier",), fn)
+    plan = Plan(g, "barrier", ("barrier",), fn)
+    return plan.split(g, "barrier", 0) if fast is not None else plan
 
 
 def all_gather(g: ProcessGroup, dt: Any, n: int, dname: str, fast: Any) -> Plan:
@@ -250,7 +269,8 @@ def all_gather(g: ProcessGroup, dt: Any, n: int, dname: str, fast: Any) -> Plan:
         def fn(c: Any, a: Any, b: Any) -> None:
             algo(c, a, b)
 
-    return Plan(g, "all_gather_into_tensor", ("all_gather", dname, n), fn)
+    plan = Plan(g, "all_gather_into_tensor", ("all_gather", dname, n), fn)
+    return plan.split(g, "all_gather", n * _itemsize(dt)) if fast is not None else plan
 
 
 def reduce_scatter(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, kern: Any, fast: Any) -> Plan:

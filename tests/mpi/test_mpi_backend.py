@@ -153,6 +153,38 @@ def test_call_shapes_on_their_own_communicators(flavour, ws):
     _ok(r, ws, "own comms ok")
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("ws", [1, 2, 3, 4])
+def test_posted_first_results(flavour, ws):
+    """Warm call shapes post first (run_plan's split): every dtype x reduce op x sizes 0, 1, 7 x every root,
+    all_reduce, reduce, broadcast, all_gather and barrier, closed-form results."""
+    r = flavour.run(ws, "split_values", timeout=280)
+    _ok(r, ws, r"rank {rank}: split values ok")
+
+
+@pytest.mark.timeout(120)
+def test_posted_first_keeps_the_deadline_and_breaks_the_group(flavour):
+    """A warm call shape posts its MPI operation before run_plan's bookkeeping (Plan.post/done): a rank that
+    never joins still gives the deadline error at the group's deadline (3 s), the call is recorded failed, and
+    the group refuses the next call at once."""
+    r = flavour.run(2, "split_faults", "deadline", timeout=100)
+    assert not r.timed_out and not r.leftovers, r.report()
+    got = re.findall(r"rank 0: deadline after ([\d.]+)s, then broken after ([\d.]+)s: (.*)", r.stdout)
+    assert len(got) == 1, r.report()
+    took, then, msg = got[0]
+    assert 2.9 < float(took) < 6.0 and float(then) < 0.5, r.report()
+    assert "all_reduce" in msg and "rank 1" in msg, r.report()
+
+
+@pytest.mark.timeout(120)
+def test_posted_first_mpi_error_is_a_broken_error(flavour):
+    """The post itself failing in MPI (MPI_ERRORS_RETURN) is a BrokenError naming the call, recorded as failed
+    in the flight recorder; the group then refuses calls."""
+    r = flavour.run(2, "split_faults", "mpi_error", timeout=100)
+    assert not r.timed_out and not r.leftovers, r.report()
+    assert sorted(re.findall(r"rank (\d+): mpi error ok", r.stdout)) == ["0", "1"], r.report()
+
+
 @pytest.mark.timeout(120)
 def test_call_shapes_stay_checked_when_mpi_has_no_more_communicators(flavour):
     """MPI_Comm_idup failing (MPI out of communicators) is no error: the calls stay on the checked path."""

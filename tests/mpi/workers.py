@@ -524,6 +524,143 @@ def own_comms() -> None:
     dist.destroy_process_group()
 
 
+def _warm_split_plans(x: np.ndarray, out: np.ndarray) -> None:
+    """Run every split collective three times on the default group (the third on its shape's own
+    communicator) and check that each plan posts before run_plan's bookkeeping (Plan.post/done)."""
+    for _ in range(3):
+        dist.all_reduce(x)
+        dist.broadcast(x, 0)
+        dist.reduce(x, 0)
+        dist.all_gather_into_tensor(out, x)
+        dist.barrier()
+    plans = dist.group.WORLD.plans
+    assert len(plans) == 5 and all(p.post is not None and p.done is not None for p in plans.values()), plans
+
+
+def split_values() -> None:
+    """Every dtype x reduce op x sizes 0, 1, 7, every root, warm (run_plan's split: posted first, on the shape's
+    own communicator): closed-form results; checks that each warm shape MPI computes took the split."""
+    from procgroup.backends.mpi import engine
+
+    engine.DEDICATED_PER_GROUP = 256  # every shape of this test gets its own communicator (and the split)
+    dist.init_process_group(timeout=60)
+    r, n = dist.get_rank(), dist.get_world_size()
+    ints = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
+    everything = [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.BAND, ReduceOp.BOR]
+    kinds = {dt: everything + [ReduceOp.BXOR] for dt in ints}
+    floats = [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.AVG]
+    kinds.update({dt: floats for dt in ("float32", "float64")})
+    kinds.update({dt: [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.AVG] for dt in ("complex64", "complex128")})
+    checks = splits = 0
+
+    def same(got, want, what):
+        ok = np.allclose(got, want, rtol=1e-5) if got.dtype.kind in "fc" else np.array_equal(got, want)
+        assert ok and got.shape == want.shape, (what, got, want)
+
+    for dt, ops in kinds.items():
+        g = dist.new_group(list(range(n)))  # one per dtype: its shapes' communicators are freed with it
+        for size in (0, 1, 7):
+            for op in ops:
+                want = _expected(op, [_contrib(q, size, dt) for q in range(n)], dt)
+                for root in range(n):
+                    for _ in range(3):
+                        x = _contrib(r, size, dt)
+                        dist.reduce(x, root, op, group=g)
+                        if r == root:
+                            same(x, want, ("reduce", dt, op, size, root))
+                            checks += 1
+                for _ in range(3):
+                    x = _contrib(r, size, dt)
+                    dist.all_reduce(x, op, group=g)
+                    same(x, want, ("all_reduce", dt, op, size))
+                    checks += 1
+            for root in range(n):
+                for _ in range(3):
+                    x = _contrib(r, size, dt)
+                    dist.broadcast(x, root, group=g)
+                    same(x, _contrib(root, size, dt), ("broadcast", dt, size, root))
+                    checks += 1
+            for _ in range(3):
+                out = np.zeros(size * n, dt)
+                dist.all_gather_into_tensor(out, _contrib(r, size, dt), group=g)
+                same(out, np.concatenate([_contrib(q, size, dt) for q in range(n)]), ("all_gather", dt, size))
+                dist.barrier(group=g)
+                checks += 1
+        own = _state_engine().own(g.gid)
+        for p in g.plans.values():
+            if p.post is not None:
+                assert p.fpx in own, p
+                splits += 1
+            else:  # what MPI computes differently, and AVG, run the full path
+                assert "AVG" in p.sig or (dt.startswith("float") and ("MIN" in p.sig or "MAX" in p.sig)), p
+        dist.destroy_process_group(g)
+    assert splits, "no call shape took the split"
+    print(f"rank {r}: split values ok ({checks} checks, {splits} split shapes)", flush=True)
+    dist.destroy_process_group()
+
+
+def _state_engine():
+    from procgroup.state import _state
+
+    return _state.world.engine
+
+
+def split_faults(kind: str) -> None:
+    """A warm call shape posts its MPI operation first (run_plan's split); the guarantees still hold there.
+
+    ``deadline``: rank 1 never joins an all_reduce: rank 0 raises DistTimeoutError at the group's deadline,
+    the call's flight record says failed, and the next call raises GroupBrokenError at once.
+    ``mpi_error``: the post itself fails in MPI (every rank): BrokenError naming MPI_Iallreduce, recorded as
+    failed, and the group refuses the next call."""
+    from mpi4py import MPI
+
+    from procgroup.errors import BrokenError, DistTimeoutError, GroupBrokenError
+    from procgroup.state import _state
+
+    dist.init_process_group(timeout=3)
+    r, n = dist.get_rank(), dist.get_world_size()
+    x = np.zeros(1, np.float32)
+    out = np.zeros(n, np.float32)
+    _warm_split_plans(x, out)
+    g = dist.group.WORLD
+    t0 = time.monotonic()
+    if kind == "deadline":
+        if r == 1:
+            time.sleep(8)
+            return
+        try:
+            dist.all_reduce(x)
+        except DistTimeoutError as e:
+            took = time.monotonic() - t0
+            assert g.flight[-1].state == "failed" and g.flight[-1].op == "all_reduce", g.flight[-1]
+            t1 = time.monotonic()
+            try:
+                dist.all_reduce(x)
+            except GroupBrokenError:
+                print(f"rank 0: deadline after {took:.2f}s, then broken after {time.monotonic() - t1:.3f}s: {e}")
+                sys.exit(4)
+        raise AssertionError("rank 0: no DistTimeoutError")
+    eng = _state.world.engine
+    own = eng.own(g.gid)
+    fp = next(p.fpx for k, p in g.plans.items() if p.op == "all_reduce")
+
+    class Failing:
+        def Iallreduce(self, *a):  # noqa: N802 - mpi4py's name
+            raise MPI.Exception(MPI.ERR_COMM)
+
+    own[fp] = Failing()
+    try:
+        dist.all_reduce(x)
+    except BrokenError as e:
+        assert "MPI_Iallreduce" in str(e) and g.flight[-1].state == "failed", (e, g.flight[-1])
+        try:
+            dist.barrier()
+        except GroupBrokenError:
+            print(f"rank {r}: mpi error ok after {time.monotonic() - t0:.3f}s: {e}", flush=True)
+            sys.exit(5)
+    raise AssertionError(f"rank {r}: no BrokenError")
+
+
 def own_comms_exhausted() -> None:
     """MPI out of communicators (its MPI_Comm_idup fails, as MPICH's after ~2000): calls stay checked, right."""
     from mpi4py import MPI

@@ -150,6 +150,21 @@ class CollectiveEngine:
         """``f(comm)``: return once every member has entered, or None."""
         return None
 
+    def post_first(
+        self, group: Any, op: str, fpx: int, nbytes: int, dtype: Any = None, reduce_op: Any = None, root: int = -1
+    ) -> Optional[Tuple[Callable[..., Any], Callable[..., bool]]]:
+        """For a planned call (:class:`procgroup.plans.Plan`) of ``op`` ("all_reduce", "broadcast", "reduce",
+        "all_gather", "barrier") whose tag's fingerprint bits are ``fpx``: ``(post, done)``, or None.
+
+        ``post(a, b)`` starts the operation on the call's arrays without waiting and returns a handle, or
+        None when this call must take the plan's full function (then it has started nothing);
+        ``done(deadline, handle)`` completes it under ``deadline`` and returns whether it had to wait (False:
+        it completed within a few polls, microseconds, and the call's end time is taken as its start's).
+        ``ProcessGroup.run_plan`` calls ``post`` before its bookkeeping (sequence number, flight record,
+        deadline) and ``done`` after it, so that the bookkeeping runs while the operation is in flight.
+        ``post`` must not wait for anything."""
+        return None
+
     def isend(self, group: Any, dst: int, tag: int, buf: Any, code: int = 0) -> Any:
         """Start sending ``buf`` to global rank ``dst`` with the user's ``tag``: a Request, or None.
 

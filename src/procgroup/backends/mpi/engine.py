@@ -337,8 +337,12 @@ class MpiEngine(CollectiveEngine):
 
     def wait(self, g: Any, c: Any, req: Any, what: str, nbytes: int) -> None:
         """Wait for ``req`` of a collective of ``g`` under ``c.deadline``; an error poisons the group."""
+        self.wait_until(g, c.deadline, req, what, nbytes)
+
+    def wait_until(self, g: Any, deadline: Any, req: Any, what: str, nbytes: int) -> None:
+        """Wait for ``req`` of a collective of ``g`` under ``deadline``; an error poisons the group."""
         try:
-            self.live.wait(req.Test, c.deadline, lambda: what, g.ranks, nbytes)
+            self.live.wait(req.Test, deadline, lambda: what, g.ranks, nbytes)
         except self.MPI.Exception as e:
             raise self.failed(g, what, e) from None
         except ProcGroupError as e:
@@ -561,6 +565,116 @@ class MpiEngine(CollectiveEngine):
             self._run(group, c, None if self.check_calls else _ibarrier, "MPI_Ibarrier", 0)
 
         return plan
+
+    def post_first(
+        self, group: Any, op: str, fpx: int, nbytes: int, dtype: Any = None, reduce_op: Any = None, root: int = -1
+    ) -> Optional[Tuple[Callable[..., Any], Callable[..., bool]]]:
+        """A warm call shape's MPI operation posted before ``run_plan``'s bookkeeping (see the base class).
+
+        ``post`` posts on the shape's own communicator (``own[fpx]``, as :meth:`_run`'s first branch) and
+        returns the request; while the shape has none (its first, checked calls; a poisoned group) it returns
+        None and the plan's full function runs the call.  Sizes that take procgroup's own algorithms, AVG
+        (the caller divides) and what MPI computes differently get no split."""
+        own = self.own(group.gid)
+        MPIException = self.MPI.Exception
+        failed = self.failed
+        IN_PLACE, BYTE = self.MPI.IN_PLACE, self.MPI.BYTE
+        post: Optional[Callable[..., Any]] = None
+        if op in ("all_reduce", "reduce"):
+            tm = self._reduction(dtype, reduce_op)
+            if tm is None or reduce_op is ReduceOp.AVG or nbytes >= LARGE_ALL_REDUCE:
+                return None
+            t, mop = tm
+            if op == "all_reduce":
+                what = "MPI_Iallreduce"
+
+                def post(a: Any, b: Any) -> Any:
+                    m = own.get(fpx)
+                    if m is None:
+                        return None
+                    try:
+                        return m.Iallreduce(IN_PLACE, [a, t], mop)
+                    except MPIException as e:
+                        raise failed(group, what, e) from None
+
+            elif group.rank() == root:
+                what = "MPI_Ireduce"
+
+                def post(a: Any, b: Any) -> Any:
+                    m = own.get(fpx)
+                    if m is None:
+                        return None
+                    try:
+                        return m.Ireduce(IN_PLACE, [a, t], mop, root)
+                    except MPIException as e:
+                        raise failed(group, what, e) from None
+
+            else:
+                what = "MPI_Ireduce"
+
+                def post(a: Any, b: Any) -> Any:
+                    m = own.get(fpx)
+                    if m is None:
+                        return None
+                    try:
+                        return m.Ireduce([a, t], None, mop, root)
+                    except MPIException as e:
+                        raise failed(group, what, e) from None
+
+        elif op == "broadcast" and nbytes <= INT_MAX:
+            what = "MPI_Ibcast"
+
+            def post(a: Any, b: Any) -> Any:
+                m = own.get(fpx)
+                if m is None:
+                    return None
+                try:
+                    return m.Ibcast([a, BYTE], root)
+                except MPIException as e:
+                    raise failed(group, what, e) from None
+
+        elif op == "all_gather" and nbytes * group.size() <= INT_MAX:
+            what = "MPI_Iallgather"
+
+            def post(a: Any, b: Any) -> Any:
+                m = own.get(fpx)
+                if m is None:
+                    return None
+                try:
+                    return m.Iallgather([a, BYTE], [b, BYTE])
+                except MPIException as e:
+                    raise failed(group, what, e) from None
+
+        elif op == "barrier":
+            what = "MPI_Ibarrier"
+
+            def post(a: Any, b: Any) -> Any:
+                m = own.get(fpx)
+                if m is None:
+                    return None
+                try:
+                    return m.Ibarrier()
+                except MPIException as e:
+                    raise failed(group, what, e) from None
+
+        if post is None:
+            return None
+        wait_until = self.wait_until
+
+        def done(deadline: Any, req: Any) -> bool:
+            test = req.Test
+            try:
+                if test() or test() or test():  # Iallreduce's schedule takes ~3 polls, the others 1-2
+                    return False
+                for _ in _QUICK:  # the peers are usually a few us away: no wait set up
+                    if test():
+                        return False
+            except MPIException as e:
+                raise failed(group, what, e) from None
+            wait_until(group, deadline, req, what, nbytes)
+            return True
+
+        return post, done
 
     # -- point-to-point ------------------------------------------------------------------------
     def _tag(self, group: Any, tag: int, code: int = 0) -> int:
