@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import algorithms as alg
-from .algorithms.alltoall_shm import alltoall_shm, prepare, shm_applies
+from .algorithms.alltoall_shm import SALT, alltoall_shm, native_done, prepare, shm_applies
 from .algorithms.arena import (
     _EMPTY,
     _FUSED,
@@ -292,6 +292,20 @@ def all_to_all(g: ProcessGroup, dname: str, sc: list, rc: list, fast: Any, items
     if fast is None and itemsize and g.size() > 1 and shm_applies(probe := _probe(g)):
         prep = prepare(probe.size, probe.rank, sc, rc, itemsize)
         limits = BIG_LIMIT
+        ar = _compiled(g)
+        if ar is not None:  # the compiled call straight (alltoall_shm's first step, without its checks)
+            xa, spec, head, big = ar.exchange_a2a, prep.spec, prep.header, ar.big
+
+            def fn_nat(c: Any, a: Any, b: Any) -> None:
+                lim = limits["all_to_all"]
+                f = xa(spec, head, a, b, ((c.tag >> _CW_SHIFT) & _CW_MASK) ^ SALT, c.deadline, big, lim)
+                if f:
+                    if f < 0:  # nothing was published: the general path
+                        alltoall_shm(c, a, sc, b, rc, prep, lim)
+                    else:
+                        native_done(c, f, a, b, prep, lim)
+
+            return Plan(g, "all_to_all_single", ("all_to_all", dname), fn_nat)
 
         def fn_shm(c: Any, a: Any, b: Any) -> None:
             alltoall_shm(c, a, sc, b, rc, prep, limits["all_to_all"])
