@@ -293,12 +293,12 @@ def all_to_all(g: ProcessGroup, dname: str, sc: list, rc: list, fast: Any, items
         prep = prepare(probe.size, probe.rank, sc, rc, itemsize)
         limits = BIG_LIMIT
         ar = _compiled(g)
-        if ar is not None:  # the compiled call straight (alltoall_shm's first step, without its checks)
-            xa, spec, head, big = ar.exchange_a2a, prep.spec, prep.header, ar.big
+        xa = ar.bind_a2a(prep.spec, prep.header, ar.big) if ar is not None else None
+        if xa is not None:  # the compiled call straight (alltoall_shm's first step, without its checks)
 
             def fn_nat(c: Any, a: Any, b: Any) -> None:
                 lim = limits["all_to_all"]
-                f = xa(spec, head, a, b, ((c.tag >> _CW_SHIFT) & _CW_MASK) ^ SALT, c.deadline, big, lim)
+                f = xa(a, b, ((c.tag >> _CW_SHIFT) & _CW_MASK) ^ SALT, c.deadline, lim)
                 if f:
                     if f < 0:  # nothing was published: the general path
                         alltoall_shm(c, a, sc, b, rc, prep, lim)

@@ -132,7 +132,7 @@ class Prep:
             words.extend(seg)
         for other in self.others:
             words.extend(other)
-        self.spec = np.array(words, np.int64)
+        self.spec = struct.pack(f"<{len(words)}q", *words)
 
 
 _PREPS: Dict[Tuple[Any, ...], Prep] = {}

@@ -391,6 +391,34 @@ class ShmArena(Arena):
             self._ring_sleepers()
         return int(r & 6)
 
+    def bind_a2a(self, spec: Any, head: Any, big: Any) -> Optional[Callable[[Any, Any, int, Any, int], int]]:
+        """:meth:`exchange_a2a` with its layout bound, for a plan's repeated calls: ``fn(send, recv, check,
+        deadline, lim)``, returning as it does; None where the compiled path is off."""
+        nat = self._nat
+        if nat is None:
+            return None
+        xa = nat.exchange_a2a
+        t = self.t
+        bn = big._nat if big is not None else None
+
+        def fn(send: Any, recv: Any, check: int, deadline: Optional[Deadline], lim: int) -> int:
+            if t._aborted is not None or t._closed:
+                self._enter()  # raises
+            bk = big.turn & 1 if bn is not None else 0
+            r = xa(spec, head, send, recv, check, bn, bk, lim if bn is not None else 0)
+            if r <= 0:
+                if r == 0:
+                    return 0
+                if r == -3:
+                    return -1
+                self._sleep(nat.arrived, nat.missing, deadline)
+                r = nat.a2a_finish(spec, send, recv, bn, bk, lim if bn is not None else 0)
+            elif r & 1:
+                self._ring_sleepers()
+            return int(r & 6)
+
+        return fn
+
     def _ring_sleepers(self) -> None:
         ring = self.t.doorbell.ring
         for seg in self._others:
