@@ -136,3 +136,48 @@ def test_buffers_skewed_modulo_a_page(world: Any, skew: int) -> None:  # noqa: F
         mm.close()
 
     _run(world(p), body)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_list_form_in_place_every_route_closed_form(
+    world: Any,  # noqa: F811
+    p: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The list form's plan (collectives' helpers over ``ShmArena.bind_a2a`` with ``Prep.list_spec``): inputs read
+    and outputs written in place by the compiled call at every route, the general path where it takes nothing,
+    the single form's buffers where it leaves the rest to Python; pieces of 0, 1, odd and threshold lengths."""
+    from procgroup import collectives
+    from procgroup.algorithms import select
+
+    limit = 3 * SLOT
+    monkeypatch.setitem(select.BIG_LIMIT, "all_to_all", limit)
+    routes: List[int] = []
+
+    def body(r: int, make: Callable[..., Comm]) -> None:
+        arena = make(0).arena
+        k = 0
+        for dt in ("int8", "float32", "bool"):
+            isz = storage(dt).itemsize
+            for C in _stream_cases(p, isz, limit):
+                k += 1
+                c = make(k)
+                rc = [C[i][r] for i in range(p)]
+                prep = A2A.prepare(p, r, C[r], rc, isz)
+                ins = tuple(_pieces(dt, C, r, k))
+                outs = tuple(np.full(n, 1, storage(dt)) if dt != "bool" else np.zeros(n, bool) for n in rc)
+                bind = getattr(arena, "bind_a2a", None)
+                xa = bind(prep.list_spec(), prep.header, arena.big) if bind is not None else None  # type: ignore
+                f = xa(ins, outs, c.check_word() ^ A2A.SALT, c.deadline, limit) if xa is not None else -1
+                routes.append(f)
+                if f < 0:
+                    collectives._lists_general(c, ins, outs)
+                elif f:
+                    collectives._lists_after(c, f, ins, outs, prep, limit)
+                for i in range(p):
+                    want = _pieces(dt, C, i, k)[r]
+                    assert outs[i].tobytes() == want.astype(storage(dt), copy=False).tobytes(), (dt, C, i)
+
+    _run(world(p), body, timeout=120)
+    if world.kind == "shm":  # type: ignore[attr-defined]
+        assert {-1, 0, 2, 4} <= set(routes), sorted(set(routes))

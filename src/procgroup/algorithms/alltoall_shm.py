@@ -125,14 +125,29 @@ class Prep:
         f = [0] + [ro[i + 1] - (own_r if i >= me else 0) for i in range(p)]
         self.header = struct.pack(f"<{2 * p + 2}Q", *e, *f)
         self.hb = _header_bytes(p)
-        #: the same layout for the compiled path (``ShmArena.exchange_a2a``: see _native.c), int64 words
-        own = self.own if self.own is not None else (0, 0, -1)
+        #: the same layout for the compiled path (``ShmArena.exchange_a2a``: see _native.c), int64 words; one send
+        #: and one recv buffer (index 0)
+        own = (0, self.own[2], 0, self.own[0], self.own[1]) if self.own is not None else (-1, 0, 0, 0, 0)
         words = [p, me, self.hb, self.stream, len(self.segs), len(self.others), *own]
-        for seg in self.segs:
-            words.extend(seg)
-        for other in self.others:
-            words.extend(other)
+        for pos, a, b in self.segs:
+            words += (pos, 0, a, b)
+        for r, dst, want in self.others:
+            words += (r, 0, dst, want)
         self.spec = struct.pack(f"<{len(words)}q", *words)
+
+    def list_spec(self) -> bytes:
+        """The compiled path's layout for the list form: send buffer j is the whole piece for rank j, recv buffer
+        i the whole piece from rank i (``ShmArena.exchange_a2a`` with tuples of buffers); same header."""
+        p, me = len(self.so) - 1, self.me
+        e = struct.unpack_from(f"<{p + 1}Q", self.header)  # [0, E_0 .. E_{p-1}]: where each piece starts, ends
+        own = (me, 0, me, 0, self.own[1] - self.own[0]) if self.own is not None else (-1, 0, 0, 0, 0)
+        segs = [(j, e[j], e[j + 1] - e[j]) for j in range(p) if j != me and e[j + 1] > e[j]]
+        words = [p, me, self.hb, self.stream, len(segs), len(self.others), *own]
+        for j, pos, n in segs:
+            words += (pos, j, 0, n)
+        for r, _dst, want in self.others:
+            words += (r, r, 0, want)
+        return struct.pack(f"<{len(words)}q", *words)
 
 
 _PREPS: Dict[Tuple[Any, ...], Prep] = {}

@@ -969,15 +969,18 @@ static PyTypeObject BigType = {
  * for the other ranks, in rank order) into its arena slot -- or, for a stream beyond the slot, the stream into
  * its big buffer `bk` (one window: at most `lim` bytes) -- publishes, polls, and copies out its own piece and
  * every other rank's piece for it, from that rank's slot or big buffer (every rank reads every header, so all
- * agree which).  The layout comes from the caller in `spec` (int64 words):
- *   [p, me, hb, stream, nseg, noth, own_lo, own_hi, own_src (-1: none), then nseg x (pos, a, b): stream bytes
- *    [pos, pos + b - a) are send[a:b], then noth x (rank, dst, want): that rank's piece lands at recv[dst:]]
+ * agree which).  `send` and `recv` are one buffer each (all_to_all_single) or tuples of buffers (the list form);
+ * the layout comes from the caller in `spec` (int64 words):
+ *   [p, me, hb, stream, nseg, noth, own_sbi (-1: no own piece), own_src, own_rbi, own_lo, own_hi,
+ *    then nseg x (pos, sbi, a, b): stream bytes [pos, pos + b - a) are send[sbi][a:b],
+ *    then noth x (rank, rbi, dst, want): that rank's piece (want bytes) lands at recv[rbi][dst:]]
  * Anything else (a stream of several big-slot windows, one beyond `lim`, counts that disagree) returns
  * A2A_PYTHON having copied nothing: Python then reads the slots itself (algorithms.alltoall_shm), as on the
  * pure-Python path, so the protocol (and every error) is the same on both. */
 #define A2A_BIG 2
 #define A2A_PYTHON 4
-#define A2A_FIXED 9
+#define A2A_FIXED 11
+#define A2A_MAXBUF 4096
 
 /* memcpy, except where glibc's is slow: measured on AMD EPYC (glibc 2.36), a copy whose destination lies 1-31
  * bytes past its source modulo 4096 runs 6-12x slower (32 KiB: 11.3 us against 1.2 us; its `rep movsb` path);
@@ -1012,8 +1015,9 @@ static void copy_bytes(char *dst, const char *src, size_t n) {
 }
 
 typedef struct {
-    Py_buffer spec, send, recv;
-    int hs, hd, hr;
+    Py_buffer spec, *bufs; /* bufs: the send buffers, then the recv buffers */
+    Py_ssize_t ns, nr, held;
+    int hs;
     const int64_t *q;
     Big *big;
     int bk;
@@ -1022,9 +1026,23 @@ typedef struct {
 
 static void a2a_release(A2A *x) {
     if (x->hs) PyBuffer_Release(&x->spec);
-    if (x->hd) PyBuffer_Release(&x->send);
-    if (x->hr) PyBuffer_Release(&x->recv);
-    x->hs = x->hd = x->hr = 0;
+    for (Py_ssize_t i = 0; i < x->held; i++) PyBuffer_Release(&x->bufs[i]);
+    PyMem_Free(x->bufs);
+    x->bufs = NULL;
+    x->hs = 0;
+    x->held = 0;
+}
+
+/* one buffer, or a tuple of them: how many */
+static Py_ssize_t a2a_count(PyObject *o) { return PyTuple_Check(o) ? PyTuple_GET_SIZE(o) : 1; }
+
+static int a2a_get(A2A *x, PyObject *o, Py_ssize_t n, int flags) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PyTuple_Check(o) ? PyTuple_GET_ITEM(o, i) : o;
+        if (PyObject_GetBuffer(b, &x->bufs[x->held], flags) < 0) return -1;
+        x->held++;
+    }
+    return 0;
 }
 
 /* the buffers and the big slots; -1 with an exception, 1 when the spec does not fit these buffers (-3) */
@@ -1040,13 +1058,17 @@ static int a2a_args(Slots *s, A2A *x, PyObject *spec, PyObject *send, PyObject *
     x->lim = PyLong_AsSsize_t(lim);
     if (PyErr_Occurred()) return -1;
     x->bk = (int)(k & 1);
+    x->ns = a2a_count(send);
+    x->nr = a2a_count(recv);
+    if (x->ns < 1 || x->nr < 1 || x->ns > A2A_MAXBUF || x->nr > A2A_MAXBUF) return 1;
+    if (!(x->bufs = PyMem_Malloc(sizeof(Py_buffer) * (size_t)(x->ns + x->nr)))) {
+        PyErr_NoMemory();
+        return -1;
+    }
     /* a buffer that is not one contiguous block (or a read-only recv): nothing done, Python's path says what */
     if (PyObject_GetBuffer(spec, &x->spec, PyBUF_SIMPLE) < 0) goto nobuf;
     x->hs = 1;
-    if (PyObject_GetBuffer(send, &x->send, PyBUF_SIMPLE) < 0) goto nobuf;
-    x->hd = 1;
-    if (PyObject_GetBuffer(recv, &x->recv, PyBUF_WRITABLE) < 0) goto nobuf;
-    x->hr = 1;
+    if (a2a_get(x, send, x->ns, PyBUF_SIMPLE) < 0 || a2a_get(x, recv, x->nr, PyBUF_WRITABLE) < 0) goto nobuf;
     if (x->big && (x->big->released || !x->big->bufs)) x->big = NULL;
     if (!x->big || x->lim < 0) x->lim = 0;
     if (x->big && x->lim > x->big->bytes) x->lim = x->big->bytes;
@@ -1054,17 +1076,23 @@ static int a2a_args(Slots *s, A2A *x, PyObject *spec, PyObject *send, PyObject *
     Py_ssize_t nq = x->spec.len / 8;
     if (x->spec.len % 8 || (uintptr_t)q % 8 || nq < A2A_FIXED) return 1;
     x->q = q;
-    int64_t p = q[0], me = q[1], hb = q[2], mine = q[3], nseg = q[4], noth = q[5];
+    int64_t p = q[0], me = q[1], hb = q[2], mine = q[3], nseg = q[4], noth = q[5], ns = x->ns, nr = x->nr;
     if (p != s->n || me != s->me || hb < 16 * (p + 1) || hb % 64 || hb > s->max_bytes || mine < 0 || nseg < 0 ||
-        noth < 0 || nq != A2A_FIXED + 3 * (nseg + noth))
+        noth < 0 || nq != A2A_FIXED + 4 * (nseg + noth))
         return 1;
-    int64_t sl = x->send.len, rl = x->recv.len;
-    if (q[8] >= 0 && (q[6] < 0 || q[7] < q[6] || q[7] > rl || q[8] + (q[7] - q[6]) > sl)) return 1;
+    const Py_buffer *sb = x->bufs, *rb = x->bufs + ns;
+    if (q[6] >= 0 && (q[6] >= ns || q[7] < 0 || q[8] < 0 || q[8] >= nr || q[9] < 0 || q[10] < q[9] ||
+                      q[10] > rb[q[8]].len || q[7] + (q[10] - q[9]) > sb[q[6]].len))
+        return 1;
     const int64_t *g = q + A2A_FIXED;
-    for (int64_t i = 0; i < nseg; i++, g += 3)
-        if (g[0] < 0 || g[1] < 0 || g[2] < g[1] || g[2] > sl || g[0] + (g[2] - g[1]) > mine) return 1;
-    for (int64_t i = 0; i < noth; i++, g += 3)
-        if (g[0] < 0 || g[0] >= p || g[0] == me || g[1] < 0 || g[2] < 0 || g[1] + g[2] > rl) return 1;
+    for (int64_t i = 0; i < nseg; i++, g += 4)
+        if (g[0] < 0 || g[1] < 0 || g[1] >= ns || g[2] < 0 || g[3] < g[2] || g[3] > sb[g[1]].len ||
+            g[0] + (g[3] - g[2]) > mine)
+            return 1;
+    for (int64_t i = 0; i < noth; i++, g += 4)
+        if (g[0] < 0 || g[0] >= p || g[0] == me || g[1] < 0 || g[1] >= nr || g[2] < 0 || g[3] < 0 ||
+            g[2] + g[3] > rb[g[1]].len)
+            return 1;
     return 0;
 nobuf:
     PyErr_Clear();
@@ -1087,7 +1115,7 @@ static int a2a_finish(Slots *s, A2A *x) {
             any_big = 1;
         }
     }
-    const int64_t *o = q + A2A_FIXED + 3 * nseg;
+    const int64_t *o = q + A2A_FIXED + 4 * nseg;
     if (any_big) { /* every pair, as _mismatch: a rank that fails here fails on every rank */
         for (int64_t r = 0; r < p; r++) {
             const uint64_t *hr = (const uint64_t *)(sl[r] + SLOT_HDR);
@@ -1097,13 +1125,13 @@ static int a2a_finish(Slots *s, A2A *x) {
             }
         }
     }
-    Py_ssize_t total = q[8] >= 0 ? q[7] - q[6] : 0;
+    Py_ssize_t total = q[6] >= 0 ? q[10] - q[9] : 0;
     for (int64_t i = 0; i < noth; i++) {
-        const int64_t *e = o + 3 * i;
+        const int64_t *e = o + 4 * i;
         const uint64_t *h = (const uint64_t *)(sl[e[0]] + SLOT_HDR);
         uint64_t lo = h[me], hi = h[me + 1], n = h[p];
-        if (hi < lo || hi - lo != (uint64_t)e[2] || hi > n) return A2A_PYTHON;
-        total += e[2];
+        if (hi < lo || hi - lo != (uint64_t)e[3] || hi > n) return A2A_PYTHON;
+        total += e[3];
     }
     Big *b = x->big;
     int nogil = total >= BIG_NOGIL;
@@ -1113,16 +1141,15 @@ static int a2a_finish(Slots *s, A2A *x) {
         if (b) b->busy++;
         ts = PyEval_SaveThread();
     }
-    char *recv = x->recv.buf;
-    const char *send = x->send.buf;
-    if (q[8] >= 0) copy_bytes(recv + q[6], send + q[8], (size_t)(q[7] - q[6]));
+    const Py_buffer *sb = x->bufs, *rb = x->bufs + x->ns;
+    if (q[6] >= 0) copy_bytes((char *)rb[q[8]].buf + q[9], (const char *)sb[q[6]].buf + q[7], (size_t)(q[10] - q[9]));
     for (int64_t i = 0; i < noth; i++) {
-        const int64_t *e = o + 3 * i;
-        if (!e[2]) continue;
+        const int64_t *e = o + 4 * i;
+        if (!e[3]) continue;
         const uint64_t *h = (const uint64_t *)(sl[e[0]] + SLOT_HDR);
         uint64_t lo = h[me], n = h[p];
         const char *src = n <= (uint64_t)cap ? sl[e[0]] + SLOT_HDR + hb + lo : b->buf[x->bk][e[0]] + lo;
-        copy_bytes(recv + e[1], src, (size_t)e[2]);
+        copy_bytes((char *)rb[e[1]].buf + e[2], src, (size_t)e[3]);
     }
     if (nogil) {
         PyEval_RestoreThread(ts);
@@ -1161,7 +1188,6 @@ static PyObject *Slots_exchange_a2a(Slots *s, PyObject *const *args, Py_ssize_t 
             dst = x.big->buf[x.bk][s->me];
         if (dst) {
             memcpy(slot, h.buf, (size_t)h.len);
-            const char *send = x.send.buf;
             const int64_t *g = q + A2A_FIXED;
             int nogil = mine >= BIG_NOGIL;
             PyThreadState *ts = NULL;
@@ -1170,7 +1196,8 @@ static PyObject *Slots_exchange_a2a(Slots *s, PyObject *const *args, Py_ssize_t 
                 if (x.big) x.big->busy++;
                 ts = PyEval_SaveThread();
             }
-            for (int64_t i = 0; i < nseg; i++, g += 3) copy_bytes(dst + g[0], send + g[1], (size_t)(g[2] - g[1]));
+            for (int64_t i = 0; i < nseg; i++, g += 4)
+                copy_bytes(dst + g[0], (const char *)x.bufs[g[1]].buf + g[2], (size_t)(g[3] - g[2]));
             if (nogil) {
                 PyEval_RestoreThread(ts);
                 s->busy--;
