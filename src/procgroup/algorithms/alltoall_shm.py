@@ -38,6 +38,17 @@ their guarantees: deadlines, peer-death and abort checks, futex back-off,
 and calls that disagree (another op, another dtype: the check word) never
 complete together, so no data is ever mixed.
 
+Compiled path (``ShmArena.exchange_a2a``, where the arena runs ``_native``): steps 1-3 for the common case in
+one C call -- header and stream written (the stream into the arena slot, or into the big buffer when it fits
+one window), the exchange, then this rank's own piece and every piece for it copied out of the slots or big
+buffers, large copies with the GIL released.  It takes a call only where its stream fits one of those two
+places (else nothing is published and the Python steps run), and copies nothing where any stream needs
+further rounds or messages or the counts disagree: :func:`native_done` then runs step 2 and 3 in Python on the
+completed exchange.  Same slots, same header, same check words: ranks on either path meet.  The inline and the
+one-window big-slot case cost the same there (one exchange each; no step at the arena's size).  Plans bind
+the layout once (``Prep.spec``; ``Prep.list_spec`` for the list form, whose inputs and outputs it reads and
+writes in place).
+
 Safety of writing step ``turn``'s big buffer before the exchange: its last
 readers (step ``turn - 2``) finished before they published step
 ``turn - 1``'s sync (a big-slot sync, or an all-to-all's arena exchange),
