@@ -60,6 +60,7 @@ typedef struct {
     int busy;             /* calls running with the GIL released */
     int released;
     unsigned long long count;
+    unsigned long long a2a_own; /* the all_to_all call (count) whose own piece was copied while others arrived */
     int k;                /* the last call: parity, count value, check word */
     uint32_t val, check;
 } Slots;
@@ -144,6 +145,7 @@ static int Slots_init(Slots *s, PyObject *args, PyObject *kw) {
     s->spin_ns = spin_ns;
     s->yield = yld;
     s->count = 0;
+    s->a2a_own = 0;
     s->released = 0;
     s->busy = 0;
     rc = 0;
@@ -192,9 +194,9 @@ static int spin(Slots *s, int k, uint32_t val, uint32_t check) {
     }
 }
 
-/* publish, fence, check; spin (GIL released) when not complete.  R_RING: we completed the call and a member's
- * sleep flag is up (the caller rings its doorbell); R_DONE: complete, nobody to wake; R_WAIT: not complete */
-static int publish_and_poll(Slots *s, const char *data, Py_ssize_t nbytes, uint32_t check) {
+/* publish, fence, check: R_RING (we completed the call and a member's sleep flag is up: the caller rings its
+ * doorbell), R_DONE (complete, nobody to wake), R_WAIT (not complete) */
+static int publish_only(Slots *s, const char *data, Py_ssize_t nbytes, uint32_t check) {
     int k = (int)(s->count & 1);
     s->count++;
     uint32_t val = (uint32_t)((s->count - 1) % 0xFFFFFFFFULL + 1); /* never 0 (0: never published) */
@@ -208,13 +210,24 @@ static int publish_and_poll(Slots *s, const char *data, Py_ssize_t nbytes, uint3
     s->val = val;
     s->check = check;
     if (all_arrived(s, k, val, check)) return sleepers_up(s) ? R_RING : R_DONE;
+    return R_WAIT;
+}
+
+/* the last call not complete at its publish: spin (GIL released) until it is (R_DONE) or the spin ends (R_WAIT) */
+static int spin_wait(Slots *s) {
     if (s->spin_ns <= 0) return R_WAIT;
     int ok;
     s->busy++;
-    Py_BEGIN_ALLOW_THREADS ok = spin(s, k, val, check);
+    Py_BEGIN_ALLOW_THREADS ok = spin(s, s->k, s->val, s->check);
     Py_END_ALLOW_THREADS s->busy--;
     if (s->released && !s->busy) free_bufs(s);
     return ok && !s->released ? R_DONE : R_WAIT;
+}
+
+/* publish, fence, check; spin (GIL released) when not complete */
+static int publish_and_poll(Slots *s, const char *data, Py_ssize_t nbytes, uint32_t check) {
+    int r = publish_only(s, data, nbytes, check);
+    return r == R_WAIT ? spin_wait(s) : r;
 }
 
 /* ---- reductions: out = slot[0] op slot[1] op ... in member order (numpy's element-wise results, bit for bit) */
@@ -1125,7 +1138,8 @@ static int a2a_finish(Slots *s, A2A *x) {
             }
         }
     }
-    Py_ssize_t total = q[6] >= 0 ? q[10] - q[9] : 0;
+    int own = q[6] >= 0 && s->a2a_own != s->count; /* not copied yet (exchange_a2a copies it while waiting) */
+    Py_ssize_t total = own ? q[10] - q[9] : 0;
     for (int64_t i = 0; i < noth; i++) {
         const int64_t *e = o + 4 * i;
         const uint64_t *h = (const uint64_t *)(sl[e[0]] + SLOT_HDR);
@@ -1142,7 +1156,7 @@ static int a2a_finish(Slots *s, A2A *x) {
         ts = PyEval_SaveThread();
     }
     const Py_buffer *sb = x->bufs, *rb = x->bufs + x->ns;
-    if (q[6] >= 0) copy_bytes((char *)rb[q[8]].buf + q[9], (const char *)sb[q[6]].buf + q[7], (size_t)(q[10] - q[9]));
+    if (own) copy_bytes((char *)rb[q[8]].buf + q[9], (const char *)sb[q[6]].buf + q[7], (size_t)(q[10] - q[9]));
     for (int64_t i = 0; i < noth; i++) {
         const int64_t *e = o + 4 * i;
         if (!e[3]) continue;
@@ -1208,7 +1222,25 @@ static PyObject *Slots_exchange_a2a(Slots *s, PyObject *const *args, Py_ssize_t 
                 r = R_WAIT; /* the sleep loop raises the close */
                 if (s->released && !s->busy) free_bufs(s);
             } else {
-                r = publish_and_poll(s, NULL, 0, (uint32_t)check);
+                r = publish_only(s, NULL, 0, (uint32_t)check);
+                if (q[6] >= 0) { /* our own piece while the others arrive */
+                    size_t n = (size_t)(q[10] - q[9]);
+                    char *to = (char *)x.bufs[x.ns + q[8]].buf + q[9];
+                    const char *from = (const char *)x.bufs[q[6]].buf + q[7];
+                    if (n >= BIG_NOGIL) {
+                        s->busy++;
+                        Py_BEGIN_ALLOW_THREADS copy_bytes(to, from, n);
+                        Py_END_ALLOW_THREADS s->busy--;
+                        if (s->released) {
+                            if (!s->busy) free_bufs(s);
+                            r = R_WAIT; /* the sleep loop raises the close */
+                        }
+                    } else {
+                        copy_bytes(to, from, n);
+                    }
+                    s->a2a_own = s->count;
+                }
+                if (r == R_WAIT && !s->released) r = spin_wait(s);
                 if (r >= 0 && !s->released) r |= a2a_finish(s, &x);
             }
         }
