@@ -16,6 +16,7 @@ import numpy as np
 
 from . import algorithms as alg
 from . import plans
+from .algorithms.alltoall_shm import native_done
 from .algorithms.select import FORCE as _FORCE
 from .arguments import API_SLOT_A, API_SLOT_B, device_ops
 from .arguments import member_group as _group
@@ -547,6 +548,67 @@ def reduce_scatter_tensor(
     )
 
 
+def _lists_key(outs: Any, ins: Any, group: Any, async_op: bool, timeout: Any) -> Any:
+    """The plan key of a list-form all_to_all of numpy arrays of one dtype (by their shapes), or None."""
+    if async_op or timeout is not None or _FORCE or type(outs) is not list or type(ins) is not list or not ins:
+        return None
+    dt = ins[0].dtype if type(ins[0]) is _ndarray else None
+    for x in ins + outs:
+        if type(x) is not _ndarray or x.dtype != dt:
+            return None
+    return (plans.A2AL, dt, tuple([x.shape for x in outs]), tuple([x.shape for x in ins]))
+
+
+def _run_lists(key: Any, outs: List[Any], ins: List[Any], group: Any) -> bool:
+    """Run the planned list-form all_to_all of ``key``; False when there is none or the arrays need the general
+    path (then nothing has happened)."""
+    pg = _state.default if group is None else group
+    if type(pg) is not ProcessGroup or pg._rank < 0:
+        return False
+    plan = pg.plans.get(key)
+    if plan is None:
+        return False
+    for x in outs:
+        if not ((fl := x.flags).c_contiguous and fl.writeable):
+            return False
+    for x in ins:
+        if not x.flags.c_contiguous:
+            return False
+    return pg.run_plan(plan, tuple(ins), tuple(outs)) is not SLOW
+
+
+def _via_buffers(c: Any, ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], work: Any) -> None:
+    """The list form through two scratch buffers: the inputs concatenated, ``work(c, sbuf, rbuf)``, the outputs
+    cut out of ``rbuf``."""
+    npdt = ins[0].dtype
+    ns = sum(x.size for x in ins)
+    sbuf = c.scratch(ns * npdt.itemsize, slot=API_SLOT_A).view(npdt)
+    rbuf = c.scratch(sum(x.size for x in outs) * npdt.itemsize, slot=API_SLOT_B).view(npdt)
+    pos = 0
+    for x in ins:
+        sbuf[pos : pos + x.size] = x.reshape(-1)
+        pos += x.size
+    work(c, sbuf, rbuf)
+    pos = 0
+    for x in outs:
+        x.reshape(-1)[...] = rbuf[pos : pos + x.size]
+        pos += x.size
+
+
+def _lists_general(c: Any, ins: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
+    """A planned list-form call that the compiled path did not take: the general path's work."""
+    sc, rc = [x.size for x in ins], [x.size for x in outs]
+    _via_buffers(c, ins, outs, lambda c, s, r: alg.all_to_all(c, s, sc, r, rc))
+
+
+def _lists_after(c: Any, f: int, ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], prep: Any, lim: int) -> None:
+    """What the compiled list-form call left (its flags ``f``, see ``alltoall_shm.native_done``)."""
+    if f & 4:  # finished in Python from the slots: through the buffers of the single form, same layout
+        _via_buffers(c, ins, outs, lambda c, s, r: native_done(c, f, s, r, prep, lim))
+    elif f & 2:
+        c.arena.big.turn += 1
+
+
 def all_to_all(
     output_tensor_list: List[Any],
     input_tensor_list: List[Any],
@@ -555,6 +617,9 @@ def all_to_all(
     timeout: Any = None,
 ) -> Optional[Work]:
     """``input_tensor_list[j]`` of rank i lands in ``output_tensor_list[i]`` of rank j."""
+    key = _lists_key(output_tensor_list, input_tensor_list, group, async_op, timeout)
+    if key is not None and _run_lists(key, output_tensor_list, input_tensor_list, group):
+        return None
     g = _group(group, "all_to_all")
     if g is None:
         return None
@@ -576,21 +641,17 @@ def all_to_all(
     scounts = [f.numel for f in ins]
     rcounts = [f.numel for f in outs]
     eng = g.world.engine
-    a2a = (eng.all_to_all(g, dt) if eng is not None else None) or alg.all_to_all
+    fast = eng.all_to_all(g, dt) if eng is not None else None
+    a2a = fast or alg.all_to_all
+    if key is not None and fast is None and all(f.back is None for f in ins + outs):
+        plan = plans.all_to_all_list(
+            g, _dname(dt), scounts, rcounts, ins[0].array.itemsize, _lists_general, _lists_after
+        )
+        if plan is not None:
+            plans.remember(g, key, plan)
 
     def run(c: Any) -> None:
-        npdt = ins[0].array.dtype
-        sbuf = c.scratch(sum(scounts) * npdt.itemsize, slot=API_SLOT_A).view(npdt)
-        rbuf = c.scratch(sum(rcounts) * npdt.itemsize, slot=API_SLOT_B).view(npdt)
-        pos = 0
-        for f in ins:
-            sbuf[pos : pos + f.numel] = f.array
-            pos += f.numel
-        a2a(c, sbuf, scounts, rbuf, rcounts)
-        pos = 0
-        for f in outs:
-            f.array[...] = rbuf[pos : pos + f.numel]
-            pos += f.numel
+        _via_buffers(c, [f.array for f in ins], [f.array for f in outs], lambda c, s, r: a2a(c, s, scounts, r, rcounts))
 
     return g.run(
         "all_to_all", after(run, outs), async_op=async_op, timeout=timeout, signature=("all_to_all", _dname(dt))

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import algorithms as alg
-from .algorithms.alltoall_shm import alltoall_shm, prepare, shm_applies
+from .algorithms.alltoall_shm import SALT, alltoall_shm, native_done, prepare, shm_applies
 from .algorithms.arena import (
     _EMPTY,
     _FUSED,
@@ -54,13 +54,14 @@ __all__ = [
     "all_gather",
     "reduce_scatter",
     "all_to_all",
+    "all_to_all_list",
 ]
 
 #: plans one group keeps; past that the cache starts over (a loop over many shapes still works, unplanned)
 PLAN_LIMIT = 256
 
 #: keys of the plan caches: the collective
-AR, BC, RD, BA, AG, RS, A2A = 1, 2, 3, 4, 5, 6, 7
+AR, BC, RD, BA, AG, RS, A2A, A2AL = 1, 2, 3, 4, 5, 6, 7, 8
 
 Fn = Callable[[Any, Any, Any], None]
 
@@ -312,6 +313,20 @@ def all_to_all(g: ProcessGroup, dname: str, sc: list, rc: list, fast: Any, items
     if fast is None and itemsize and g.size() > 1 and shm_applies(probe := _probe(g)):
         prep = prepare(probe.size, probe.rank, sc, rc, itemsize)
         limits = BIG_LIMIT
+        ar = _compiled(g)
+        xa = ar.bind_a2a(prep.spec, prep.header, ar.big) if ar is not None else None
+        if xa is not None:  # the compiled call straight (alltoall_shm's first step, without its checks)
+
+            def fn_nat(c: Any, a: Any, b: Any) -> None:
+                lim = limits["all_to_all"]
+                f = xa(a, b, ((c.tag >> _CW_SHIFT) & _CW_MASK) ^ SALT, c.deadline, lim)
+                if f:
+                    if f < 0:  # nothing was published: the general path
+                        alltoall_shm(c, a, sc, b, rc, prep, lim)
+                    else:
+                        native_done(c, f, a, b, prep, lim)
+
+            return Plan(g, "all_to_all_single", ("all_to_all", dname), fn_nat)
 
         def fn_shm(c: Any, a: Any, b: Any) -> None:
             alltoall_shm(c, a, sc, b, rc, prep, limits["all_to_all"])
@@ -322,6 +337,34 @@ def all_to_all(g: ProcessGroup, dname: str, sc: list, rc: list, fast: Any, items
         a2a(c, a, sc, b, rc)
 
     return Plan(g, "all_to_all_single", ("all_to_all", dname), fn)
+
+
+def all_to_all_list(g: ProcessGroup, dname: str, sc: list, rc: list, itemsize: int, general: Any, after: Any) -> Any:
+    """The plan of the list form of ``all_to_all`` (``sc[j]`` elements in input j, ``rc[i]`` in output i), where the
+    group runs the compiled arena: one call reads the inputs and writes the outputs in place (no scratch
+    copies).  None elsewhere (the general path each time).  ``general(c, ins, outs)``: the general path's work,
+    where the compiled call took nothing; ``after(c, f, ins, outs, prep, lim)``: what it left (its flags ``f``)."""
+    if g.size() < 2 or not itemsize or not shm_applies(probe := _probe(g)):
+        return None
+    ar = _compiled(g)
+    if ar is None:
+        return None
+    prep = prepare(probe.size, probe.rank, sc, rc, itemsize)
+    xa = ar.bind_a2a(prep.list_spec(), prep.header, ar.big)
+    if xa is None:
+        return None
+    limits = BIG_LIMIT
+
+    def fn(c: Any, ins: Any, outs: Any) -> None:
+        lim = limits["all_to_all"]
+        f = xa(ins, outs, ((c.tag >> _CW_SHIFT) & _CW_MASK) ^ SALT, c.deadline, lim)
+        if f:
+            if f < 0:  # nothing was published
+                general(c, ins, outs)
+            else:
+                after(c, f, ins, outs, prep, lim)
+
+    return Plan(g, "all_to_all", ("all_to_all", dname), fn)
 
 
 def _itemsize(dt: Any) -> int:

@@ -62,13 +62,30 @@ def check(g):
         if w is not None:
             w.wait()
         assert np.array_equal(out.reshape(-1), want), base
-        outs = [np.full(C[i][gr], -1, np.float64) for i in range(gp)]
-        ins = [piece(np.float64, gr, j, C[gr][j], salt) for j in range(gp)]
-        w = dist.all_to_all(outs, ins, group=g, async_op=base == 3)
-        if w is not None:
-            w.wait()
-        for i in range(gp):
-            assert np.array_equal(outs[i], piece(np.float64, i, gr, C[i][gr], salt)), (base, i)
+        for rep in range(3):  # the second and third calls of a shape run its plan (in place: no scratch copies)
+            outs = [np.full(C[i][gr], -1, np.float64) for i in range(gp)]
+            ins = [piece(np.float64, gr, j, C[gr][j], salt) for j in range(gp)]
+            w = dist.all_to_all(outs, ins, group=g, async_op=base == 3 and rep == 0)
+            if w is not None:
+                w.wait()
+            for i in range(gp):
+                assert np.array_equal(outs[i], piece(np.float64, i, gr, C[i][gr], salt)), (base, i, rep)
+    # the list form at every route of the compiled call (inline, one big slot, several rounds, messages), 2-D
+    # pieces, planned from the second call on
+    for k in (0, 1, 513, 4095, 4096, 4097, 16_000, 16_500, 200_000, 600_001):
+        salt += 1
+        for rep in range(2):
+            ins = [piece(np.int8, gr, j, k + j, salt) for j in range(gp)]
+            outs = [np.full(k + gr, 7, np.int8) for i in range(gp)]
+            if k % 2 == 0 and k:
+                ins = [x[: (len(x) // 2) * 2].reshape(-1, 2) for x in ins]
+                ins = [np.ascontiguousarray(x) for x in ins]
+                outs = [x[: (len(x) // 2) * 2].reshape(-1, 2).copy() for x in outs]
+            dist.all_to_all(outs, ins, group=g)
+            for i in range(gp):
+                got = outs[i].reshape(-1)
+                want = piece(np.int8, i, gr, k + gr, salt)[: got.size]
+                assert got.tobytes() == want.tobytes(), (k, i, rep)
 
 sub = dist.new_group(list(range(p - 1))) if p > 2 else None
 check(None)

@@ -38,6 +38,17 @@ their guarantees: deadlines, peer-death and abort checks, futex back-off,
 and calls that disagree (another op, another dtype: the check word) never
 complete together, so no data is ever mixed.
 
+Compiled path (``ShmArena.exchange_a2a``, where the arena runs ``_native``): steps 1-3 for the common case in
+one C call -- header and stream written (the stream into the arena slot, or into the big buffer when it fits
+one window), the exchange, then this rank's own piece and every piece for it copied out of the slots or big
+buffers, large copies with the GIL released.  It takes a call only where its stream fits one of those two
+places (else nothing is published and the Python steps run), and copies nothing where any stream needs
+further rounds or messages or the counts disagree: :func:`native_done` then runs step 2 and 3 in Python on the
+completed exchange.  Same slots, same header, same check words: ranks on either path meet.  The inline and the
+one-window big-slot case cost the same there (one exchange each; no step at the arena's size).  Plans bind
+the layout once (``Prep.spec``; ``Prep.list_spec`` for the list form, whose inputs and outputs it reads and
+writes in place).
+
 Safety of writing step ``turn``'s big buffer before the exchange: its last
 readers (step ``turn - 2``) finished before they published step
 ``turn - 1``'s sync (a big-slot sync, or an all-to-all's arena exchange),
@@ -55,7 +66,7 @@ import numpy as np
 from ..errors import ConfigError, ProcGroupError
 from ._util import P_ALLTOALL, step, u8
 
-__all__ = ["alltoall_shm", "shm_applies", "Prep", "prepare", "A2A_LIMIT_DEFAULT"]
+__all__ = ["alltoall_shm", "shm_applies", "Prep", "prepare", "A2A_LIMIT_DEFAULT", "SALT", "native_done"]
 
 #: streams longer than this go as messages (the single-copy path) instead of through the big slots; the
 #: selection table's BIG_LIMIT['all_to_all'] (select.py) passes its value in
@@ -67,7 +78,7 @@ _CHECK = struct.Struct("<IIqqq")
 _OP_ALLTOALL = 7  # beside algorithms.bigarena's op codes (1-6)
 #: folded into the arena exchange's check word: another collective whose call fingerprint collides with this
 #: one's (16 bits) still never completes an exchange with it
-_SALT = 0xA2A0_0000
+SALT = 0xA2A0_0000
 #: a stream through the big slots goes in windows of 1/PIPE_PARTS of it, at least PIPE_MIN bytes, at most a slot.
 #: 1: no pipelining within a slot's worth.  benchmarks/ab_alltoall.py (shm/p1, shm/p2, shm/p4; 2-CPU host at
 #: load 7-10): 2 parts took 1.04x-1.13x one part's time at N=2 from 256 KiB to 1 MiB per rank, and 4 parts
@@ -97,6 +108,7 @@ class Prep:
 
     __slots__ = (
         "so", "ro", "rcount", "stream", "segs", "header", "hb", "send_total", "recv_total", "others", "own", "me",
+        "spec",
     )  # fmt: skip
 
     def __init__(self, p: int, me: int, send_counts: Sequence[int], recv_counts: Sequence[int], isz: int) -> None:
@@ -124,6 +136,29 @@ class Prep:
         f = [0] + [ro[i + 1] - (own_r if i >= me else 0) for i in range(p)]
         self.header = struct.pack(f"<{2 * p + 2}Q", *e, *f)
         self.hb = _header_bytes(p)
+        #: the same layout for the compiled path (``ShmArena.exchange_a2a``: see _native.c), int64 words; one send
+        #: and one recv buffer (index 0)
+        own = (0, self.own[2], 0, self.own[0], self.own[1]) if self.own is not None else (-1, 0, 0, 0, 0)
+        words = [p, me, self.hb, self.stream, len(self.segs), len(self.others), *own]
+        for pos, a, b in self.segs:
+            words += (pos, 0, a, b)
+        for r, dst, want in self.others:
+            words += (r, 0, dst, want)
+        self.spec = struct.pack(f"<{len(words)}q", *words)
+
+    def list_spec(self) -> bytes:
+        """The compiled path's layout for the list form: send buffer j is the whole piece for rank j, recv buffer
+        i the whole piece from rank i (``ShmArena.exchange_a2a`` with tuples of buffers); same header."""
+        p, me = len(self.so) - 1, self.me
+        e = struct.unpack_from(f"<{p + 1}Q", self.header)  # [0, E_0 .. E_{p-1}]: where each piece starts, ends
+        own = (me, 0, me, 0, self.own[1] - self.own[0]) if self.own is not None else (-1, 0, 0, 0, 0)
+        segs = [(j, e[j], e[j + 1] - e[j]) for j in range(p) if j != me and e[j + 1] > e[j]]
+        words = [p, me, self.hb, self.stream, len(segs), len(self.others), *own]
+        for j, pos, n in segs:
+            words += (pos, j, 0, n)
+        for r, _dst, want in self.others:
+            words += (r, r, 0, want)
+        return struct.pack(f"<{len(words)}q", *words)
 
 
 _PREPS: Dict[Tuple[Any, ...], Prep] = {}
@@ -226,10 +261,17 @@ def alltoall_shm(
         or sendbuf.dtype.itemsize != recvbuf.dtype.itemsize
     ):
         _validate(comm, sendbuf, recvbuf, send_counts, recv_counts)  # raises the message algorithms' error
+    big = a.big
+    xa = getattr(a, "exchange_a2a", None)
+    if xa is not None:  # compiled: write, exchange and copy out in one call, where it takes this layout
+        f = xa(prep.spec, prep.header, sendbuf, recvbuf, comm.check_word() ^ SALT, comm.deadline, big, limit)
+        if f >= 0:  # else nothing was published: the Python path below
+            if f:
+                native_done(comm, f, sendbuf, recvbuf, prep, limit)
+            return
     sb, rb = _bytes(sendbuf), _bytes(recvbuf)
     hb = prep.hb
     cap = a.max_bytes - hb
-    big = a.big
     mine = prep.stream
     slot = a.next_slot()
     staged = slot is None
@@ -244,8 +286,29 @@ def alltoall_shm(
     elif big is not None and mine <= limit:  # round 0 of the big slots, complete when the exchange is
         _copy_stream(memoryview(big.arrays[big.turn & 1][prep.me]), 0, sb, prep.segs, 0, _window(mine, big.slot_bytes))
     views = a.exchange(
-        slot[: hb + (mine if inline else 0)] if staged else None, comm.check_word() ^ _SALT, comm.deadline
+        slot[: hb + (mine if inline else 0)] if staged else None, comm.check_word() ^ SALT, comm.deadline
     )
+    _finish(comm, views, big, sb, rb, prep, limit, sendbuf.dtype)
+
+
+def native_done(comm: Any, f: int, sendbuf: np.ndarray, recvbuf: np.ndarray, prep: Prep, limit: int) -> None:
+    """After ``ShmArena.exchange_a2a`` returned the flags ``f`` (> 0): advance the big slots' turn, or finish in
+    Python what the compiled call left (several big-slot rounds, messages, a count mismatch: its flag 4)."""
+    a = comm.arena
+    big = a.big
+    if f & 2:  # the big buffers of this turn were used: every rank saw the same headers and agrees
+        big.turn += 1
+    if f & 4:  # the exchange completed, nothing was copied
+        _finish(comm, a.last_slots(), big, _bytes(sendbuf), _bytes(recvbuf), prep, limit, sendbuf.dtype)
+
+
+def _finish(
+    comm: Any, views: Sequence[Any], big: Any, sb: memoryview, rb: memoryview, prep: Prep, limit: int, dt: np.dtype
+) -> None:
+    """After the exchange: this rank's own piece, the inline pieces, then (``_beyond``) the rest."""
+    cap = comm.arena.max_bytes - prep.hb
+    hb = prep.hb
+    inline = prep.stream <= cap
     own = prep.own
     if own is not None:
         rb[own[0] : own[1]] = sb[own[2] : own[2] + own[1] - own[0]]
@@ -273,12 +336,12 @@ def alltoall_shm(
             pieces.append((r, lo, hi, n))
             longest = max(longest, n)
     if not inline:
-        longest = max(longest, mine)
+        longest = max(longest, prep.stream)
     if not longest:  # every stream was inline: done (each rank checked what it receives)
         if bad:
             raise ProcGroupError(bad)
         return
-    _beyond(comm, views, big, sb, rb, prep, pieces, inline, longest, limit, sendbuf.dtype)
+    _beyond(comm, views, big, sb, rb, prep, pieces, inline, longest, limit, dt)
 
 
 def _beyond(

@@ -356,6 +356,69 @@ class ShmArena(Arena):
                 t.bytes_sent += memoryview(data).nbytes
         return True
 
+    def last_slots(self) -> Sequence[memoryview]:
+        """Every member's payload view of the last exchange (what :meth:`exchange` returned for it)."""
+        return self._data[(self.calls - 1) & 1]
+
+    def exchange_a2a(
+        self, spec: Any, head: Any, send: Any, recv: Any, check: int, deadline: Optional[Deadline], big: Any, lim: int
+    ) -> int:
+        """all_to_all in one C call (``algorithms.alltoall_shm``): write ``head`` and this rank's stream (laid out
+        by ``spec``) into its slot, or the stream into its big buffer ``big.turn & 1`` when longer than the slot
+        and at most ``lim`` bytes, exchange, and copy every piece for this rank into ``recv``.
+
+        Returns -1, having done nothing, where the compiled path is off or the stream fits neither; else the
+        flags 2 (big buffers used: the caller advances ``big.turn``) and 4 (the exchange completed but nothing
+        was copied: the caller reads the slots itself).  Raises as :meth:`exchange`.
+        """
+        nat = self._nat
+        if nat is None:
+            return -1
+        t = self.t
+        if t._aborted is not None or t._closed:
+            self._enter()  # raises
+        if big is None:
+            bn, bk, lim = None, 0, 0
+        else:
+            bn, bk = big._nat, big.turn & 1  # None on the pure-Python big slots: lim is then ignored
+        r = nat.exchange_a2a(spec, head, send, recv, check, bn, bk, lim)
+        if r == -3:
+            return -1
+        if r == -1:
+            self._sleep(nat.arrived, nat.missing, deadline)
+            r = nat.a2a_finish(spec, send, recv, bn, bk, lim)
+        elif r & 1:
+            self._ring_sleepers()
+        return int(r & 6)
+
+    def bind_a2a(self, spec: Any, head: Any, big: Any) -> Optional[Callable[[Any, Any, int, Any, int], int]]:
+        """:meth:`exchange_a2a` with its layout bound, for a plan's repeated calls: ``fn(send, recv, check,
+        deadline, lim)``, returning as it does; None where the compiled path is off."""
+        nat = self._nat
+        if nat is None:
+            return None
+        xa = nat.exchange_a2a
+        t = self.t
+        bn = big._nat if big is not None else None
+
+        def fn(send: Any, recv: Any, check: int, deadline: Optional[Deadline], lim: int) -> int:
+            if t._aborted is not None or t._closed:
+                self._enter()  # raises
+            bk = big.turn & 1 if bn is not None else 0
+            r = xa(spec, head, send, recv, check, bn, bk, lim if bn is not None else 0)
+            if r <= 0:
+                if r == 0:
+                    return 0
+                if r == -3:
+                    return -1
+                self._sleep(nat.arrived, nat.missing, deadline)
+                r = nat.a2a_finish(spec, send, recv, bn, bk, lim if bn is not None else 0)
+            elif r & 1:
+                self._ring_sleepers()
+            return int(r & 6)
+
+        return fn
+
     def _ring_sleepers(self) -> None:
         ring = self.t.doorbell.ring
         for seg in self._others:
