@@ -45,6 +45,42 @@ static const int type_size[N_TYPES] = {4, 8, 4, 8};
 #define R_DONE 0
 #define R_RING 1
 
+/* memcpy, except where glibc's is slow: measured on AMD EPYC (glibc 2.36), a copy whose destination lies 1-31
+ * bytes past its source modulo 4096 runs 6-12x slower (32 KiB: 11.3 us against 1.2 us; its `rep movsb` path);
+ * two numpy arrays malloc'd one after the other are exactly 16 bytes apart modulo 4096 when their sizes are
+ * multiples of 4096, so an all_to_all's own piece (send -> recv) hits it.  There: destination-aligned 16-byte
+ * stores (SSE2, every x86-64), as fast as memcpy's good case at every size measured (4 KiB - 256 KiB).  The
+ * same skew hits every copy between a page-aligned slot and a numpy array (16 bytes past a page when mmap'd:
+ * 64 KiB 23 us instead of 2, 256 KiB 90 instead of 9), so every payload copy below goes through here.  From
+ * COPY_SKEW_MAX up, glibc copies another way and the skew costs nothing. */
+#define COPY_SKEW_MAX (512 << 10)
+static void copy_bytes(char *dst, const char *src, size_t n) {
+#if defined(__x86_64__)
+    size_t skew = (size_t)((uintptr_t)dst - (uintptr_t)src) & 4095;
+    if (n >= 512 && n < COPY_SKEW_MAX && skew && skew < 64) {
+        size_t head = (size_t)(-(uintptr_t)dst) & 15;
+        memcpy(dst, src, head);
+        dst += head;
+        src += head;
+        n -= head;
+        size_t i = 0;
+        for (; i + 64 <= n; i += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+            __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+            __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+            _mm_store_si128((__m128i *)(dst + i), a);
+            _mm_store_si128((__m128i *)(dst + i + 16), b);
+            _mm_store_si128((__m128i *)(dst + i + 32), c);
+            _mm_store_si128((__m128i *)(dst + i + 48), d);
+        }
+        memcpy(dst + i, src + i, n - i);
+        return;
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
 typedef struct {
     PyObject_HEAD
     Py_ssize_t n;         /* members */
@@ -201,7 +237,7 @@ static int publish_only(Slots *s, const char *data, Py_ssize_t nbytes, uint32_t 
     s->count++;
     uint32_t val = (uint32_t)((s->count - 1) % 0xFFFFFFFFULL + 1); /* never 0 (0: never published) */
     char *mine = s->slot[k][s->me];
-    if (nbytes) memcpy(mine + SLOT_HDR, data, (size_t)nbytes);
+    if (nbytes) copy_bytes(mine + SLOT_HDR, data, (size_t)nbytes);
     uint32_t *w = (uint32_t *)mine;
     __atomic_store_n(&w[1], check, __ATOMIC_RELAXED);
     __atomic_store_n(&w[0], val, __ATOMIC_RELEASE); /* payload and check before the count */
@@ -261,7 +297,7 @@ static int publish_and_poll(Slots *s, const char *data, Py_ssize_t nbytes, uint3
 /* out = (src[0] + off) op (src[1] + off) op ... over n members, cnt elements, in member order */
 static void reduce_ptrs(char *const *src, Py_ssize_t n, Py_ssize_t off, char *out, Py_ssize_t cnt, int op, int type) {
     if (n == 1) {
-        memcpy(out, src[0] + off, (size_t)(cnt * type_size[type]));
+        copy_bytes(out, src[0] + off, (size_t)(cnt * type_size[type]));
         return;
     }
     switch (type) {
@@ -409,11 +445,11 @@ static PyObject *Slots_exchange_reduce_block(Slots *s, PyObject *const *args, Py
 static void copy_slots(const Slots *s, int k, char *out, Py_ssize_t nbytes, Py_ssize_t src) {
     char *const *sl = s->slot[k];
     if (src >= 0) {
-        memcpy(out, sl[src] + SLOT_HDR, (size_t)nbytes);
+        copy_bytes(out, sl[src] + SLOT_HDR, (size_t)nbytes);
         return;
     }
     Py_ssize_t each = nbytes / s->n;
-    for (Py_ssize_t m = 0; m < s->n; m++) memcpy(out + m * each, sl[m] + SLOT_HDR, (size_t)each);
+    for (Py_ssize_t m = 0; m < s->n; m++) copy_bytes(out + m * each, sl[m] + SLOT_HDR, (size_t)each);
 }
 
 /* exchange_copy(data, check, out, src): publish data (None: no bytes); when complete, out = member src's slot
@@ -785,10 +821,10 @@ static PyObject *Big_sync_reduce(Big *b, PyObject *const *args, Py_ssize_t nargs
         char *mine = b->buf[k][b->me];
         if (v.len >= BIG_NOGIL) {
             b->busy++;
-            Py_BEGIN_ALLOW_THREADS memcpy(mine, v.buf, (size_t)v.len);
+            Py_BEGIN_ALLOW_THREADS copy_bytes(mine, v.buf, (size_t)v.len);
             Py_END_ALLOW_THREADS b->busy--;
         } else {
-            memcpy(mine, v.buf, (size_t)v.len);
+            copy_bytes(mine, v.buf, (size_t)v.len);
         }
         r = b->released ? R_WAIT : big_sync(b, val, end, check);
         if (r >= 0 && red && !b->released && big_reduce(b, (int)k, 0, v.buf, v.len, op, type, NULL) < 0) r = -4;
@@ -841,9 +877,9 @@ static void big_copy_out(Big *b, int k, char *out, Py_ssize_t src, Py_ssize_t of
         ts = PyEval_SaveThread();
     }
     if (src >= 0)
-        memcpy(out + off, b->buf[k][src], (size_t)chunk);
+        copy_bytes(out + off, b->buf[k][src], (size_t)chunk);
     else
-        for (Py_ssize_t m = 0; m < b->n; m++) memcpy(out + m * stride + off, b->buf[k][m], (size_t)chunk);
+        for (Py_ssize_t m = 0; m < b->n; m++) copy_bytes(out + m * stride + off, b->buf[k][m], (size_t)chunk);
     if (nogil) {
         PyEval_RestoreThread(ts);
         b->busy--;
@@ -896,10 +932,10 @@ static PyObject *Big_sync_copy(Big *b, PyObject *const *args, Py_ssize_t nargs) 
             char *mine = b->buf[k][b->me];
             if (d.len >= BIG_NOGIL) {
                 b->busy++;
-                Py_BEGIN_ALLOW_THREADS memcpy(mine, d.buf, (size_t)d.len);
+                Py_BEGIN_ALLOW_THREADS copy_bytes(mine, d.buf, (size_t)d.len);
                 Py_END_ALLOW_THREADS b->busy--;
             } else {
-                memcpy(mine, d.buf, (size_t)d.len);
+                copy_bytes(mine, d.buf, (size_t)d.len);
             }
         }
         r = b->released ? R_WAIT : big_sync(b, val, end, check);
@@ -995,37 +1031,6 @@ static PyTypeObject BigType = {
 #define A2A_FIXED 11
 #define A2A_MAXBUF 4096
 
-/* memcpy, except where glibc's is slow: measured on AMD EPYC (glibc 2.36), a copy whose destination lies 1-31
- * bytes past its source modulo 4096 runs 6-12x slower (32 KiB: 11.3 us against 1.2 us; its `rep movsb` path);
- * two numpy arrays malloc'd one after the other are exactly 16 bytes apart modulo 4096 when their sizes are
- * multiples of 4096, so an all_to_all's own piece (send -> recv) hits it.  There: destination-aligned 16-byte
- * stores (SSE2, every x86-64), as fast as memcpy's good case at every size measured (4 KiB - 256 KiB). */
-static void copy_bytes(char *dst, const char *src, size_t n) {
-#if defined(__x86_64__)
-    size_t skew = (size_t)((uintptr_t)dst - (uintptr_t)src) & 4095;
-    if (n >= 512 && skew && skew < 64) {
-        size_t head = (size_t)(-(uintptr_t)dst) & 15;
-        memcpy(dst, src, head);
-        dst += head;
-        src += head;
-        n -= head;
-        size_t i = 0;
-        for (; i + 64 <= n; i += 64) {
-            __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
-            __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
-            __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
-            __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
-            _mm_store_si128((__m128i *)(dst + i), a);
-            _mm_store_si128((__m128i *)(dst + i + 16), b);
-            _mm_store_si128((__m128i *)(dst + i + 32), c);
-            _mm_store_si128((__m128i *)(dst + i + 48), d);
-        }
-        memcpy(dst + i, src + i, n - i);
-        return;
-    }
-#endif
-    memcpy(dst, src, n);
-}
 
 typedef struct {
     Py_buffer spec, *bufs; /* bufs: the send buffers, then the recv buffers */
