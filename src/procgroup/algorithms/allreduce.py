@@ -43,9 +43,9 @@ class StageChoices:
     all_reduce_flat: Callable[[int, int, int], Callable[..., None]]
     reduce: Callable[[int, int, int], Callable[..., None]]
     broadcast: Callable[[int, int], Callable[..., None]]
-    #: ``host_all_reduce(host_comm, nbytes)`` / ``host_broadcast(host_comm, nbytes)``: the shared-slot algorithms
-    #: for a host's members (a :class:`~procgroup.algorithms._util.HostComm`), or None where they do not apply
-    host_all_reduce: Callable[[Any, int], Optional[Callable[..., None]]] = lambda comm, nbytes: None
+    #: ``host_reduce(host_comm, nbytes)`` / ``host_broadcast(host_comm, nbytes)``: the shared-slot algorithms for a
+    #: host's members (a :class:`~procgroup.algorithms._util.HostComm`), or None where they do not apply
+    host_reduce: Callable[[Any, int], Optional[Callable[..., None]]] = lambda comm, nbytes: None
     host_broadcast: Callable[[Any, int], Optional[Callable[..., None]]] = lambda comm, nbytes: None
 
 
@@ -209,14 +209,14 @@ def allreduce_hierarchical(
     mine = next(h for h in hosts if comm.rank in h)
     leaders = [h[0] for h in hosts]
     nbytes = buf.nbytes
-    # the host's shared slots, where it has them (a group spanning hosts: Comm.host_arena): one exchange folds
-    # the host's buffers (every member gets the host's result), one broadcasts the leader's, without messages
+    # the host's shared slots, where it has them (a group spanning hosts: Comm.host_arena): the host's buffers are
+    # reduced into its leader's and the leader's result broadcast through them, without messages
     ha = getattr(comm, "host_arena", None) if len(mine) > 1 else None
     host = HostComm(comm, mine, 1 * SPAN, ha) if ha is not None else None
-    fold = _stages.host_all_reduce(host, nbytes) if host is not None and intra_reduce is None else None
+    fold = _stages.host_reduce(host, nbytes) if host is not None and intra_reduce is None else None
     spread = _stages.host_broadcast(host, nbytes) if host is not None and intra_bcast is None else None
     if fold is not None:
-        fold(host, buf, reduce)
+        fold(host, buf, reduce, 0)
     elif len(mine) > 1:
         local = SubComm(comm, mine, 1 * SPAN)
         f = intra_reduce or _stages.reduce(len(mine), nbytes, buf.shape[0])

@@ -348,21 +348,22 @@ def choose_reduce(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
     return reduce_scatter_gather
 
 
-#: a group spanning hosts: its hierarchical all_reduce folds (HOST_SLOTS_MAX) and broadcasts the leader's result
+#: a group spanning hosts: its hierarchical all_reduce reduces to each host's leader (HOST_SLOTS_MAX) and broadcasts
+#: the leader's result
 #: (HOST_SLOTS_BCAST_MAX) within each host through the host's shared slots (Comm.host_arena) up to this many bytes,
 #: and with messages above (0: never through the slots)
 HOST_SLOTS_MAX = 1 << 62
 HOST_SLOTS_BCAST_MAX = 1 << 62
 
 
-def choose_host_all_reduce(host: Any, nbytes: int) -> Optional[Callable[..., None]]:
-    """The all-reduce among a host's members through their shared slots (``host.arena``), or None."""
+def choose_host_reduce(host: Any, nbytes: int) -> Optional[Callable[..., None]]:
+    """The reduce to a host's first member through the host's shared slots (``host.arena``), or None."""
     if nbytes > HOST_SLOTS_MAX:
         return None
     if fits(host, nbytes):
-        return allreduce_arena
-    if _big(host, "all_reduce", nbytes):
-        return allreduce_big
+        return reduce_arena
+    if _big(host, "reduce", nbytes):
+        return reduce_big
     return None
 
 
@@ -383,7 +384,7 @@ install_stage_choices(
         all_reduce_flat=choose_all_reduce_inter,
         reduce=choose_reduce,
         broadcast=choose_broadcast,
-        host_all_reduce=choose_host_all_reduce,
+        host_reduce=choose_host_reduce,
         host_broadcast=choose_host_broadcast,
     )
 )
