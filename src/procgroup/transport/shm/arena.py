@@ -245,13 +245,8 @@ class ShmArena(Arena):
         nat = self._nat
         if nat is not None:
             r = nat.exchange(data, check)
-            if r < 0:
-                if r == -2:
-                    n = memoryview(data or b"").nbytes
-                    raise ConfigError(f"arena exchange of {n} bytes exceeds the slot size {ARENA_BYTES}")
-                self._sleep(nat.arrived, nat.missing, deadline)
-            elif r:
-                self._ring_sleepers()
+            if r:
+                self._settle(r, deadline, lambda: memoryview(data or b"").nbytes)
             if data is not None:
                 t.bytes_sent += data.nbytes  # for `procgroup top` (procgroup.telemetry)
             return self._data[(nat.count - 1) & 1]
@@ -290,16 +285,12 @@ class ShmArena(Arena):
             return False
         t = self._enter()
         r = nat.exchange_reduce(buf, check, op, dtype, reduce)
-        if r < 0:
-            if r == -3:
+        if r:
+            late = self._settle(r, deadline, lambda: buf.nbytes)
+            if late is None:
                 return False
-            if r == -2:
-                raise ConfigError(f"arena exchange of {buf.nbytes} bytes exceeds the slot size {ARENA_BYTES}")
-            self._sleep(nat.arrived, nat.missing, deadline)
-            if reduce:
+            if late and reduce:
                 nat.reduce(buf, op, dtype)
-        elif r:
-            self._ring_sleepers()
         t.bytes_sent += buf.nbytes  # for `procgroup top` (procgroup.telemetry)
         return True
 
@@ -315,15 +306,12 @@ class ShmArena(Arena):
             return False
         t = self._enter()
         r = nat.exchange_reduce_block(data, out, check, op, dtype, off)
-        if r < 0:
-            if r == -3:
+        if r:
+            late = self._settle(r, deadline, lambda: data.nbytes)
+            if late is None:
                 return False
-            if r == -2:
-                raise ConfigError(f"arena exchange of {data.nbytes} bytes exceeds the slot size {ARENA_BYTES}")
-            self._sleep(nat.arrived, nat.missing, deadline)
-            nat.reduce(out, op, dtype, off)
-        elif r:
-            self._ring_sleepers()
+            if late:
+                nat.reduce(out, op, dtype, off)
         t.bytes_sent += data.nbytes  # for `procgroup top` (procgroup.telemetry)
         return True
 
@@ -339,16 +327,13 @@ class ShmArena(Arena):
             return False
         t = self._enter()
         r = nat.exchange_copy(data, check, out, src)
-        if r < 0:
-            if r == -3:
+        if r:
+            each = out.nbytes if src >= 0 else out.nbytes // len(self.members)
+            late = self._settle(r, deadline, lambda: max(memoryview(data or b"").nbytes, each))
+            if late is None:
                 return False
-            if r == -2:
-                n = max(memoryview(data or b"").nbytes, out.nbytes if src >= 0 else out.nbytes // len(self.members))
-                raise ConfigError(f"arena exchange of {n} bytes exceeds the slot size {ARENA_BYTES}")
-            self._sleep(nat.arrived, nat.missing, deadline)
-            nat.copy(out, src)
-        elif r:
-            self._ring_sleepers()
+            if late:
+                nat.copy(out, src)
         if data is not None:
             try:
                 t.bytes_sent += data.nbytes  # for `procgroup top` (procgroup.telemetry)
@@ -418,6 +403,26 @@ class ShmArena(Arena):
             return int(r & 6)
 
         return fn
+
+    def _settle(self, r: int, deadline: Optional[Deadline], nbytes: Callable[[], int]) -> Optional[bool]:
+        """What a compiled publish-and-poll call that returned ``r`` (not 0) leaves to do.
+
+        ``r`` > 0: complete, and members may sleep on it: rings them; False.  -3: refused, nothing done (the
+        caller takes the Python path); None.  -2: the data does not fit a slot: ConfigError naming ``nbytes()``.
+        Otherwise the spin ended before every member came: sleeps here until they do (deadline, dead peers and
+        abort as :meth:`exchange`); True, and the caller finishes the copy or reduction the call left undone.
+        """
+        if r > 0:
+            self._ring_sleepers()
+            return False
+        if r == -3:
+            return None
+        if r == -2:
+            raise ConfigError(f"arena exchange of {nbytes()} bytes exceeds the slot size {ARENA_BYTES}")
+        nat = self._nat
+        assert nat is not None
+        self._sleep(nat.arrived, nat.missing, deadline)
+        return True
 
     def _ring_sleepers(self) -> None:
         ring = self.t.doorbell.ring
