@@ -6,9 +6,6 @@ and the two-ranks-on-one-GPU error.  Run: ``python -m pytest -q tests/cuda``.
 
 from __future__ import annotations
 
-import secrets
-import subprocess
-import sys
 from pathlib import Path
 from typing import List
 
@@ -16,12 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from procgroup.netutil import free_port  # noqa: E402
-
-from ..integration.harness import Result, collect, report, worker_env  # noqa: E402
+from ..integration.harness import Result, collect, report, spawn_world  # noqa: E402
 
 WORKER = Path(__file__).with_name("torch_cuda_workers.py")
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.distributed.is_nccl_available()),
@@ -33,20 +27,8 @@ pytestmark = pytest.mark.skipif(
 
 def run(n: int, scenario: str, backend: str = "procgroup", timeout: float = 120.0) -> List[Result]:
     """``scenario`` at world size ``n``; fail with every rank's output unless all printed OK."""
-    port, secret = free_port(), secrets.token_hex(16)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), scenario, backend],
-            env=worker_env(r, n, port, secret, {"PROCGROUP_TIMEOUT": "60", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}),
-            cwd=str(ROOT),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        for r in range(n)
-    ]
-    results = collect(procs, timeout)
+    env = {"PROCGROUP_TIMEOUT": "60", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    results = collect(spawn_world(n, scenario, [backend], env=env, script=WORKER), timeout)
     if any(r.returncode != 0 or "OK" not in r.stdout for r in results):
         raise AssertionError(f"{scenario} ({backend}) failed at world size {n}:\n{report(results)}")
     return results

@@ -100,14 +100,17 @@ def spawn_world(
     args: Sequence[str] = (),
     env: Optional[Dict[str, str]] = None,
     ranks: Optional[Sequence[int]] = None,
+    script: Optional[Path] = None,
 ) -> List[subprocess.Popen]:
+    """Start ranks ``ranks`` (default all ``n``) of ``script func *args`` (default tests/integration/workers.py)
+    with the env:// contract of :func:`worker_env` on a fresh port and secret, each in its own session."""
     port = free_port()
     secret = secrets.token_hex(16)
     procs = []
     for r in range(n) if ranks is None else ranks:
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(WORKERS), func, *args],
+                [sys.executable, str(script or WORKERS), func, *args],
                 env=worker_env(r, n, port, secret, env),
                 cwd=str(ROOT),
                 stdout=subprocess.PIPE,

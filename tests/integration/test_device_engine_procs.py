@@ -10,9 +10,6 @@ deadline with the liveness probes, abort, copies back) through torch's gloo.  Th
 
 from __future__ import annotations
 
-import secrets
-import subprocess
-import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -20,32 +17,17 @@ import pytest
 
 pytest.importorskip("torch")
 
-from procgroup.netutil import free_port  # noqa: E402
 
-from .harness import Result, collect, report, worker_env  # noqa: E402
+from .harness import Result, collect, report, spawn_world  # noqa: E402
 
 WORKER = Path(__file__).with_name("device_workers.py")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(n: int, scenario: str, *args: str, timeout: float = 120.0, ranks: Optional[List[int]] = None) -> List[Result]:
     """Run ``scenario`` at world size ``n`` on the gloo stand-in; fail with every rank's output unless all
     (or ``ranks``) printed OK and exited 0."""
-    port, secret = free_port(), secrets.token_hex(16)
     extra = {"PG_BACKEND": "torch_gloo", "PG_DEVICE": "cpu", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), scenario, *args],
-            env=worker_env(r, n, port, secret, extra),
-            cwd=str(ROOT),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        for r in range(n)
-    ]
-    results = collect(procs, timeout)
+    results = collect(spawn_world(n, scenario, args, env=extra, script=WORKER), timeout)
     judged = [r for r in results if ranks is None or r.rank in ranks]
     if any(r.returncode != 0 or "OK" not in r.stdout for r in judged):
         raise AssertionError(f"{scenario} {args} failed at world size {n}:\n{report(results)}")

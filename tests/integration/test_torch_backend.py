@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from procgroup.netutil import free_port  # noqa: E402
 
-from .harness import Result, collect, report, worker_env  # noqa: E402
+from .harness import Result, collect, report, spawn_world, worker_env  # noqa: E402
 
 WORKER = Path(__file__).with_name("torch_backend_workers.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,21 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def spawn(n: int, scenario: str, init: str = "tcp", env: Optional[Dict[str, str]] = None) -> List[subprocess.Popen]:
     """Start ``n`` ranks of ``scenario`` with init method ``init``."""
-    port, secret = free_port(), secrets.token_hex(16)
     extra = {"PROCGROUP_TIMEOUT": "60", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     extra.update(env or {})
-    return [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), scenario, init],
-            env=worker_env(r, n, port, secret, extra),
-            cwd=str(ROOT),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        for r in range(n)
-    ]
+    return spawn_world(n, scenario, [init], env=extra, script=WORKER)
 
 
 def run(n: int, scenario: str, init: str = "tcp", timeout: float = 90.0) -> List[Result]:
