@@ -843,6 +843,13 @@ SCENARIOS: Dict[str, Callable[[], None]] = {
 }
 
 
+def _sparse_fallthrough(what: str) -> None:
+    """A sparse all_reduce: falls through to the gloo backend built under procgroup's group."""
+    s = torch.sparse_coo_tensor(torch.tensor([[1]]), torch.full((1,), float(RANK + 1)), (3,))
+    dist.all_reduce(s)
+    check(torch.equal(s.to_dense(), torch.tensor([0.0, S, 0.0])), f"{what}: sparse fallthrough {s.to_dense()}")
+
+
 def main() -> None:
     """``SCENARIO INIT``; several scenarios joined by '+' run in one group."""
     names, how = sys.argv[1].split("+"), sys.argv[2]
@@ -858,10 +865,15 @@ def main() -> None:
     store = init(how, timeout, **kw)
     for n in names:
         SCENARIOS[n]()
+    again = how == "store" and WS > 1 and "cuda" not in names
+    if again:
+        _sparse_fallthrough("first group")  # builds gloo under procgroup over the store
     dist.destroy_process_group()
     if how == "store":  # a second group over the same store must not trip over the first one's keys
         init(how, timeout, store=store, **kw)
         basic()
+        if again:  # gloo built underneath again: its own keys, not the first group's
+            _sparse_fallthrough("second group over the same store")
         dist.destroy_process_group()
     print("OK", flush=True)
 
