@@ -119,10 +119,11 @@ def _device_identity(device: torch.device) -> Tuple[str, str, str]:
 
 class Delegation:
     """The routing half of ``ProcgroupBackend`` (see the module docstring); it uses the backend's ``_store``,
-    ``_rank``, ``_size``, ``_timeout``, ``_options``, ``_cpu_native``, ``_others``, ``_exec`` and
-    ``fallthrough_counts``."""
+    ``_gen`` (the formation's generation over that store), ``_rank``, ``_size``, ``_timeout``, ``_options``,
+    ``_cpu_native``, ``_others``, ``_exec`` and ``fallthrough_counts``."""
 
     _store: Any
+    _gen: int
     _rank: int
     _size: int
     _timeout: float
@@ -140,7 +141,9 @@ class Delegation:
         """
         b = self._others.get(kind)
         if b is None:
-            pstore = dist.PrefixStore(f"{kind}_under_procgroup/", self._store)
+            # under the formation's generation: gloo built under an earlier group over the same store (destroy,
+            # then init again) left its peers' addresses there, and connecting to those fails after a timeout
+            pstore = dist.PrefixStore(f"{kind}_under_procgroup/{self._gen}/", self._store)
             tmo = timedelta(seconds=self._timeout)
             if kind == "gloo":
                 b = dist.ProcessGroupGloo(pstore, self._rank, self._size, tmo)

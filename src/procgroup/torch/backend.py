@@ -118,7 +118,7 @@ class ProcgroupBackend(Delegation, dist.ProcessGroup):
         # a generation per formation: a later group over the same store (destroy, then init again) never
         # reads the keys of an earlier one
         base = dist.PrefixStore("procgroup/", store)
-        gen = base.add(f"generation/{self._rank}", 1)
+        self._gen = gen = base.add(f"generation/{self._rank}", 1)
         adapter = TorchStoreAdapter(dist.PrefixStore(f"{gen}/", base), self._timeout)
         self._pg = _core.create_group(
             name or "torch", store=adapter, rank=self._rank, world_size=self._size, timeout=self._timeout
