@@ -11,19 +11,14 @@ collectives, and world size 2 with both ranks on cuda:0 for the one-GPU-per-rank
 
 from __future__ import annotations
 
-import os
-import secrets
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import List, Optional, Tuple
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-WORKER = ROOT / "tests" / "integration" / "device_workers.py"
+from ..integration.harness import collect, report, spawn_world
+
+WORKER = Path(__file__).resolve().parents[1] / "integration" / "device_workers.py"
 
 
 def _why_skip() -> str:
@@ -43,73 +38,16 @@ _REASON = _why_skip()
 pytestmark = pytest.mark.skipif(bool(_REASON), reason=f"needs a CUDA GPU with torch's NCCL: {_REASON}")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run(
     n: int, scenario: str, *args: str, backend: str = "nccl", timeout: float = 240.0, ranks: Optional[List[int]] = None
 ) -> List[Tuple[int, str]]:
     """Run ``scenario`` at world size ``n``; returns (rank, stdout); fails with every rank's output unless every
     rank (or every one of ``ranks``) exited 0 and printed OK."""
-    port, secret = _free_port(), secrets.token_hex(16)
-    procs = []
-    for r in range(n):
-        env = dict(os.environ)
-        for k in ("TORCHELASTIC_RUN_ID", "PROCGROUP_RUN_ID", "PROCGROUP_STORE_HOSTED", "SLURM_PROCID"):
-            env.pop(k, None)
-        env.update(
-            RANK=str(r),
-            WORLD_SIZE=str(n),
-            LOCAL_RANK=str(r),
-            LOCAL_WORLD_SIZE=str(n),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            PROCGROUP_SECRET=secret,
-            PROCGROUP_TIMEOUT="120",
-            PG_BACKEND=backend,
-            PG_DEVICE="cuda",
-            TORCH_DEVICE_BACKEND_AUTOLOAD="0",
-            PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
-            PYTHONUNBUFFERED="1",
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(WORKER), scenario, *args],
-                env=env,
-                cwd=str(ROOT),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-        )
-    deadline = time.monotonic() + timeout
-    out = []
-    try:
-        for r, p in enumerate(procs):
-            try:
-                so, se = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    if q.poll() is None:
-                        os.killpg(q.pid, signal.SIGKILL)
-                so, se = p.communicate()
-                se += f"\n[test] rank {r} killed after {timeout}s"
-            out.append((r, p.returncode, so, se))
-    finally:
-        for q in procs:
-            if q.poll() is None:
-                os.killpg(q.pid, signal.SIGKILL)
-                q.wait(10)
-    text = "\n".join(f"--- rank {r} rc={rc}\n{so}\n{se}" for r, rc, so, se in out)
-    if any(rc != 0 or "OK" not in so for r, rc, so, _ in out if ranks is None or r in ranks):
-        raise AssertionError(f"{scenario} at world size {n} failed:\n{text}")
-    return [(r, so) for r, _, so, _ in out]
+    env = {"PROCGROUP_TIMEOUT": "120", "PG_BACKEND": backend, "PG_DEVICE": "cuda", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    results = collect(spawn_world(n, scenario, args, env=env, script=WORKER), timeout)
+    if any(r.returncode != 0 or "OK" not in r.stdout for r in results if ranks is None or r.rank in ranks):
+        raise AssertionError(f"{scenario} at world size {n} failed:\n{report(results)}")
+    return [(r.rank, r.stdout) for r in results]
 
 
 @pytest.mark.timeout(300)
