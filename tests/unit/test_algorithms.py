@@ -569,6 +569,28 @@ class RecordingTransport:
         return self.inner.irecv(src, tag, out)
 
 
+def reduce_everywhere(fn: Callable[..., None], hosts: List[str], cases: list, host_arenas: bool = False) -> list:
+    """Run the all-reduce ``fn`` on every (dtype, op, n) of ``cases`` over ranks laid out on ``hosts``: each result
+    exact and bitwise equal on every rank.  Returns the (src, dst) of every message sent."""
+    p = len(hosts)
+    log: list = []
+    lock = threading.Lock()
+    out: dict = {}
+
+    def body(r, make):
+        for k, (dt, op, n) in enumerate(cases):
+            buf = contrib(dt, op, r, n)
+            fn(make(k + 1), buf, kernel(op, dt))
+            finalize(op, buf, p, dtype="bfloat16" if dt == "bfloat16" else None)
+            check_reduced(dt, op, p, buf, f"case {k} {dt} {op.name} n={n} rank {r}/{p}")
+            out[(r, k)] = buf.tobytes()
+
+    run_ranks(p, body, hosts=hosts, wrap=lambda t: RecordingTransport(t, log, lock), host_arenas=host_arenas)
+    for k in range(len(cases)):
+        assert len({out[(r, k)] for r in range(p)}) == 1, f"case {k}: ranks disagree bitwise"
+    return log
+
+
 @pytest.mark.parametrize("hosts", HOST_LAYOUTS, ids=["-".join(h) for h in HOST_LAYOUTS])
 def test_hierarchical_all_reduce(hosts):
     p = len(hosts)
@@ -610,7 +632,6 @@ def test_hierarchical_all_reduce_through_host_slots(hosts, mode, monkeypatch):
         monkeypatch.setattr(select, "HOST_SLOTS_BCAST_MAX", 0)
     elif mode == "spread":
         monkeypatch.setattr(select, "HOST_SLOTS_MAX", 0)
-    p = len(hosts)
     cases = red_cases() + [
         ("float32", ReduceOp.SUM, 100_003),
         ("float64", ReduceOp.MAX, 100_003),
@@ -618,21 +639,7 @@ def test_hierarchical_all_reduce_through_host_slots(hosts, mode, monkeypatch):
         ("float32", ReduceOp.SUM, 8176),  # 32,704 bytes: the arena's payload exactly
         ("float32", ReduceOp.SUM, 8177),  # just above: big slots
     ]
-    log: list = []
-    lock = threading.Lock()
-    out: dict = {}
-
-    def body(r, make):
-        for k, (dt, op, n) in enumerate(cases):
-            buf = contrib(dt, op, r, n)
-            AR.allreduce_hierarchical(make(k + 1), buf, kernel(op, dt))
-            finalize(op, buf, p, dtype="bfloat16" if dt == "bfloat16" else None)
-            check_reduced(dt, op, p, buf, f"case {k} {dt} {op.name} n={n} rank {r}/{p}")
-            out[(r, k)] = buf.tobytes()
-
-    run_ranks(p, body, hosts=hosts, wrap=lambda t: RecordingTransport(t, log, lock), host_arenas=True)
-    for k in range(len(cases)):
-        assert len({out[(r, k)] for r in range(p)}) == 1, f"case {k}: ranks disagree bitwise"
+    log = reduce_everywhere(AR.allreduce_hierarchical, hosts, cases, host_arenas=True)
     leaders = {hosts.index(h) for h in hosts}
     within = [(s, d) for s, d in log if hosts[s] == hosts[d]]
     if mode == "both":
@@ -667,21 +674,7 @@ def test_multileader_all_reduce(hosts):
         ("float32", ReduceOp.SUM, select.MULTILEADER_MIN // 4),  # exactly the threshold
         ("float64", ReduceOp.MIN, select.MULTILEADER_MIN // 8 + 1),  # odd, just above
     ]
-    log: list = []
-    lock = threading.Lock()
-    out: dict = {}
-
-    def body(r, make):
-        for k, (dt, op, n) in enumerate(cases):
-            buf = contrib(dt, op, r, n)
-            AR.allreduce_multileader(make(k + 1), buf, kernel(op, dt))
-            finalize(op, buf, p, dtype="bfloat16" if dt == "bfloat16" else None)
-            check_reduced(dt, op, p, buf, f"case {k} {dt} {op.name} n={n} rank {r}/{p}")
-            out[(r, k)] = buf.tobytes()
-
-    run_ranks(p, body, hosts=hosts, wrap=lambda t: RecordingTransport(t, log, lock))
-    for k in range(len(cases)):
-        assert len({out[(r, k)] for r in range(p)}) == 1, f"case {k}: ranks disagree bitwise"
+    log = reduce_everywhere(AR.allreduce_multileader, hosts, cases)
     crossing = {s for s, d in log if hosts[s] != hosts[d]}
     assert crossing == set(range(p)), f"every rank should send across hosts, only {sorted(crossing)} did"
 
