@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: tests.backends
 
@@ -302,21 +303,27 @@ def scenario_collectives() -> None:
     print(f"OK {n} checks on {d}")
 
 
+def _times_out_at_two_seconds(d: Any) -> Tuple[float, Exception]:
+    """An all_reduce with a 2 s deadline that the peer skips: DistTimeoutError naming the op, within 1.9-6 s."""
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(2, device=d), timeout=2.0)
+    except DistTimeoutError as e:
+        took = time.monotonic() - t0
+        check(1.9 <= took < 6.0, f"the deadline of 2 s fired after {took:.2f}s")
+        check("all_reduce" in str(e), f"the error does not name the op: {e}")
+        return took, e
+    check(False, "no DistTimeoutError")
+    raise AssertionError  # unreachable: check raised
+
+
 def scenario_deadline() -> None:
     """After one good call, rank 1 skips an all_reduce: rank 0 gets DistTimeoutError naming it at its deadline."""
     d = init(timeout=30)
     dist.all_reduce(torch.ones(2, device=d))
     if RANK == 0:
-        t0 = time.monotonic()
-        try:
-            dist.all_reduce(torch.ones(2, device=d), timeout=2.0)
-        except DistTimeoutError as e:
-            took = time.monotonic() - t0
-            check(1.9 <= took < 6.0, f"the deadline of 2 s fired after {took:.2f}s")
-            check("all_reduce" in str(e), f"the error does not name the op: {e}")
-            print(f"DEADLINE {took:.2f}s: {str(e)[:300]}")
-        else:
-            check(False, "no DistTimeoutError")
+        took, e = _times_out_at_two_seconds(d)
+        print(f"DEADLINE {took:.2f}s: {str(e)[:300]}")
     else:
         time.sleep(8.0)  # alive, so that rank 0 times out rather than seeing a dead peer
     print("OK")
@@ -327,15 +334,7 @@ def scenario_first_deadline() -> None:
     """Rank 1 skips the group's first device call: rank 0 times out in the device check, naming the op."""
     d = init(timeout=30)
     if RANK == 0:
-        t0 = time.monotonic()
-        try:
-            dist.all_reduce(torch.ones(2, device=d), timeout=2.0)
-        except DistTimeoutError as e:
-            took = time.monotonic() - t0
-            check(1.9 <= took < 6.0, f"the deadline of 2 s fired after {took:.2f}s")
-            check("all_reduce" in str(e), f"the error does not name the op: {e}")
-        else:
-            check(False, "no DistTimeoutError")
+        _times_out_at_two_seconds(d)
     else:
         time.sleep(8.0)
     print("OK")
