@@ -19,7 +19,9 @@ gloo, ...) and reports medians over rounds:
   --grad-as-bucket-view, SGD, ``zero_grad()``): batch 1 (communication dominates as far as a 33.6 MB model
   can) and 32 (compute about half); the script is the same for both backends except the group, both DDP models
   start identical and train on the same data, their final parameters are checked bit for bit, and a third copy
-  runs the same step under ``no_sync()`` (the step without communication).
+  runs the same step under ``no_sync()`` (the step without communication).  A fourth copy registers a comm hook
+  that returns each bucket untouched (DDP's whole step but the all_reduce); that step plus procgroup's all_reduce
+  of the same buckets alone (blocking, same run) is the floor a backend can reach with DDP on this machine.
 
 ``--parts`` picks what runs (default: all of small, big, ops, ddp), to keep runs short.
 
@@ -143,9 +145,26 @@ def _ddp_case(case, dist, torch, nn, DDP, rank, gloo_group, pg_group, rec, label
         torch.manual_seed(0)
         return DDP(build(), process_group=group, gradient_as_bucket_view=args.grad_as_bucket_view)
 
-    models = {n: make(g) for n, g in (("gloo", gloo_group), ("procgroup", pg_group), ("no comm", gloo_group))}
+    models = {
+        n: make(g)
+        for n, g in (
+            ("gloo", gloo_group),
+            ("procgroup", pg_group),
+            ("no comm", gloo_group),
+            ("no all_reduce", pg_group),
+        )
+    }
+
+    def skip_allreduce(state, bucket):  # DDP's whole step (bucket copies, hooks, futures) except the all_reduce
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    models["no all_reduce"].register_comm_hook(None, skip_allreduce)
     opts = {n: torch.optim.SGD(m.parameters(), lr=1e-3) for n, m in models.items()}
     compute, cpu = [], {n: [] for n in models}
+    # the all_reduces DDP issues per step (one per bucket), alone: blocking calls on the procgroup group
+    buckets = [torch.ones(p.numel()) for p in models["gloo"].parameters() if p.numel() * 4 > 1 << 20]
     for step in range(args.ddp_steps):
         x = batch(torch.Generator().manual_seed(step * 10 + rank), bs)
         for n, m in models.items():
@@ -157,12 +176,22 @@ def _ddp_case(case, dist, torch, nn, DDP, rank, gloo_group, pg_group, rec, label
                     m(x).square().mean().backward()
                     opts[n].step()
                 compute.append(time.perf_counter() - t0)
+            elif n == "no all_reduce":
+                opts[n].zero_grad()
+                m(x).square().mean().backward()
+                opts[n].step()
+                rec(f"DDP {label} no all_reduce", time.perf_counter() - t0)
             else:
                 opts[n].zero_grad()
                 m(x).square().mean().backward()
                 opts[n].step()
                 rec(f"DDP {label} {n}", time.perf_counter() - t0)
             cpu[n].append(time.process_time() - c0)
+        dist.barrier(group=gloo_group)
+        t0 = time.perf_counter()
+        for b in buckets:
+            dist.all_reduce(b, group=pg_group)
+        rec(f"DDP {label} buckets all_reduce alone", time.perf_counter() - t0)
     same = all(torch.equal(a, b) for a, b in zip(models["gloo"].parameters(), models["procgroup"].parameters()))
     grads = sum(p.numel() * p.element_size() for p in models["gloo"].parameters())
     return {
@@ -336,10 +365,19 @@ def table(results: list[dict], load: str) -> str:
                     )
         for label, d in res.get("ddp", {}).items():
             g, p = m[f"DDP {label} gloo"], m[f"DDP {label} procgroup"]
+            if f"DDP {label} no all_reduce" in m:
+                na, ar = m[f"DDP {label} no all_reduce"], m[f"DDP {label} buckets all_reduce alone"]
+                out.append(
+                    f"| {n} | DDP floor, {label}: the step without its all_reduce (a comm hook that returns the "
+                    f"bucket) {na * 1e3:.1f} ms + procgroup's all_reduce of the "
+                    f"gradients over 1 MiB alone "
+                    f"{ar * 1e3:.1f} ms (ms) | {g * 1e3:.1f} | {(na + ar) * 1e3:.1f} | {(na + ar) / g:.3f} |"
+                )
+            cpus = " / ".join(f"{v * 1e3:.1f}" for v in d.get("process_cpu_s", {}).values())
             out.append(
                 f"| {n} | DDP step, {label}: {d.get('grad_mb', 0):.1f} MB grads, batch {d['batch']} (ms; the "
                 f"step without communication {d['compute_s'] * 1e3:.1f}; rank CPU per step gloo / procgroup / "
-                f"without: {' / '.join(f'{v * 1e3:.1f}' for v in d.get('process_cpu_s', {}).values())}; "
+                f"without / without all_reduce: {cpus}; "
                 f"params identical: {d['identical_params']}) "
                 f"| {g * 1e3:.1f} | {p * 1e3:.1f} | {p / g:.3f} |"
             )
