@@ -76,6 +76,8 @@ def _dname(dt: Any) -> str:
 
 _ndarray = np.ndarray
 _BARRIER = (plans.BA,)
+#: the plan keys' first items (module constants: one global read, not a global and an attribute)
+_AR, _BC, _RD, _AG = plans.AR, plans.BC, plans.RD, plans.AG
 
 
 def _two_array_key(kind: int, out: Any, inp: Any, op: Any, group: Any, async_op: bool, timeout: Any) -> Any:
@@ -128,9 +130,9 @@ def broadcast(
     if type(tensor) is _ndarray and not async_op and timeout is None and group_src is None and not _FORCE:
         pg = _state.default if group is None else group
         if type(pg) is ProcessGroup and pg._rank >= 0:
-            key = (plans.BC, src, tensor.dtype, tensor.size)
+            key = (_BC, src, tensor.dtype, tensor.size)
             plan = pg.plans.get(key)
-            if plan is not None and (fl := tensor.flags).c_contiguous and fl.writeable:
+            if plan is not None and tensor.flags.carray:  # C-contiguous, aligned and writeable
                 if pg.run_plan(plan, tensor if tensor.ndim == 1 else tensor.reshape(-1)) is not SLOW:
                     return None
     g = _group(group, "broadcast")
@@ -167,9 +169,9 @@ def all_reduce(
     if type(tensor) is _ndarray and type(op) is ReduceOp and not async_op and timeout is None and not _FORCE:
         pg = _state.default if group is None else group
         if type(pg) is ProcessGroup and pg._rank >= 0:
-            key = (plans.AR, op._value_, tensor.dtype, tensor.size)
+            key = (_AR, op._value_, tensor.dtype, tensor.size)
             plan = pg.plans.get(key)
-            if plan is not None and (fl := tensor.flags).c_contiguous and fl.writeable:
+            if plan is not None and tensor.flags.carray:  # C-contiguous, aligned and writeable
                 if pg.run_plan(plan, tensor if tensor.ndim == 1 else tensor.reshape(-1)) is not SLOW:
                     return None
     g = _group(group, "all_reduce")
@@ -233,9 +235,9 @@ def reduce(
     ):
         pg = _state.default if group is None else group
         if type(pg) is ProcessGroup and pg._rank >= 0:
-            key = (plans.RD, dst, op._value_, tensor.dtype, tensor.size)
+            key = (_RD, dst, op._value_, tensor.dtype, tensor.size)
             plan = pg.plans.get(key)
-            if plan is not None and (fl := tensor.flags).c_contiguous and fl.writeable:
+            if plan is not None and tensor.flags.carray:  # C-contiguous, aligned and writeable
                 if pg.run_plan(plan, tensor if tensor.ndim == 1 else tensor.reshape(-1)) is not SLOW:
                     return None
     g = _group(group, "reduce")
@@ -319,7 +321,7 @@ def all_gather_into_tensor(
     ):
         pg = _state.default if group is None else group
         if type(pg) is ProcessGroup and pg._rank >= 0:
-            key = (plans.AG, input_tensor.dtype, input_tensor.size, output_tensor.dtype, output_tensor.size)
+            key = (_AG, input_tensor.dtype, input_tensor.size, output_tensor.dtype, output_tensor.size)
             plan = pg.plans.get(key)
             if (
                 plan is not None

@@ -290,6 +290,9 @@ class OPENMPI:
     NUM_NODES = "OMPI_MCA_orte_num_nodes"  # nodes that run ranks of this job
     PMIX_NAMESPACE = "PMIX_NAMESPACE"  # == ess_base_jobid under Open MPI 4
     PMIX_RANK = "PMIX_RANK"  # mpirun (Open MPI 4/5) and srun --mpi=pmix give it to every process they start
+    #: libnbc's MPI_Iallreduce algorithm; backend="mpi" sets "4" (recursive doubling) before MPI_Init unless the
+    #: job sets it (backends/mpi/world.py: tune_openmpi)
+    IALLREDUCE_ALGORITHM = "OMPI_MCA_coll_libnbc_iallreduce_algorithm"
 
 
 class MPICH:

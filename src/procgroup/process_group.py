@@ -295,8 +295,10 @@ class ProcessGroup:
         self._plan_dl = Deadline(0.0, 0.0)  # run_plan's, reset per call
         self._comm_busy = False
         self._lock = threading.Lock()
-        #: held by the thread inside a call of this group (see run): a second thread gets ConcurrentUseError
-        self._busy = threading.Lock()
+        #: a token that the thread inside a call of this group holds (see run): a second thread finds it gone and
+        #: gets ConcurrentUseError.  A list (pop to take, append to give back: each one atomic) rather than a
+        #: Lock: ~0.1 us less a call (a planned 4 B call costs 2-3 us)
+        self._busy = [True]
         self._owner = 0  # its thread ident (0: none)
         #: the group's home thread: calls from any other thread add its name to their signature.
         #: init_process_group and new_group make their caller the home thread (set_home_thread); a group made
@@ -455,12 +457,14 @@ class ProcessGroup:
         if self._halt is not None:
             raise self.halted(op)
         me = _get_ident()
-        if self._busy.acquire(False):  # one thread at a time (a nested call of the same thread is let through)
-            self._owner = me
-            nested = False
-        elif self._owner == me:
+        try:  # one thread at a time (a nested call of the same thread is let through)
+            self._busy.pop()
+        except IndexError:
             nested = True
         else:
+            self._owner = me
+            nested = False
+        if nested and self._owner != me:
             raise self._concurrent(op, me)  # before a seq is taken: the group stays in step
         try:
             sig = signature or (op,)
@@ -492,7 +496,7 @@ class ProcessGroup:
         finally:
             if not nested:
                 self._owner = 0  # cleared before the release: a thread that finds its own id here is nested
-                self._busy.release()
+                self._busy.append(True)
 
     def set_home_thread(self) -> None:
         """Make the calling thread this group's home thread (see the module's notes on threads)."""
@@ -577,7 +581,11 @@ class ProcessGroup:
         if self._halt is not None:
             raise self.halted(plan.op)
         me = _get_ident()
-        if self._pending or (self._home and me != self._home) or not self._busy.acquire(False):
+        if self._pending or (self._home and me != self._home):
+            return SLOW
+        try:
+            self._busy.pop()
+        except IndexError:
             return SLOW
         self._owner = me
         try:
@@ -644,7 +652,7 @@ class ProcessGroup:
             return None
         finally:
             self._owner = 0
-            self._busy.release()
+            self._busy.append(True)
 
     def _solid(self, entry: list) -> FlightRecord:
         """A planned call's compact flight entry as a FlightRecord, put in its place (to record a failure)."""

@@ -35,6 +35,15 @@ def test_reference_collectives(flavour, ws):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("ws", [2, 3, 4])
+def test_iallreduce_recursive_doubling(flavour, ws):
+    """Open MPI runs procgroup's in-place MPI_Iallreduce with recursive doubling (world.tune_openmpi): set
+    before MPI_Init, exact results for non-powers of two and sizes past libnbc's 64 KiB switch (MPICH: values)."""
+    r = flavour.run(ws, "iallreduce_default", timeout=220)
+    _ok(r, ws, r"rank {rank}: \d+ iallreduce checks passed")
+
+
+@pytest.mark.timeout(240)
 def test_transport_conformance(flavour):
     """The Transport semantics of tests/unit/test_transport_conformance.py, one MPI process per rank."""
     r = flavour.run(3, "transport_conformance", timeout=220)

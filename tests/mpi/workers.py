@@ -691,6 +691,39 @@ def own_comms_exhausted() -> None:
     dist.destroy_process_group()
 
 
+def iallreduce_default() -> None:
+    """Open MPI: procgroup chose libnbc's recursive-doubling MPI_Iallreduce before MPI_Init (unless the job set
+    it); in-place all_reduce, warm (on the shape's own communicator), every op MPI computes, sizes 1, 7, 64K + 1
+    and 300001 elements (below LARGE_ALL_REDUCE), closed forms."""
+    dist.init_process_group(timeout=60)
+    from mpi4py import MPI
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    if MPI.Get_library_version().startswith("Open MPI"):
+        name = "OMPI_MCA_coll_libnbc_iallreduce_algorithm"  # config.OPENMPI.IALLREDUCE_ALGORITHM
+        assert os.environ.get(name) == "4", f"{name}={os.environ.get(name)!r}"  # 4: recursive doubling
+    kinds = {
+        "int64": [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.BAND, ReduceOp.BOR],
+        "int32": [ReduceOp.SUM, ReduceOp.BXOR],
+        "float64": [ReduceOp.SUM, ReduceOp.PRODUCT],
+        "float32": [ReduceOp.SUM],
+        "complex64": [ReduceOp.SUM],
+    }
+    checks = 0
+    for dt, ops in kinds.items():
+        for op in ops:
+            for size in (1, 7, 65537, 300001):
+                parts = [_contrib(k, size, dt) for k in range(n)]
+                want = _expected(op, parts, dt)
+                for _ in range(3):  # the third on the shape's own communicator
+                    x = parts[r].copy()
+                    dist.all_reduce(x, op)
+                    assert np.array_equal(x, want), (dt, op, size, x[:8], want[:8])
+                    checks += 1
+    print(f"rank {r}: {checks} iallreduce checks passed", flush=True)
+    dist.destroy_process_group()
+
+
 def agent_worker(backend: str) -> None:
     """A worker of `procgroup run` whose agent runs under mpirun/mpiexec: init with ``backend``; "mpi" must
     raise ConfigError at once (reported, exit 3), "cpu" forms the world of every agent's workers."""
