@@ -8,12 +8,14 @@ tag) and the byte count.  :mod:`procgroup.collectives` re-exports every name her
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
 
 from .arguments import device_ops
 from .arguments import member_group as _group
 from .arguments import peer_rank as _peer
-from .data import as_flat, is_torch_tensor
+from .data import PLAIN_DTYPES, as_flat, is_torch_tensor
 from .errors import ConfigError, DeviceTensorError
 from .process_group import P2P_CODE_MASK, P2P_CODE_SHIFT, Work, dtype_code, dtype_of_code, p2p_tag
 from .transport.base import ANY_SOURCE, as_bytes_view, as_writable_view
@@ -25,6 +27,9 @@ __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
 def _none(st: Any) -> None:
     return None
 
+
+#: the most cached routes of blocking ops per group (ProcessGroup.p2p_routes; emptied when full)
+_ROUTES_MAX = 256
 
 #: what _post_send returns for a blocking send the transport's fast path has already handed over
 _SENT = object()
@@ -156,10 +161,42 @@ def _dtype_mismatch(g: Any, src: int, their_code: int, tag: int, f: Any) -> Conf
     )
 
 
+def _route(g: Any, recv: bool, peer_arg: Optional[int], tag: int, dtype: Any) -> Tuple[int, int, Any]:
+    """(global peer, transport tag, the transport's fast send/recv or None) of a blocking op, cached per group.
+
+    Raises what the general path raises for a bad peer or tag (nothing is cached then)."""
+    routes = g.p2p_routes
+    key = (recv, peer_arg, tag, dtype)
+    hit = routes.get(key)
+    if hit is None:
+        if recv:
+            peer = _peer(g, "recv", peer_arg, None, "src", allow_any=True)
+        else:
+            peer = _peer(g, "send", peer_arg, None, "dst")
+        ptag = p2p_tag(g.gid, tag, dtype_code(dtype), g.gen)
+        fast = None
+        if g.world.engine is None and peer != ANY_SOURCE:
+            fast = getattr(g.world.transport, "recv_fast" if recv else "send_fast", None)
+        hit = (peer, ptag, fast)
+        if len(routes) >= _ROUTES_MAX:
+            routes.clear()
+        routes[key] = hit
+    return hit
+
+
 def send(
     tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None
 ) -> None:
     """Send ``tensor`` to ``dst`` and wait until it has been handed over."""
+    if type(tensor) is np.ndarray and group_dst is None:  # the fast path: a contiguous numpy array
+        g = _group(group, "isend")
+        if g is None:
+            return
+        dt = tensor.dtype
+        if dt in PLAIN_DTYPES and tensor.flags.c_contiguous:
+            peer, ptag, fast = _route(g, False, dst, tag, dt)
+            if fast is not None and fast(peer, ptag, memoryview(tensor).cast("B")):  # type: ignore[arg-type]
+                return
     posted = _post_send(tensor, dst, group, tag, group_dst, blocking=True)
     if posted is not None and posted is not _SENT:
         g, req, ctx = posted
@@ -170,6 +207,19 @@ def recv(
     tensor: Any, src: Optional[int] = None, group: Any = None, tag: int = 0, group_src: Optional[int] = None
 ) -> int:
     """Receive into ``tensor``; returns the sender's global rank (-1 when not a member of ``group``)."""
+    if type(tensor) is np.ndarray and group_src is None and src is not None:  # the fast path (see send)
+        g = _group(group, "irecv")
+        if g is None:
+            return -1
+        dt = tensor.dtype
+        fl = tensor.flags
+        if dt in PLAIN_DTYPES and fl.c_contiguous and fl.writeable:
+            peer, ptag, fast = _route(g, True, src, tag, dt)
+            if fast is not None:
+                n = fast(peer, ptag, memoryview(tensor).cast("B"))  # type: ignore[arg-type]  # an ndarray
+                if n >= 0:
+                    _check_count(n, peer, tensor.nbytes)
+                    return peer
     posted = _post_recv(tensor, src, group, tag, group_src, blocking=True)
     if posted is None:
         return -1

@@ -63,6 +63,17 @@ def test_every_dtype_and_size_around_the_threshold(n: int) -> None:
     assert x["fast_sends"] > 0 and x["fast_recvs"] > 0, x
 
 
+def test_edges_0d_noncontiguous_readonly_bad_tags_subgroup_nonmember() -> None:
+    results = _run(3, "edges", {"PROCGROUP_TRANSPORT": "shm"})
+    recs = [_lines(r)[0] for r in results]
+    assert recs[1]["ro"]["err"] == "ConfigError" and "read-only" in recs[1]["ro"]["msg"], recs[1]
+    for x in recs[:2]:
+        assert x["neg_send"]["err"] == "ConfigError" and "tag=-1" in x["neg_send"]["msg"], x
+        assert x["big_recv"]["err"] == "ConfigError" and "outside [0, 2**40)" in x["big_recv"]["msg"], x
+        assert x["self"]["err"] == "ConfigError" and "itself" in x["self"]["msg"], x
+    assert recs[2]["nonmember"] == [None, -1], recs[2]
+
+
 def test_errors_dtype_count_size_tag() -> None:
     results = _run(2, "errors", {"PROCGROUP_TRANSPORT": "shm"})
     cases = {x["case"]: x for x in _lines(results[1])}

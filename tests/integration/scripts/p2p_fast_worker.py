@@ -179,6 +179,40 @@ def dtypes_sizes() -> None:
     dist.destroy_process_group()
 
 
+def edges() -> None:
+    """0-d and non-contiguous arrays, read-only receive buffers, bad tags, a subgroup with a non-member rank
+    and group_dst/group_src: what the blocking fast path must hand to the general path or refuse alike."""
+    dist.init_process_group()
+    r = dist.get_rank()
+    g = dist.new_group([0, 1])
+    res: Dict[str, Any] = {"rank": r}
+    if r == 0:
+        dist.send(np.array(2.5, np.float64), dst=1)
+        dist.send(np.arange(10, dtype=np.int32)[::2], dst=1, tag=3)
+        dist.send(np.arange(6, dtype=np.int16).reshape(2, 3), group_dst=1, group=g)
+    elif r == 1:
+        z = np.zeros((), np.float64)
+        check(dist.recv(z, src=0) == 0 and float(z) == 2.5, f"0-d: {z}")
+        nc = np.zeros(10, np.int32)
+        dist.recv(nc[::2], src=0, tag=3)
+        check(nc.tolist() == [0, 0, 2, 0, 4, 0, 6, 0, 8, 0], f"non-contiguous receive: {nc}")
+        m = np.zeros((2, 3), np.int16)
+        check(dist.recv(m, group_src=0, group=g) == 0 and m.ravel().tolist() == list(range(6)), f"group_src: {m}")
+        ro = np.zeros(2)
+        ro.flags.writeable = False
+        res["ro"] = _err(lambda: dist.recv(ro, src=0))
+    if r < 2:
+        peer = 1 - r
+        res["neg_send"] = _err(lambda: dist.send(np.zeros(1), dst=peer, tag=-1))
+        res["big_recv"] = _err(lambda: dist.recv(np.zeros(1), src=peer, tag=1 << 40))
+        res["self"] = _err(lambda: dist.send(np.zeros(1), dst=r))
+    else:
+        res["nonmember"] = [dist.send(np.zeros(1), dst=0, group=g), dist.recv(np.zeros(1), src=0, group=g)]
+    dist.barrier()
+    print(json.dumps(res), flush=True)
+    dist.destroy_process_group()
+
+
 def _err(fn: Any) -> Dict[str, Any]:
     t0 = time.monotonic()
     try:
