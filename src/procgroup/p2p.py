@@ -17,7 +17,16 @@ from .arguments import member_group as _group
 from .arguments import peer_rank as _peer
 from .data import PLAIN_DTYPES, as_flat, is_torch_tensor
 from .errors import ConfigError, DeviceTensorError
-from .process_group import P2P_CODE_MASK, P2P_CODE_SHIFT, Work, dtype_code, dtype_of_code, p2p_tag
+from .process_group import (
+    P2P_CODE_MASK,
+    P2P_CODE_SHIFT,
+    ProcessGroup,
+    Work,
+    dtype_code,
+    dtype_of_code,
+    p2p_tag,
+)
+from .state import _state
 from .transport.base import ANY_SOURCE, as_bytes_view, as_writable_view
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
@@ -189,9 +198,11 @@ def send(
 ) -> None:
     """Send ``tensor`` to ``dst`` and wait until it has been handed over."""
     if type(tensor) is np.ndarray and group_dst is None:  # the fast path: a contiguous numpy array
-        g = _group(group, "isend")
-        if g is None:
-            return
+        g = _state.default if group is None else group
+        if type(g) is not ProcessGroup or g._halt is not None or g._rank < 0:  # member_group's cases, inlined
+            g = _group(group, "isend")
+            if g is None:
+                return
         dt = tensor.dtype
         if dt in PLAIN_DTYPES and tensor.flags.c_contiguous:
             peer, ptag, fast = _route(g, False, dst, tag, dt)
@@ -208,9 +219,11 @@ def recv(
 ) -> int:
     """Receive into ``tensor``; returns the sender's global rank (-1 when not a member of ``group``)."""
     if type(tensor) is np.ndarray and group_src is None and src is not None:  # the fast path (see send)
-        g = _group(group, "irecv")
-        if g is None:
-            return -1
+        g = _state.default if group is None else group
+        if type(g) is not ProcessGroup or g._halt is not None or g._rank < 0:
+            g = _group(group, "irecv")
+            if g is None:
+                return -1
         dt = tensor.dtype
         fl = tensor.flags
         if dt in PLAIN_DTYPES and fl.c_contiguous and fl.writeable:

@@ -72,6 +72,7 @@ def test_edges_0d_noncontiguous_readonly_bad_tags_subgroup_nonmember() -> None:
         assert x["big_recv"]["err"] == "ConfigError" and "outside [0, 2**40)" in x["big_recv"]["msg"], x
         assert x["self"]["err"] == "ConfigError" and "itself" in x["self"]["msg"], x
     assert recs[2]["nonmember"] == [None, -1], recs[2]
+    assert recs[0]["fork"] == 0, recs[0]  # the forked child's send was refused, naming the fork
 
 
 def test_errors_dtype_count_size_tag() -> None:
@@ -87,6 +88,8 @@ def test_errors_dtype_count_size_tag() -> None:
     t = cases["tag"]
     assert t["err"] == "DistTimeoutError" and "recv" in t["msg"] and "tag 21" in t["msg"], t
     assert "rank 1" in t["msg"] and "PROCGROUP_TIMEOUT" in t["msg"] and 1.5 < t["s"] < 8, t
+    b = cases["broken"]  # the timeout broke the subgroup: a later blocking recv is refused before anything
+    assert b["err"] is not None and "recv" in b["msg"] and b["s"] < 1.0, b
 
 
 @pytest.mark.parametrize("n", [2, 3])

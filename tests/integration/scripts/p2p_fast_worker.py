@@ -201,6 +201,16 @@ def edges() -> None:
         ro = np.zeros(2)
         ro.flags.writeable = False
         res["ro"] = _err(lambda: dist.recv(ro, src=0))
+    if r == 0:  # a forked child may not use the parent's group (its rings and matching state are the parent's)
+        pid = os.fork()
+        if pid == 0:
+            code = 3
+            try:
+                dist.send(np.zeros(1), dst=1)
+            except Exception as e:  # noqa: BLE001 - the child reports by exit code
+                code = 0 if "fork" in str(e) else 4
+            os._exit(code)
+        res["fork"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     if r < 2:
         peer = 1 - r
         res["neg_send"] = _err(lambda: dist.send(np.zeros(1), dst=peer, tag=-1))
@@ -242,6 +252,7 @@ def errors() -> None:
         print(json.dumps({"case": "count", **_err(lambda: dist.recv(np.zeros(4, np.float32), src=0, tag=12))}))
         print(json.dumps({"case": "larger", **_err(lambda: dist.recv(np.zeros(4, np.float32), src=0, tag=13))}))
         print(json.dumps({"case": "tag", **_err(lambda: dist.recv(np.zeros(4, np.float32), 0, g, tag=21))}))
+        print(json.dumps({"case": "broken", **_err(lambda: dist.recv(np.zeros(4, np.float32), 0, g, tag=20))}))
         sys.stdout.flush()
     dist.barrier()
     dist.destroy_process_group()

@@ -522,6 +522,7 @@ class ShmTransport(EngineTransport):
         lock = self._lock
         q = r.seg.q
         head_i = r.head_i
+        others = len(self._in_list) > 1
         end = 0.0
         while True:
             with lock:
@@ -558,7 +559,7 @@ class ShmTransport(EngineTransport):
                     self._notify_locked()
                     self.fast_recvs += 1
                     return n
-                if self._pending_out or len(self._in_list) > 1:
+                if self._pending_out or others:
                     self._progress_others_locked(r)
             now = time.monotonic()
             if not end:
