@@ -43,10 +43,14 @@ def _lines(r: Result) -> List[dict]:
     return [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
 
 
-@pytest.mark.parametrize("n,cma", [(2, "1"), (3, "1"), (4, "1"), (2, "0"), (3, "0")])
-def test_order_stress_blocking_fast_path_mixed_with_isend_irecv_any_source(n: int, cma: str) -> None:
-    """(CMA off: large messages stream through the rings and fill them, so small sends queue behind them.)"""
-    results = _run(n, "order_stress", {"PROCGROUP_TRANSPORT": "shm", "PROCGROUP_SHM_CMA": cma})
+@pytest.mark.parametrize(
+    "n,cma,native", [(2, "1", "1"), (3, "1", "1"), (4, "1", "1"), (2, "0", "1"), (3, "0", "1"), (2, "1", "0")]
+)
+def test_order_stress_blocking_fast_path_mixed_with_isend_irecv_any_source(n: int, cma: str, native: str) -> None:
+    """(CMA off: large messages stream through the rings and fill them, so small sends queue behind them.
+    PROCGROUP_NATIVE=0: recv_fast polls in Python instead of the compiled poll.)"""
+    env = {"PROCGROUP_TRANSPORT": "shm", "PROCGROUP_SHM_CMA": cma, "PROCGROUP_NATIVE": native}
+    results = _run(n, "order_stress", env)
     for r in results:
         (x,) = _lines(r)
         assert x["fast_sends"] > 0 and x["fast_recvs"] > 0, x  # the fast path was taken (and mixed)
@@ -92,9 +96,10 @@ def test_errors_dtype_count_size_tag() -> None:
     assert b["err"] is not None and "recv" in b["msg"] and b["s"] < 1.0, b
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_killed_peer_is_named_and_the_waiter_sleeps(n: int) -> None:
-    results = _run(n, "killed_peer", {"PROCGROUP_TRANSPORT": "shm"}, timeout=60, ok=False)
+@pytest.mark.parametrize("n,native", [(2, "1"), (3, "1"), (2, "0")])
+def test_killed_peer_is_named_and_the_waiter_sleeps(n: int, native: str) -> None:
+    env = {"PROCGROUP_TRANSPORT": "shm", "PROCGROUP_NATIVE": native}
+    results = _run(n, "killed_peer", env, timeout=60, ok=False)
     assert results[1].returncode == -9, report(results)
     for i, r in enumerate(results):
         if i == 1:

@@ -85,6 +85,11 @@ from .ring import (
     RndvEntry,
 )
 
+try:  # the compiled poll of recv_fast (optional, like the arena's _native: else it polls in Python)
+    from ._p2pwait import wait_head as _wait_head
+except ImportError:  # pragma: no cover - not built
+    _wait_head = None  # type: ignore[assignment]
+
 __all__ = ["ShmTransport", "DEFAULT_SPIN", "DEFAULT_SLICE"]
 
 logger = logging.getLogger("procgroup.transport")
@@ -166,12 +171,15 @@ class ShmTransport(EngineTransport):
         self._split_reads = ncpu > 1 and not self._oversubscribed and opts.split
         self._arena_on = opts.arena
         self._native = opts.native
+        #: recv_fast's poll between checks: compiled, with the GIL released (PROCGROUP_NATIVE=0: in Python)
+        self._wait_head = _wait_head if opts.native and X86 else None
         self._arenas: List[ShmArena] = []
         self._bigs: Dict[int, ShmBigArena] = {}  # group key -> its big slots (one object per key: its turn persists)
         self._slice = slice_s
         #: blocking sends and receives that took the fast path (send_fast/recv_fast; for tests and `top`)
         self.fast_sends = 0
         self.fast_recvs = 0
+        self._fast_spun = 0.0  # when recv_fast last gave up after its spin (see _wait_req)
         self._flow = Flow()  # bumped whenever bytes move through a ring: a waiter keeps spinning while they do
         self._bell = Doorbell(rank, world_size, self._lock, slice_s, self._kick, self._maybe_check_peers_locked)
         self._ring = self._bell.ring  # the hot path, bound once
@@ -523,6 +531,7 @@ class ShmTransport(EngineTransport):
         q = r.seg.q
         head_i = r.head_i
         others = len(self._in_list) > 1
+        wait_head = None if others else self._wait_head  # (with other rings to serve: poll them too, in Python)
         end = 0.0
         while True:
             with lock:
@@ -565,8 +574,11 @@ class ShmTransport(EngineTransport):
             if not end:
                 end = now + self._spin
             elif now >= end:
+                self._fast_spun = now  # the general wait that follows sleeps at once (no second spin)
                 return -1
-            if self._yield:
+            if wait_head is not None and not self._pending_out:  # poll the head, GIL released, until it moves
+                wait_head(q, head_i, tail, int((end - now) * 1e9), self._yield)
+            elif self._yield:
                 _sched_yield()
 
     def _progress_others_locked(self, skip: InRing) -> None:
@@ -680,6 +692,9 @@ class ShmTransport(EngineTransport):
                 spinning = True
                 if not spin_end:
                     spin_end = now + self._spin
+                    if now - self._fast_spun < 1e-3:  # recv_fast spun for this receive just now: sleep at once
+                        spin_end = now
+                        self._fast_spun = 0.0
                 elif now >= spin_end:
                     self._maybe_check_peers_locked(now)
                     if req.status is None and req.error is None:
