@@ -1,4 +1,4 @@
-"""The compiled poll of the shm transport's blocking fast receive (``_p2pwait.wait_head``, issue 14)."""
+"""The compiled helpers of the shm transport's blocking fast path (``_p2pwait``: wait_head, put, take; issue 14)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 
 try:
-    from procgroup.transport.shm._p2pwait import wait_head
+    from procgroup.transport.shm._p2pwait import put, take, wait_head
 except ImportError:  # not built: recv_fast polls in Python (covered by tests/integration/test_p2p_fast_procs.py)
     wait_head = None  # type: ignore[assignment]
 
@@ -59,3 +59,31 @@ def test_bad_arguments() -> None:
         wait_head(q, -1, 0, 0, True)
     with pytest.raises(TypeError):
         wait_head(q, 0, 0)  # type: ignore[call-arg]
+
+
+def test_put_take_round_trip_with_wrap_and_the_refusals() -> None:
+    data = memoryview(bytearray(64))
+    q = memoryview(bytearray(16)).cast("Q")  # q[0]: head, q[1]: tail
+    assert put(data, q, 0, 1, 0, 7, b"abcdefghijklmnopq") == 33 and q[0] == 33
+    out = bytearray(20)
+    assert take(data, q, 0, 0, 6, memoryview(out)) == -1  # another tag
+    assert take(data, q, 0, 0, 7, memoryview(bytearray(16))) == -1  # does not fit the buffer
+    assert take(data, q, 0, 0, 7, memoryview(out)) == 17 and bytes(out[:17]) == b"abcdefghijklmnopq"
+    assert put(data, q, 0, 1, 33, 9, bytes(40)) == -1 and q[0] == 33  # no room until the tail moves
+    q[1] = 33
+    payload = bytes(range(100, 130))  # header at 48, payload wraps to the ring's start
+    assert put(data, q, 0, 1, 33, 9, payload) == 94
+    out = bytearray(30)
+    assert take(data, q, 0, 33, 9, memoryview(out)) == 30 and bytes(out) == payload
+    q[0] = 60  # the header published, the payload not yet
+    assert take(data, q, 0, 33, 9, memoryview(out)) == -1
+
+
+def test_put_take_bad_rings() -> None:
+    q = memoryview(bytearray(16)).cast("Q")
+    with pytest.raises(ValueError):
+        put(memoryview(bytearray(48)), q, 0, 1, 0, 1, b"x")  # not a power of two
+    with pytest.raises(ValueError):
+        take(memoryview(bytearray(64)), q, 5, 0, 1, memoryview(bytearray(4)))  # head index outside q
+    with pytest.raises(BufferError):
+        take(memoryview(bytearray(64)), q, 0, 0, 1, b"read-only")  # type: ignore[arg-type]

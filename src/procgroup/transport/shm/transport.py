@@ -85,10 +85,10 @@ from .ring import (
     RndvEntry,
 )
 
-try:  # the compiled poll of recv_fast (optional, like the arena's _native: else it polls in Python)
-    from ._p2pwait import wait_head as _wait_head
-except ImportError:  # pragma: no cover - not built
-    _wait_head = None  # type: ignore[assignment]
+try:  # recv_fast's poll and the fast path's record write/read, compiled (optional, like the arena's _native)
+    from . import _p2pwait
+except ImportError:  # pragma: no cover - not built: all in Python
+    _p2pwait = None  # type: ignore[assignment]
 
 __all__ = ["ShmTransport", "DEFAULT_SPIN", "DEFAULT_SLICE"]
 
@@ -171,8 +171,12 @@ class ShmTransport(EngineTransport):
         self._split_reads = ncpu > 1 and not self._oversubscribed and opts.split
         self._arena_on = opts.arena
         self._native = opts.native
-        #: recv_fast's poll between checks: compiled, with the GIL released (PROCGROUP_NATIVE=0: in Python)
-        self._wait_head = _wait_head if opts.native and X86 else None
+        #: the fast path's compiled helpers: a poll with the GIL released, the record write and read
+        #: (PROCGROUP_NATIVE=0 or not built: Python)
+        fast_c = _p2pwait if opts.native and X86 else None
+        self._wait_head = fast_c.wait_head if fast_c is not None else None
+        self._put = fast_c.put if fast_c is not None else None
+        self._take = fast_c.take if fast_c is not None else None
         self._arenas: List[ShmArena] = []
         self._bigs: Dict[int, ShmBigArena] = {}  # group key -> its big slots (one object per key: its turn persists)
         self._slice = slice_s
@@ -510,8 +514,16 @@ class ShmTransport(EngineTransport):
             o = self._out.get(dst)
             if o is None or o.pending or self._closed or self._aborted is not None or dst in self._failed:
                 return False
-            if not o.try_write(tag, view):
-                return False
+            put = self._put
+            if put is None:
+                if not o.try_write(tag, view):
+                    return False
+            else:
+                end = put(o.data, o.seg.q, o.head_i, o.tail_i, o.head, tag, view)
+                if end < 0:
+                    return False
+                o.head = end
+                self._ring(o.seg)
         self.bytes_sent += n
         self.fast_sends += 1
         return True
@@ -532,6 +544,7 @@ class ShmTransport(EngineTransport):
         head_i = r.head_i
         others = len(self._in_list) > 1
         wait_head = None if others else self._wait_head  # (with other rings to serve: poll them too, in Python)
+        take = self._take
         end = 0.0
         while True:
             with lock:
@@ -548,21 +561,26 @@ class ShmTransport(EngineTransport):
                 tail = r.tail
                 if head != tail:
                     t = (tail + 15) & ~15
-                    if head < t + REC_SIZE:
-                        return -1
-                    data = r.data
-                    rtag: int
                     n: int
-                    rtag, n = REC.unpack_from(data, t & r.mask)
-                    if rtag != tag or n > out.nbytes or head < t + REC_SIZE + n:
-                        return -1  # another message, a control record (n > LEN_MASK), too large, or streaming
-                    pos = (t + REC_SIZE) & r.mask
-                    first = r.cap - pos
-                    if n <= first:
-                        out[:n] = data[pos : pos + n]
+                    if take is not None:
+                        n = take(r.data, q, head_i, tail, tag, out)
+                        if n < 0:
+                            return -1
                     else:
-                        out[:first] = data[pos:]
-                        out[first:n] = data[: n - first]
+                        if head < t + REC_SIZE:
+                            return -1
+                        data = r.data
+                        rtag: int
+                        rtag, n = REC.unpack_from(data, t & r.mask)
+                        if rtag != tag or n > out.nbytes or head < t + REC_SIZE + n:
+                            return -1  # another message, a control record (n > LEN_MASK), too large, or streaming
+                        pos = (t + REC_SIZE) & r.mask
+                        first = r.cap - pos
+                        if n <= first:
+                            out[:n] = data[pos : pos + n]
+                        else:
+                            out[:first] = data[pos:]
+                            out[first:n] = data[: n - first]
                     self._flow.moved += 1
                     self._release(r, t + REC_SIZE + n)
                     self._notify_locked()
