@@ -13,6 +13,11 @@ setup(
             "procgroup.transport.shm._native",
             sources=["src/procgroup/transport/shm/_native.c"],
             optional=True,
-        )
+        ),
+        Extension(  # the blocking p2p fast receive's poll (transport.shm.transport.recv_fast); optional too
+            "procgroup.transport.shm._p2pwait",
+            sources=["src/procgroup/transport/shm/_p2pwait.c"],
+            optional=True,
+        ),
     ]
 )

@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import ConfigError, DeviceTensorError
 
-__all__ = ["Flat", "as_flat", "is_torch_tensor", "DTypeKey", "device_error", "route_cpu_tensors"]
+__all__ = ["Flat", "as_flat", "is_torch_tensor", "DTypeKey", "device_error", "route_cpu_tensors", "PLAIN_DTYPES"]
 
 DTypeKey = Union[np.dtype, str]
 
@@ -174,6 +174,8 @@ def route_cpu_tensors(on: bool) -> None:
 
 #: numpy dtypes already checked to be plain numeric (the per-call check is then one set lookup)
 _PLAIN: set = set()
+#: the same set, for the blocking point-to-point fast path (procgroup.p2p)
+PLAIN_DTYPES = _PLAIN
 
 
 def as_flat(obj: Any, name: str = "tensor", *, writable: bool = True) -> Flat:

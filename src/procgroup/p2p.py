@@ -8,15 +8,26 @@ tag) and the byte count.  :mod:`procgroup.collectives` re-exports every name her
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
 
 from .arguments import device_ops
 from .arguments import member_group as _group
 from .arguments import peer_rank as _peer
-from .data import as_flat, is_torch_tensor
+from .data import PLAIN_DTYPES, as_flat, is_torch_tensor
 from .errors import ConfigError, DeviceTensorError
-from .process_group import P2P_CODE_MASK, P2P_CODE_SHIFT, Work, dtype_code, dtype_of_code, p2p_tag
-from .transport.base import ANY_SOURCE
+from .process_group import (
+    P2P_CODE_MASK,
+    P2P_CODE_SHIFT,
+    ProcessGroup,
+    Work,
+    dtype_code,
+    dtype_of_code,
+    p2p_tag,
+)
+from .state import _state
+from .transport.base import ANY_SOURCE, as_bytes_view, as_writable_view
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
 
@@ -26,8 +37,21 @@ def _none(st: Any) -> None:
     return None
 
 
-def _post_send(tensor: Any, dst: Optional[int], group: Any, tag: int, group_dst: Optional[int]) -> Any:
-    """Post a send: (group, request, context maker), or None for non-members."""
+#: the most cached routes of blocking ops per group (ProcessGroup.p2p_routes; emptied when full)
+_ROUTES_MAX = 256
+
+#: what _post_send returns for a blocking send the transport's fast path has already handed over
+_SENT = object()
+
+
+def _post_send(
+    tensor: Any, dst: Optional[int], group: Any, tag: int, group_dst: Optional[int], blocking: bool = False
+) -> Any:
+    """Post a send: (group, request, context maker), None for non-members, _SENT when ``blocking`` and done.
+
+    A blocking send first offers the message to the transport's ``send_fast`` (the shm transport: a small
+    message written into the peer's ring at once when nothing of ours to that peer is queued ahead of it).
+    """
     g = _group(group, "isend")
     if g is None:
         return None
@@ -40,7 +64,13 @@ def _post_send(tensor: Any, dst: Optional[int], group: Any, tag: int, group_dst:
     eng = g.world.engine
     req = eng.isend(g, peer, tag, f.array, code) if eng is not None else None
     if req is None:
-        req = g.world.transport.isend(peer, p2p_tag(g.gid, tag, code, g.gen), f.array)
+        t = g.world.transport
+        ptag = p2p_tag(g.gid, tag, code, g.gen)
+        if blocking:
+            fast = getattr(t, "send_fast", None)
+            if fast is not None and fast(peer, ptag, as_bytes_view(f.array)):
+                return _SENT
+        req = t.isend(peer, ptag, f.array)
     return g, req, lambda: f"to rank {peer}, tag {tag}, {f.describe()}"
 
 
@@ -55,8 +85,11 @@ def isend(
     return g.p2p("send", req, None, _none, ctx)
 
 
-def _post_recv(tensor: Any, src: Optional[int], group: Any, tag: int, group_src: Optional[int]) -> Any:
-    """Post a receive: (group, request, finish, context maker, probe), or None for non-members."""
+def _post_recv(
+    tensor: Any, src: Optional[int], group: Any, tag: int, group_src: Optional[int], blocking: bool = False
+) -> Any:
+    """Post a receive: (group, request, finish, context maker, probe), None for non-members, or (blocking and
+    taken by the transport's ``recv_fast``) the sender's rank as an int."""
     g = _group(group, "irecv")
     if g is None:
         return None
@@ -68,6 +101,15 @@ def _post_recv(tensor: Any, src: Optional[int], group: Any, tag: int, group_src:
     code = dtype_code(f.dtype)
     ptag = p2p_tag(g.gid, tag, code, g.gen)
     eng = g.world.engine
+    if blocking and eng is None and peer != ANY_SOURCE:
+        fast = getattr(g.world.transport, "recv_fast", None)
+        if fast is not None:
+            n = fast(peer, ptag, as_writable_view(f.array))
+            if n >= 0:
+                _check_count(n, peer, f.array.nbytes)
+                if f.back is not None:
+                    f.back()
+                return peer
     req = eng.irecv(g, peer, tag, f.array, code) if eng is not None else None
     if req is not None:
         ask = getattr(eng, "unmatched", None)
@@ -89,8 +131,7 @@ def _post_recv(tensor: Any, src: Optional[int], group: Any, tag: int, group_src:
     nbytes = f.array.nbytes
 
     def done(st: Any) -> int:
-        if st.nbytes != nbytes:
-            raise ConfigError(f"recv: got {st.nbytes} bytes from rank {st.source} but the tensor holds {nbytes}")
+        _check_count(st.nbytes, st.source, nbytes)
         if f.back is not None:
             f.back()
         return st.source
@@ -113,6 +154,12 @@ def irecv(
     return g.p2p("recv", req, None, done, ctx, probe)
 
 
+def _check_count(got: int, src: int, nbytes: int) -> None:
+    """ConfigError when a receive got another byte count than its tensor holds."""
+    if got != nbytes:
+        raise ConfigError(f"recv: got {got} bytes from rank {src} but the tensor holds {nbytes}")
+
+
 def _dtype_mismatch(g: Any, src: int, their_code: int, tag: int, f: Any) -> ConfigError:
     """The error of a receive whose sender sent the same tag with another dtype (the sender may still wait)."""
     return ConfigError(
@@ -123,12 +170,46 @@ def _dtype_mismatch(g: Any, src: int, their_code: int, tag: int, f: Any) -> Conf
     )
 
 
+def _route(g: Any, recv: bool, peer_arg: Optional[int], tag: int, dtype: Any) -> Tuple[int, int, Any]:
+    """(global peer, transport tag, the transport's fast send/recv or None) of a blocking op, cached per group.
+
+    Raises what the general path raises for a bad peer or tag (nothing is cached then)."""
+    routes = g.p2p_routes
+    key = (recv, peer_arg, tag, dtype)
+    hit = routes.get(key)
+    if hit is None:
+        if recv:
+            peer = _peer(g, "recv", peer_arg, None, "src", allow_any=True)
+        else:
+            peer = _peer(g, "send", peer_arg, None, "dst")
+        ptag = p2p_tag(g.gid, tag, dtype_code(dtype), g.gen)
+        fast = None
+        if g.world.engine is None and peer != ANY_SOURCE:
+            fast = getattr(g.world.transport, "recv_fast" if recv else "send_fast", None)
+        hit = (peer, ptag, fast)
+        if len(routes) >= _ROUTES_MAX:
+            routes.clear()
+        routes[key] = hit
+    return hit
+
+
 def send(
     tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None
 ) -> None:
     """Send ``tensor`` to ``dst`` and wait until it has been handed over."""
-    posted = _post_send(tensor, dst, group, tag, group_dst)
-    if posted is not None:
+    if type(tensor) is np.ndarray and group_dst is None:  # the fast path: a contiguous numpy array
+        g = _state.default if group is None else group
+        if type(g) is not ProcessGroup or g._halt is not None or g._rank < 0:  # member_group's cases, inlined
+            g = _group(group, "isend")
+            if g is None:
+                return
+        dt = tensor.dtype
+        if dt in PLAIN_DTYPES and tensor.flags.c_contiguous:
+            peer, ptag, fast = _route(g, False, dst, tag, dt)
+            if fast is not None and fast(peer, ptag, memoryview(tensor).cast("B")):  # type: ignore[arg-type]
+                return
+    posted = _post_send(tensor, dst, group, tag, group_dst, blocking=True)
+    if posted is not None and posted is not _SENT:
         g, req, ctx = posted
         g.p2p_now("send", req, None, _none, ctx)
 
@@ -137,9 +218,26 @@ def recv(
     tensor: Any, src: Optional[int] = None, group: Any = None, tag: int = 0, group_src: Optional[int] = None
 ) -> int:
     """Receive into ``tensor``; returns the sender's global rank (-1 when not a member of ``group``)."""
-    posted = _post_recv(tensor, src, group, tag, group_src)
+    if type(tensor) is np.ndarray and group_src is None and src is not None:  # the fast path (see send)
+        g = _state.default if group is None else group
+        if type(g) is not ProcessGroup or g._halt is not None or g._rank < 0:
+            g = _group(group, "irecv")
+            if g is None:
+                return -1
+        dt = tensor.dtype
+        fl = tensor.flags
+        if dt in PLAIN_DTYPES and fl.c_contiguous and fl.writeable:
+            peer, ptag, fast = _route(g, True, src, tag, dt)
+            if fast is not None:
+                n = fast(peer, ptag, memoryview(tensor).cast("B"))  # type: ignore[arg-type]  # an ndarray
+                if n >= 0:
+                    _check_count(n, peer, tensor.nbytes)
+                    return peer
+    posted = _post_recv(tensor, src, group, tag, group_src, blocking=True)
     if posted is None:
         return -1
+    if type(posted) is int:
+        return posted
     g, req, done, ctx, probe = posted
     return g.p2p_now("recv", req, None, done, ctx, probe)
 

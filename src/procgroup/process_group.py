@@ -284,6 +284,8 @@ class ProcessGroup:
         self._hosts = [world.hosts[g] if world.hosts else "localhost" for g in self.ranks]
         self._seq = 0
         self.last_completed = -1
+        #: blocking send/recv: (recv?, peer argument, tag, dtype) -> (peer, transport tag, fast op) (procgroup.p2p)
+        self.p2p_routes: Dict[Any, Any] = {}
         #: FlightRecords, and planned calls' compact [seq, plan, start, end] entries (flight.as_record reads both)
         self.flight: "collections.deque[Any]" = collections.deque(maxlen=FLIGHT_RECORDS)
         # rolling hash of every call's fingerprint, in call order: equal on all members while their calls agree

@@ -85,6 +85,11 @@ from .ring import (
     RndvEntry,
 )
 
+try:  # recv_fast's poll and the fast path's record write/read, compiled (optional, like the arena's _native)
+    from . import _p2pwait
+except ImportError:  # pragma: no cover - not built: all in Python
+    _p2pwait = None  # type: ignore[assignment]
+
 __all__ = ["ShmTransport", "DEFAULT_SPIN", "DEFAULT_SLICE"]
 
 logger = logging.getLogger("procgroup.transport")
@@ -92,6 +97,8 @@ logger = logging.getLogger("procgroup.transport")
 #: polling before sleeping (seconds) and the futex sleep slice between liveness checks
 DEFAULT_SPIN = 50e-6
 DEFAULT_SLICE = 0.05
+#: the largest message of the blocking fast path (send_fast/recv_fast): one record that fits a ring at once
+FAST_MAX = 64 << 10
 
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 
@@ -164,9 +171,19 @@ class ShmTransport(EngineTransport):
         self._split_reads = ncpu > 1 and not self._oversubscribed and opts.split
         self._arena_on = opts.arena
         self._native = opts.native
+        #: the fast path's compiled helpers: a poll with the GIL released, the record write and read
+        #: (PROCGROUP_NATIVE=0 or not built: Python)
+        fast_c = _p2pwait if opts.native and X86 else None
+        self._wait_head = fast_c.wait_head if fast_c is not None else None
+        self._put = fast_c.put if fast_c is not None else None
+        self._take = fast_c.take if fast_c is not None else None
         self._arenas: List[ShmArena] = []
         self._bigs: Dict[int, ShmBigArena] = {}  # group key -> its big slots (one object per key: its turn persists)
         self._slice = slice_s
+        #: blocking sends and receives that took the fast path (send_fast/recv_fast; for tests and `top`)
+        self.fast_sends = 0
+        self.fast_recvs = 0
+        self._fast_spun = 0.0  # when recv_fast last gave up after its spin (see _wait_req)
         self._flow = Flow()  # bumped whenever bytes move through a ring: a waiter keeps spinning while they do
         self._bell = Doorbell(rank, world_size, self._lock, slice_s, self._kick, self._maybe_check_peers_locked)
         self._ring = self._bell.ring  # the hot path, bound once
@@ -483,6 +500,118 @@ class ShmTransport(EngineTransport):
             self._notify_locked()
         return progressed
 
+    # -- the blocking small-message fast path (procgroup.p2p.send/recv) ------------------------------
+    def send_fast(self, dst: int, tag: int, view: memoryview) -> bool:
+        """Write a small message to ``dst`` now, if it may go first; False when the caller must take ``isend``.
+
+        Only when nothing of ours to ``dst`` is queued (order), the peer is reachable, neither failed nor closed,
+        and the whole record fits in its ring now.  ``view``: a flat byte view; ``tag`` already checked.
+        """
+        n = view.nbytes
+        if n > FAST_MAX:
+            return False
+        with self._lock:
+            o = self._out.get(dst)
+            if o is None or o.pending or self._closed or self._aborted is not None or dst in self._failed:
+                return False
+            put = self._put
+            if put is None:
+                if not o.try_write(tag, view):
+                    return False
+            else:
+                end = put(o.data, o.seg.q, o.head_i, o.tail_i, o.head, tag, view)
+                if end < 0:
+                    return False
+                o.head = end
+                self._ring(o.seg)
+        self.bytes_sent += n
+        self.fast_sends += 1
+        return True
+
+    def recv_fast(self, src: int, tag: int, out: memoryview) -> int:
+        """Receive the next message from ``src`` with ``tag`` straight from its ring, polling for the spin time.
+
+        Returns its byte count, or -1 when the caller must take the general path (``irecv`` and a wait): the
+        spin ran out, a receive or an unexpected message of ``tag`` is queued (order), the ring's next record is
+        another message, a control record or one still streaming in, the message is larger than ``out``, or the
+        peer failed or the transport closed.  Nothing is consumed then.  ``src`` is a peer, never ANY_SOURCE.
+        """
+        r = self._in.get(src)
+        if r is None or out.nbytes > FAST_MAX:
+            return -1
+        lock = self._lock
+        q = r.seg.q
+        head_i = r.head_i
+        others = len(self._in_list) > 1
+        wait_head = None if others else self._wait_head  # (with other rings to serve: poll them too, in Python)
+        take = self._take
+        end = 0.0
+        while True:
+            with lock:
+                if (
+                    self._closed
+                    or r.cur is not None
+                    or tag in self._posted
+                    or tag in self._unexpected
+                    or src in self._failed
+                    or self._aborted is not None
+                ):
+                    return -1
+                head = q[head_i]
+                tail = r.tail
+                if head != tail:
+                    t = (tail + 15) & ~15
+                    n: int
+                    if take is not None:
+                        n = take(r.data, q, head_i, tail, tag, out)
+                        if n < 0:
+                            return -1
+                    else:
+                        if head < t + REC_SIZE:
+                            return -1
+                        data = r.data
+                        rtag: int
+                        rtag, n = REC.unpack_from(data, t & r.mask)
+                        if rtag != tag or n > out.nbytes or head < t + REC_SIZE + n:
+                            return -1  # another message, a control record (n > LEN_MASK), too large, or streaming
+                        pos = (t + REC_SIZE) & r.mask
+                        first = r.cap - pos
+                        if n <= first:
+                            out[:n] = data[pos : pos + n]
+                        else:
+                            out[:first] = data[pos:]
+                            out[first:n] = data[: n - first]
+                    self._flow.moved += 1
+                    self._release(r, t + REC_SIZE + n)
+                    self._notify_locked()
+                    self.fast_recvs += 1
+                    return n
+                if self._pending_out or others:
+                    self._progress_others_locked(r)
+            now = time.monotonic()
+            if not end:
+                end = now + self._spin
+            elif now >= end:
+                self._fast_spun = now  # the general wait that follows sleeps at once (no second spin)
+                return -1
+            if wait_head is not None and not self._pending_out:  # poll the head, GIL released, until it moves
+                wait_head(q, head_i, tail, int((end - now) * 1e9), self._yield)
+            elif self._yield:
+                _sched_yield()
+
+    def _progress_others_locked(self, skip: InRing) -> None:
+        """A progress pass over every ring but ``skip`` (whose next record a fast receive may take). Lock held."""
+        progressed = False
+        for r in self._in_list:
+            if r is not skip and self._drain(r):
+                progressed = True
+        if self._pending_out:
+            for o in list(self._pending_out):
+                if self._push(o):
+                    progressed = True
+        if progressed:
+            self._notify_locked()
+
     # -- liveness ----------------------------------------------------------------------------------
     def _check_peers_locked(self) -> None:
         dead = set(self._watch.dead())
@@ -581,6 +710,9 @@ class ShmTransport(EngineTransport):
                 spinning = True
                 if not spin_end:
                     spin_end = now + self._spin
+                    if now - self._fast_spun < 1e-3:  # recv_fast spun for this receive just now: sleep at once
+                        spin_end = now
+                        self._fast_spun = 0.0
                 elif now >= spin_end:
                     self._maybe_check_peers_locked(now)
                     if req.status is None and req.error is None:

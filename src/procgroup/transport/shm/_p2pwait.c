@@ -1,0 +1,209 @@
+/* Compiled poll of the shm transport's blocking fast receive (procgroup.transport.shm.transport.recv_fast).
+ *
+ * wait_head(q, head_i, tail, spin_ns, yield_cpu) -> head: spins, with the GIL released, until the u64 at
+ * index head_i of buffer q (a ring's published head) differs from tail, or spin_ns have passed; returns the
+ * head read last.  yield_cpu: sched_yield every 16 polls (an oversubscribed host: let the peer run), else a
+ * pause.  put/take: send_fast's record write and recv_fast's record read (below).  Optional, like _native:
+ * without it the transport does all of this in Python.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static PyObject *wait_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "wait_head(q, head_i, tail, spin_ns, yield_cpu) takes 5 arguments");
+        return NULL;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    unsigned long long tail = PyLong_AsUnsignedLongLong(args[2]);
+    long long spin = PyLong_AsLongLong(args[3]);
+    int yield_cpu = PyObject_IsTrue(args[4]);
+    if (PyErr_Occurred() || yield_cpu < 0)
+        return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(args[0], &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (i < 0 || (i + 1) * 8 > b.len || ((uintptr_t)b.buf & 7)) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_IndexError, "wait_head: head index outside the buffer (or a misaligned buffer)");
+        return NULL;
+    }
+    const uint64_t *p = (const uint64_t *)((const char *)b.buf + i * 8);
+    uint64_t h;
+    Py_BEGIN_ALLOW_THREADS
+    uint64_t end = now_ns() + (uint64_t)(spin > 0 ? spin : 0);
+    unsigned k = 0;
+    for (;;) {
+        h = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+        if (h != (uint64_t)tail)
+            break;
+        if ((++k & 15) == 0) {
+            if (now_ns() >= end)
+                break;
+            if (yield_cpu)
+                sched_yield();
+        } else {
+            CPU_RELAX();
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+/* put(data, q, head_i, tail_i, head, tag, payload) -> the new head, or -1 when the record does not fit now.
+ * Writes one record (16-byte header at the 16-aligned position after head, then the payload, wrapping) into
+ * ring data (a power-of-two size) and publishes the head (release store at index head_i of q). */
+static PyObject *put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "put(data, q, head_i, tail_i, head, tag, payload) takes 7 arguments");
+        return NULL;
+    }
+    Py_ssize_t hi = PyLong_AsSsize_t(args[2]), ti = PyLong_AsSsize_t(args[3]);
+    unsigned long long head = PyLong_AsUnsignedLongLong(args[4]);
+    unsigned long long tag = PyLong_AsUnsignedLongLong(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer d, q, p;
+    if (PyObject_GetBuffer(args[0], &d, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &q, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&d);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[6], &p, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&d);
+        PyBuffer_Release(&q);
+        return NULL;
+    }
+    long long res = -1;
+    uint64_t cap = (uint64_t)d.len, n = (uint64_t)p.len;
+    if (cap < 32 || (cap & (cap - 1)) || ((uintptr_t)d.buf & 15) || ((uintptr_t)q.buf & 7) || hi < 0 || ti < 0 ||
+        (hi + 1) * 8 > q.len || (ti + 1) * 8 > q.len) {
+        PyErr_SetString(PyExc_ValueError, "put: a ring of a power-of-two size >= 32 and indices inside q");
+        res = -2;
+    } else {
+        uint64_t *qq = (uint64_t *)q.buf;
+        uint64_t h = ((uint64_t)head + 15) & ~(uint64_t)15, end = h + 16 + n;
+        uint64_t tail = __atomic_load_n(&qq[ti], __ATOMIC_ACQUIRE);
+        if (end - tail <= cap && n <= cap) {
+            char *data = (char *)d.buf;
+            uint64_t mask = cap - 1, pos = h & mask;
+            uint64_t hdr[2] = {(uint64_t)tag, n};
+            memcpy(data + pos, hdr, 16);
+            pos = (pos + 16) & mask;
+            uint64_t first = cap - pos;
+            if (n <= first) {
+                memcpy(data + pos, p.buf, n);
+            } else {
+                memcpy(data + pos, p.buf, first);
+                memcpy(data, (const char *)p.buf + first, n - first);
+            }
+            __atomic_store_n(&qq[hi], end, __ATOMIC_RELEASE);
+            res = (long long)end;
+        }
+    }
+    PyBuffer_Release(&d);
+    PyBuffer_Release(&q);
+    PyBuffer_Release(&p);
+    if (res == -2)
+        return NULL;
+    return PyLong_FromLongLong(res);
+}
+
+/* take(data, q, head_i, tail, tag, out) -> the payload's byte count, or -1 (nothing consumed) unless the
+ * next record after tail is a whole message of this tag that fits out; copies its payload into out.  The
+ * caller releases the ring up to ((tail + 15) & ~15) + 16 + n. */
+static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "take(data, q, head_i, tail, tag, out) takes 6 arguments");
+        return NULL;
+    }
+    Py_ssize_t hi = PyLong_AsSsize_t(args[2]);
+    unsigned long long tail = PyLong_AsUnsignedLongLong(args[3]);
+    unsigned long long tag = PyLong_AsUnsignedLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer d, q, o;
+    if (PyObject_GetBuffer(args[0], &d, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &q, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&d);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[5], &o, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&d);
+        PyBuffer_Release(&q);
+        return NULL;
+    }
+    long long res = -1;
+    uint64_t cap = (uint64_t)d.len;
+    if (cap < 32 || (cap & (cap - 1)) || ((uintptr_t)d.buf & 15) || ((uintptr_t)q.buf & 7) || hi < 0 ||
+        (hi + 1) * 8 > q.len) {
+        PyErr_SetString(PyExc_ValueError, "take: a ring of a power-of-two size >= 32 and head_i inside q");
+        res = -2;
+    } else {
+        uint64_t head = __atomic_load_n(&((const uint64_t *)q.buf)[hi], __ATOMIC_ACQUIRE);
+        uint64_t t = ((uint64_t)tail + 15) & ~(uint64_t)15;
+        if (head >= t + 16) {
+            const char *data = (const char *)d.buf;
+            uint64_t mask = cap - 1, pos = t & mask, hdr[2];
+            memcpy(hdr, data + pos, 16);
+            uint64_t n = hdr[1];
+            if (hdr[0] == (uint64_t)tag && n <= (uint64_t)o.len && n <= cap && head >= t + 16 + n) {
+                pos = (pos + 16) & mask;
+                uint64_t first = cap - pos;
+                if (n <= first) {
+                    memcpy(o.buf, data + pos, n);
+                } else {
+                    memcpy(o.buf, data + pos, first);
+                    memcpy((char *)o.buf + first, data, n - first);
+                }
+                res = (long long)n;
+            }
+        }
+    }
+    PyBuffer_Release(&d);
+    PyBuffer_Release(&q);
+    PyBuffer_Release(&o);
+    if (res == -2)
+        return NULL;
+    return PyLong_FromLongLong(res);
+}
+
+static PyMethodDef methods[] = {
+    {"put", (PyCFunction)(void (*)(void))put, METH_FASTCALL,
+     "put(data, q, head_i, tail_i, head, tag, payload) -> new head or -1: write and publish one record"},
+    {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL,
+     "take(data, q, head_i, tail, tag, out) -> n or -1: copy out the next record if it is this tag's, whole"},
+    {"wait_head", (PyCFunction)(void (*)(void))wait_head, METH_FASTCALL,
+     "wait_head(q, head_i, tail, spin_ns, yield_cpu) -> head: poll a ring's head with the GIL released"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {
+    PyModuleDef_HEAD_INIT, "_p2pwait", "Compiled poll of the shm blocking fast receive (optional).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__p2pwait(void) { return PyModule_Create(&moddef); }
