@@ -1,8 +1,9 @@
-"""Build hook for the one optional C extension (all metadata lives in pyproject.toml).
+"""Build hook for the two optional C extensions (all metadata lives in pyproject.toml).
 
-``procgroup.transport.shm._native`` is the compiled fast path of the shared-memory arena: plain C against the
-CPython API, so building it needs nothing but a C compiler.  It is optional: without a compiler (or when the
-compile fails) setuptools warns and installs the package without it, and procgroup uses its pure-Python path.
+``procgroup.transport.shm._native`` is the compiled fast path of the shared-memory arena, and
+``procgroup.transport.shm._p2pwait`` that of small blocking receives: plain C against the CPython API, so building
+them needs nothing but a C compiler.  Both are optional: without a compiler (or when a compile fails) setuptools
+warns and installs the package without them, and procgroup uses its pure-Python paths.
 """
 
 from setuptools import Extension, setup
