@@ -215,32 +215,44 @@ def mismatch(kind: str = "op", warm: str = "0") -> None:
 
 
 def timeout_rollcall() -> None:
-    """Rank 1 never joins the second all_reduce: rank 0's deadline error shows the roll call."""
+    """Rank 1 never joins the second all_reduce: rank 0's deadline error shows the roll call.
+
+    Rank 1 stays alive (so that rank 0 times out rather than seeing a dead peer) until rank 0 has its error, then
+    exits (it slept 8 s before, 4.5 s past rank 0's 3 s deadline)."""
     dist.init_process_group(timeout=30)
     r = dist.get_rank()
+    store = dist.group.WORLD.world.store
     x = np.ones(4)
     dist.all_reduce(x)
     if r == 0:
         try:
             dist.all_reduce(x, timeout=3)
         except dist.DistTimeoutError as e:
-            print(f"rank 0: timeout: {e}")
+            print(f"rank 0: timeout: {e}", flush=True)
+            store.set("test/rollcall_reported", b"1")
+            time.sleep(0.2)  # rank 1 reads the key before rank 0's exit takes the store server down
             sys.exit(4)
     else:
-        time.sleep(8)
+        store.wait(["test/rollcall_reported"], timeout=20)
 
 
 def monitored() -> None:
-    """Rank 2 is late: the others' monitored_barrier names it."""
+    """Rank 2 is late: the others' monitored_barrier names it.
+
+    Rank 2 stays away until ranks 0 and 1 have their errors, then exits (it slept 6 s before, 4 s past their
+    2 s deadline)."""
     dist.init_process_group(timeout=30)
     r = dist.get_rank()
+    store = dist.group.WORLD.world.store
     if r == 2:
-        time.sleep(6)
+        store.wait(["test/monitored/0", "test/monitored/1"], timeout=20)
         return
     try:
         dist.monitored_barrier(timeout=2, wait_all_ranks=True)
     except dist.DistTimeoutError as e:
-        print(f"rank {r}: {e}")
+        print(f"rank {r}: {e}", flush=True)
+        store.set(f"test/monitored/{r}", b"1")
+        time.sleep(0.2)  # rank 2 reads the keys before rank 0's exit takes the store server down
         sys.exit(5)
 
 
