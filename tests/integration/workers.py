@@ -214,11 +214,22 @@ def mismatch(kind: str = "op", warm: str = "0") -> None:
     print(f"rank {r}: no error")
 
 
+def set_last(store, key: str) -> None:
+    """Set ``key`` on a rank other than 0 as its last store call: rank 0, which hosts the store, may exit as soon
+    as it reads the key, before the reply reaches this rank; the store gone then is the end waited for."""
+    from procgroup.errors import BrokenError
+
+    try:
+        store.set(key, b"1")
+    except BrokenError:
+        pass
+
+
 def timeout_rollcall() -> None:
     """Rank 1 never joins the second all_reduce: rank 0's deadline error shows the roll call.
 
     Rank 1 stays alive (so that rank 0 times out rather than seeing a dead peer) until rank 0 has its error, then
-    exits (it slept 8 s before, 4.5 s past rank 0's 3 s deadline)."""
+    exits (it slept 8 s before, 4.5 s past rank 0's 3 s deadline); rank 0 leaves last (it hosts the store)."""
     dist.init_process_group(timeout=30)
     r = dist.get_rank()
     store = dist.group.WORLD.world.store
@@ -229,30 +240,35 @@ def timeout_rollcall() -> None:
             dist.all_reduce(x, timeout=3)
         except dist.DistTimeoutError as e:
             print(f"rank 0: timeout: {e}", flush=True)
-            store.set("test/rollcall_reported", b"1")
-            time.sleep(0.2)  # rank 1 reads the key before rank 0's exit takes the store server down
+            store.set("test/rollcall/reported", b"1")
+            store.wait(["test/rollcall/seen"], timeout=30)
             sys.exit(4)
     else:
-        store.wait(["test/rollcall_reported"], timeout=20)
+        store.wait(["test/rollcall/reported"], timeout=30)
+        set_last(store, "test/rollcall/seen")
 
 
 def monitored() -> None:
     """Rank 2 is late: the others' monitored_barrier names it.
 
     Rank 2 stays away until ranks 0 and 1 have their errors, then exits (it slept 6 s before, 4 s past their
-    2 s deadline)."""
+    2 s deadline); rank 0 leaves last (it hosts the store)."""
     dist.init_process_group(timeout=30)
     r = dist.get_rank()
     store = dist.group.WORLD.world.store
     if r == 2:
-        store.wait(["test/monitored/0", "test/monitored/1"], timeout=20)
+        store.wait(["test/monitored/0", "test/monitored/1"], timeout=30)
+        set_last(store, "test/monitored/seen")
         return
     try:
         dist.monitored_barrier(timeout=2, wait_all_ranks=True)
     except dist.DistTimeoutError as e:
         print(f"rank {r}: {e}", flush=True)
-        store.set(f"test/monitored/{r}", b"1")
-        time.sleep(0.2)  # rank 2 reads the keys before rank 0's exit takes the store server down
+        if r == 0:
+            store.set("test/monitored/0", b"1")
+            store.wait(["test/monitored/1", "test/monitored/seen"], timeout=30)
+        else:
+            set_last(store, "test/monitored/1")
         sys.exit(5)
 
 
