@@ -809,8 +809,9 @@ def monitored() -> None:
     late = dist.new_group(backend="procgroup")
     alone = dist.new_group(backend="procgroup")
     dist.barrier()
-    if RANK == 1:
-        time.sleep(4.0)  # stays away from the monitored barriers (the others fail within about 1 s)
+    store = dist.distributed_c10d._get_default_store()
+    if RANK == 1:  # stays away from the monitored barriers until the others failed (it slept 4 s before)
+        store.wait(["test/monitored/0", "test/monitored/2"], timedelta(seconds=30))
         return
     t0 = time.monotonic()
     try:
@@ -834,6 +835,7 @@ def monitored() -> None:
             check("Rank 0 timed out in monitoredBarrier after" in str(e), f"zero timeout: {e}")
         else:
             raise AssertionError("a zero-timeout monitored_barrier with absent ranks passed")
+    store.set(f"test/monitored/{RANK}", "1")
     time.sleep(0.5)
 
 
