@@ -272,15 +272,18 @@ def monitored() -> None:
         sys.exit(5)
 
 
-def stuck_for_dump() -> None:
-    """Rank 0 blocks in an all_reduce that rank 1 joins only after 5 s; the test sends SIGUSR1 meanwhile."""
+def stuck_for_dump(go: str = "") -> None:
+    """Rank 0 blocks in an all_reduce that rank 1 joins only once the file ``go`` exists (after 5 s without
+    one); the test sends SIGUSR1 meanwhile and makes ``go`` once it has read rank 0's dump."""
     dist.init_process_group(timeout=30)
     r = dist.get_rank()
     x = np.ones(4, np.float32)
     dist.all_reduce(x)
     print(f"rank {r}: ready pid {os.getpid()}", flush=True)
     if r == 1:
-        time.sleep(5)
+        stop = time.monotonic() + (30 if go else 5)
+        while not (go and os.path.exists(go)) and time.monotonic() < stop:
+            time.sleep(0.02)
     dist.all_reduce(x)
     print(f"rank {r}: done", flush=True)
 
