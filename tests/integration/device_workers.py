@@ -319,8 +319,9 @@ def _times_out_at_two_seconds(d: Any) -> Tuple[float, Exception]:
 
 
 def _stay_until_rank_0_reported() -> None:
-    """Rank 1 stays alive, so that rank 0 times out rather than seeing a dead peer, until rank 0 has its error
-    (it slept 8 s before, 6 s past the deadline); rank 0, which hosts the store, leaves once rank 1 has read that."""
+    """Rank 1 stays alive, so that rank 0 times out (or sees the mismatch) rather than seeing a dead peer, until
+    rank 0 has its error (it slept 8 s before, 6 s past the deadline); rank 0, which hosts the store, leaves once
+    rank 1 has read that (2 ranks)."""
     store = dist.group.WORLD.world.store
     if RANK == 0:
         store.set("test/deadline_reported", b"1")
@@ -396,7 +397,7 @@ def scenario_mismatch() -> None:
     else:
         check(False, "no CollectiveMismatchError")
     print("OK", flush=True)
-    time.sleep(3.0)  # every rank sees the mismatch before any leaves (a peer's exit would be reported instead)
+    _stay_until_rank_0_reported()  # each rank saw the mismatch before any leaves (it slept 3 s before)
     os._exit(0)
 
 
