@@ -22,6 +22,7 @@ import torch  # noqa: E402
 
 import procgroup as dist  # noqa: E402
 from procgroup.errors import (  # noqa: E402
+    BrokenError,
     CollectiveMismatchError,
     ConfigError,
     DistTimeoutError,
@@ -317,6 +318,22 @@ def _times_out_at_two_seconds(d: Any) -> Tuple[float, Exception]:
     raise AssertionError  # unreachable: check raised
 
 
+def _stay_until_rank_0_reported() -> None:
+    """Rank 1 stays alive, so that rank 0 times out (or sees the mismatch) rather than seeing a dead peer, until
+    rank 0 has its error (it slept 8 s before, 6 s past the deadline); rank 0, which hosts the store, leaves once
+    rank 1 has read that (2 ranks)."""
+    store = dist.group.WORLD.world.store
+    if RANK == 0:
+        store.set("test/deadline_reported", b"1")
+        store.wait(["test/deadline_seen"], timeout=30)
+        return
+    store.wait(["test/deadline_reported"], timeout=30)
+    try:
+        store.set("test/deadline_seen", b"1")
+    except BrokenError:
+        pass  # rank 0 exited as soon as it read the key, before the reply came: the end waited for
+
+
 def scenario_deadline() -> None:
     """After one good call, rank 1 skips an all_reduce: rank 0 gets DistTimeoutError naming it at its deadline."""
     d = init(timeout=30)
@@ -324,8 +341,7 @@ def scenario_deadline() -> None:
     if RANK == 0:
         took, e = _times_out_at_two_seconds(d)
         print(f"DEADLINE {took:.2f}s: {str(e)[:300]}")
-    else:
-        time.sleep(8.0)  # alive, so that rank 0 times out rather than seeing a dead peer
+    _stay_until_rank_0_reported()
     print("OK")
     os._exit(0)  # the group is broken (rank 0) and out of step: leave without a collective teardown
 
@@ -335,8 +351,7 @@ def scenario_first_deadline() -> None:
     d = init(timeout=30)
     if RANK == 0:
         _times_out_at_two_seconds(d)
-    else:
-        time.sleep(8.0)
+    _stay_until_rank_0_reported()
     print("OK")
     os._exit(0)
 
@@ -382,7 +397,7 @@ def scenario_mismatch() -> None:
     else:
         check(False, "no CollectiveMismatchError")
     print("OK", flush=True)
-    time.sleep(3.0)  # every rank sees the mismatch before any leaves (a peer's exit would be reported instead)
+    _stay_until_rank_0_reported()  # each rank saw the mismatch before any leaves (it slept 3 s before)
     os._exit(0)
 
 

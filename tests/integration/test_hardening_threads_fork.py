@@ -95,6 +95,7 @@ while first is None:
     if r == 0 and time.monotonic() - t0 > 1.5 and not os.path.exists(flag + ".ready"):
         open(flag + ".ready", "w").close()
 print("REC " + json.dumps({"kind": "first", "type": type(first).__name__, "msg": str(first)}), flush=True)
+open(flag + f".first{r}", "w").close()  # the test resumes rank 2 once ranks 0 and 1 have their errors
 while not os.path.exists(flag):
     time.sleep(0.01)
 t = time.monotonic()
@@ -121,7 +122,9 @@ def test_sigstopped_rank_is_named_with_its_real_seq_and_the_group_is_broken_afte
             time.sleep(0.05)
         os.kill(procs[2].pid, signal.SIGSTOP)
         t_stop = time.monotonic()
-        time.sleep(6.0)  # ranks 0 and 1 hit their 3 s deadline and report
+        while not all((tmp_path / f"cont.first{r}").exists() for r in (0, 1)):  # they hit their 3 s deadline
+            assert time.monotonic() < t_stop + 30, "ranks 0 and 1 never reported rank 2"
+            time.sleep(0.05)
         os.kill(procs[2].pid, signal.SIGCONT)
         (tmp_path / "cont").write_text("")
         res = _collect(procs, 40)

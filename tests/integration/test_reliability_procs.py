@@ -63,19 +63,40 @@ def test_monitored_barrier_names_the_late_rank():
 
 
 @pytest.mark.timeout(60)
-def test_sigusr1_dumps_stacks_and_flight_recorder():
+def test_sigusr1_dumps_stacks_and_flight_recorder(tmp_path):
+    """Rank 1 holds rank 0 in an all_reduce until the dump that SIGUSR1 asks of rank 0 has come out (it slept
+    5 s before; now the test reads rank 0's stderr up to the dump's last line, then lets rank 1 go)."""
     import os
     import signal
+    import threading
     import time
 
-    procs = spawn_world(2, "stuck_for_dump")
+    go = tmp_path / "go"
+    procs = spawn_world(2, "stuck_for_dump", [str(go)])
     line = procs[0].stdout.readline()
     assert "ready pid" in line, line
+    early = bytearray()  # rank 0's stderr up to the end of the dump: read raw, so collect() gets the rest
+    dumped = threading.Event()
+
+    def read_dump() -> None:
+        fd = procs[0].stderr.fileno()
+        while b"seq 1 all_reduce(float32, 4, SUM) running" not in early:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            early.extend(chunk)
+        dumped.set()
+
+    reader = threading.Thread(target=read_dump, daemon=True)
+    reader.start()
     time.sleep(1.0)
     os.kill(procs[0].pid, signal.SIGUSR1)
+    dumped.wait(20)
+    go.write_text("")
+    reader.join(40)
     results = collect(procs, 40)
     assert all(r.returncode == 0 for r in results), report(results)
-    err = results[0].stderr
+    err = early.decode() + results[0].stderr
     assert "=== procgroup state: rank 0/2" in err, err
     assert "--- thread MainThread ---" in err and "stuck_for_dump" in err, err
     assert "seq 1 all_reduce(float32, 4, SUM) running" in err, err

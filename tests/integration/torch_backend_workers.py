@@ -711,15 +711,31 @@ def deadline() -> None:
     """Rank 1 never calls; rank 0's all_reduce raises at its deadline, naming the op."""
     dist.barrier()
     if RANK == 1:
-        time.sleep(12)
-        os._exit(0)
+        _leave_after_rank_0("deadline")  # alive until rank 0 has its error (it slept 12 s before)
     t0 = time.monotonic()
     try:
         dist.all_reduce(torch.ones(10))
     except Exception as e:  # noqa: BLE001 - the point of the test
         print(f"RAISED after {time.monotonic() - t0:.1f}s: {type(e).__name__}: {e}", flush=True)
-        os._exit(0)
+        _leave_after_rank_0("deadline")
     raise AssertionError("all_reduce past its deadline returned")
+
+
+def _leave_after_rank_0(what: str) -> None:
+    """Exit at once, in the order a 2-rank failure test needs: rank 0 (which hosts the store) once rank 1 has read
+    that rank 0 is done, rank 1 once it has (before: fixed sleeps, 12 s in ``deadline``, 3 s in ``mismatch``)."""
+    store = dist.distributed_c10d._get_default_store()
+    wait = timedelta(seconds=30)  # the group's own timeout is 3 s in ``deadline``
+    if RANK == 0:
+        store.set(f"test/{what}/done", "1")
+        store.wait([f"test/{what}/seen"], wait)
+    else:
+        store.wait([f"test/{what}/done"], wait)
+        try:
+            store.set(f"test/{what}/seen", "1")
+        except RuntimeError:
+            pass  # rank 0 exited as soon as it read the key, before the reply came: the end waited for
+    os._exit(0)
 
 
 def cuda() -> None:
@@ -778,8 +794,7 @@ def mismatch() -> None:
         dist.all_reduce(torch.ones(4 if RANK == 0 else 8))
     except Exception as e:  # noqa: BLE001 - the point of the test
         print(f"RAISED after {time.monotonic() - t0:.1f}s: {type(e).__name__}: {e}", flush=True)
-        time.sleep(3)  # rank 0 hosts the store: let the other rank read the mismatch record first
-        os._exit(0)
+        _leave_after_rank_0("mismatch")  # rank 0 hosts the store: the other rank reads the mismatch record first
     raise AssertionError("mismatched all_reduce returned")
 
 
@@ -794,8 +809,9 @@ def monitored() -> None:
     late = dist.new_group(backend="procgroup")
     alone = dist.new_group(backend="procgroup")
     dist.barrier()
-    if RANK == 1:
-        time.sleep(4.0)  # stays away from the monitored barriers (the others fail within about 1 s)
+    store = dist.distributed_c10d._get_default_store()
+    if RANK == 1:  # stays away from the monitored barriers until the others failed (it slept 4 s before)
+        store.wait(["test/monitored/0", "test/monitored/2"], timedelta(seconds=30))
         return
     t0 = time.monotonic()
     try:
@@ -819,6 +835,7 @@ def monitored() -> None:
             check("Rank 0 timed out in monitoredBarrier after" in str(e), f"zero timeout: {e}")
         else:
             raise AssertionError("a zero-timeout monitored_barrier with absent ranks passed")
+    store.set(f"test/monitored/{RANK}", "1")
     time.sleep(0.5)
 
 

@@ -214,45 +214,76 @@ def mismatch(kind: str = "op", warm: str = "0") -> None:
     print(f"rank {r}: no error")
 
 
+def set_last(store, key: str) -> None:
+    """Set ``key`` on a rank other than 0 as its last store call: rank 0, which hosts the store, may exit as soon
+    as it reads the key, before the reply reaches this rank; the store gone then is the end waited for."""
+    from procgroup.errors import BrokenError
+
+    try:
+        store.set(key, b"1")
+    except BrokenError:
+        pass
+
+
 def timeout_rollcall() -> None:
-    """Rank 1 never joins the second all_reduce: rank 0's deadline error shows the roll call."""
+    """Rank 1 never joins the second all_reduce: rank 0's deadline error shows the roll call.
+
+    Rank 1 stays alive (so that rank 0 times out rather than seeing a dead peer) until rank 0 has its error, then
+    exits (it slept 8 s before, 4.5 s past rank 0's 3 s deadline); rank 0 leaves last (it hosts the store)."""
     dist.init_process_group(timeout=30)
     r = dist.get_rank()
+    store = dist.group.WORLD.world.store
     x = np.ones(4)
     dist.all_reduce(x)
     if r == 0:
         try:
             dist.all_reduce(x, timeout=3)
         except dist.DistTimeoutError as e:
-            print(f"rank 0: timeout: {e}")
+            print(f"rank 0: timeout: {e}", flush=True)
+            store.set("test/rollcall/reported", b"1")
+            store.wait(["test/rollcall/seen"], timeout=30)
             sys.exit(4)
     else:
-        time.sleep(8)
+        store.wait(["test/rollcall/reported"], timeout=30)
+        set_last(store, "test/rollcall/seen")
 
 
 def monitored() -> None:
-    """Rank 2 is late: the others' monitored_barrier names it."""
+    """Rank 2 is late: the others' monitored_barrier names it.
+
+    Rank 2 stays away until ranks 0 and 1 have their errors, then exits (it slept 6 s before, 4 s past their
+    2 s deadline); rank 0 leaves last (it hosts the store)."""
     dist.init_process_group(timeout=30)
     r = dist.get_rank()
+    store = dist.group.WORLD.world.store
     if r == 2:
-        time.sleep(6)
+        store.wait(["test/monitored/0", "test/monitored/1"], timeout=30)
+        set_last(store, "test/monitored/seen")
         return
     try:
         dist.monitored_barrier(timeout=2, wait_all_ranks=True)
     except dist.DistTimeoutError as e:
-        print(f"rank {r}: {e}")
+        print(f"rank {r}: {e}", flush=True)
+        if r == 0:
+            store.set("test/monitored/0", b"1")
+            store.wait(["test/monitored/1", "test/monitored/seen"], timeout=30)
+        else:
+            set_last(store, "test/monitored/1")
         sys.exit(5)
 
 
-def stuck_for_dump() -> None:
-    """Rank 0 blocks in an all_reduce that rank 1 joins only after 5 s; the test sends SIGUSR1 meanwhile."""
+def stuck_for_dump(go: str = "") -> None:
+    """Rank 0 blocks in an all_reduce that rank 1 joins only once the file ``go`` exists (after 5 s without
+    one); the test sends SIGUSR1 meanwhile and makes ``go`` once it has read rank 0's dump."""
     dist.init_process_group(timeout=30)
     r = dist.get_rank()
     x = np.ones(4, np.float32)
     dist.all_reduce(x)
     print(f"rank {r}: ready pid {os.getpid()}", flush=True)
     if r == 1:
-        time.sleep(5)
+        stop = time.monotonic() + (30 if go else 5)
+        while not (go and os.path.exists(go)) and time.monotonic() < stop:
+            time.sleep(0.02)
     dist.all_reduce(x)
     print(f"rank {r}: done", flush=True)
 
@@ -442,26 +473,56 @@ def noncontig() -> None:
     dist.destroy_process_group()
 
 
-def gid_cycles(cycles: str = "20000") -> None:
-    """Issue 11 item 4: new_group/destroy_process_group ``cycles`` times (past the 16,384 id limit) with a
-    long-lived subgroup alive; then all_reduce on the world and on the long-lived group."""
+def gid_cycles(cycles: str = "1000", start: str = "0") -> None:
+    """Issue 11 item 4: new_group/destroy_process_group ``cycles`` times with a long-lived subgroup alive; then
+    all_reduce on the world and on the long-lived group.
+
+    ``start`` > 0: rank 0 first moves the store's fresh-id counter to ``start``, as if that many groups had been
+    made before, so that the cycles run at the id limit (GID_LIMIT - 4: the long-lived group and the first two
+    cycles take the last three fresh ids, as two cycles' groups can be alive at once: rank 0 may make the next
+    before rank 1 destroyed the last; every later cycle needs a reused id, so the old code, without reuse,
+    failed on the third cycle as it did at 16,384 without the head start).  After ``cycles // 10`` warm-up
+    cycles the open file descriptors, the groups on record and the store's keys are counted: the end of the run
+    must find at most a few more (a leak of one per cycle would add ``cycles - cycles // 10``), so a per-cycle
+    leak shows without running the tens of thousands of cycles that would exhaust a resource."""
+    from procgroup.state import _state
+
     dist.init_process_group()
     r, ws = dist.get_rank(), dist.get_world_size()
+    n, warm = int(cycles), int(cycles) // 10
+    if int(start) and r == 0:
+        store = dist.group.WORLD.world.store
+        store.add("gid_counter", int(start) - int(store.add("gid_counter", 0)))
+    dist.barrier()  # no rank makes a group before the counter is in place
+
+    def counts() -> tuple:
+        dist.barrier()  # every rank finished the cycles before (the last one through cleans the keys up)
+        st = dist.group.WORLD.world.store
+        return len(os.listdir("/proc/self/fd")), len(_state.groups), st.num_keys() if r == 0 else 0
+
     keep = dist.new_group(list(range(ws)))
     t0 = time.monotonic()
-    for i in range(int(cycles)):
+    gids = set()
+    for i in range(n):
+        if i == warm:
+            before = counts()
         g = dist.new_group(list(range(ws)))
-        if i % 1000 == 0:  # now and then, a collective on the reused id: it must agree on every rank
+        gids.add(g.gid)
+        if i % 100 == 0 or i == n - 1:  # now and then, a collective on the reused id: it must agree on every rank
             y = np.array([r + i], np.int64)
             dist.all_reduce(y, group=g)
             check(y[0] == sum(q + i for q in range(ws)), f"cycle {i} gid {g.gid} gen {getattr(g, 'gen', 0)}: {y}")
         dist.destroy_process_group(g)
     dt = time.monotonic() - t0
+    after = counts()
+    grew = [a - b for a, b in zip(after, before)]  # a few store keys come and go (free-list entries, barriers)
+    check(max(grew) <= 5, f"(fds, groups, store keys) grew from {before} after {warm} cycles to {after} after {n}")
+    check(len(gids) <= 2 and keep.gid not in gids, f"ids {sorted(gids)} (long-lived {keep.gid}): not reused")
     for grp in (None, keep):
         x = np.array([r + 1], np.int64)
         dist.all_reduce(x, group=grp)
         check(x[0] == ws * (ws + 1) // 2, f"all_reduce after the cycles {x}")
-    print(f"rank {r}: gid_cycles ok {int(cycles)} cycles in {dt:.2f}s ({int(cycles) / dt:.0f}/s)")
+    print(f"rank {r}: gid_cycles ok {n} cycles from id {keep.gid} in {dt:.2f}s ({n / dt:.0f}/s) {before} {after}")
     dist.destroy_process_group()
 
 

@@ -1,4 +1,4 @@
-"""Issue 11 item 4: the group-id allocator reuses released ids (a million create/destroy cycles)."""
+"""Issue 11 item 4: the group-id allocator reuses released ids (create/destroy cycles at the id limit)."""
 
 from __future__ import annotations
 
@@ -61,26 +61,46 @@ def _group(parent, ranks, gid, gen):
     )
 
 
-def test_a_million_create_destroy_cycles_with_a_long_lived_group():
+def test_create_destroy_cycles_at_the_id_limit_with_a_long_lived_group():
+    """10,000 create/destroy cycles at N=2 with a long-lived group, from a store set as after 2**31 cycles.
+
+    This ran a million cycles from an empty store (22 s) so that ids had to come back.  The allocator's state is
+    three counters in the store (fresh ids, free-list pushes, free-list pops) and a generation per id; the only
+    bound is GID_LIMIT on the ids.  So the store starts as if every id below GID_LIMIT - 3 had been handed out
+    and the free list had been pushed and popped 2**31 - 5,000 times: the long-lived group and the first cycle
+    take the last two fresh ids, and every later cycle needs a reused one (without reuse the second cycle gets
+    GID_LIMIT; checked by making release_gid return at once), while the free-list counters cross 2**31.  Each
+    reuse must be the next incarnation of the id, and the store must not grow (a key leaked per cycle would add
+    10,000).
+    """
+    cycles, pos = 10_000, (1 << 31) - 5_000
     store = DictStore()
+    store.set("gid_counter", str(GID_LIMIT - 3))
+    store.set("gid_free_tail", str(pos))
+    store.set("gid_free_head", f"{pos}:0")  # head == tail: the free list is empty
     parents = [_rank(store, 0), _rank(store, 1)]
     ranks = [0, 1]
     keep = [_alloc_gid(p, ranks, 1.0) for p in parents]  # the long-lived group: never released
-    assert keep[0] == keep[1]
+    assert keep[0] == keep[1] == (GID_LIMIT - 2, 0)
     t0 = time.monotonic()
     seen = set()
-    for i in range(1_000_000):
+    gens = {}
+    for i in range(cycles):
         got = [_alloc_gid(p, ranks, 1.0) for p in parents]  # rank 0 allocates first, as min(ranks)
         assert got[0] == got[1] and got[0][0] != keep[0][0] and 0 < got[0][0] < GID_LIMIT, (i, got)
-        seen.add(got[0][0])
+        gid, gen = got[0]
+        assert gen == gens.get(gid, -1) + 1, (i, got, gens)  # each reuse is the next incarnation
+        gens[gid] = gen
+        seen.add(gid)
         for p in parents:
-            release_gid(_group(p, ranks, *got[0]))
+            release_gid(_group(p, ranks, gid, gen))
     dt = time.monotonic() - t0
     assert len(seen) <= 2, seen  # ids come back: the pool never grows past what was alive at once
-    assert got[0][1] >= 999_998  # and each reuse is a new incarnation
+    assert got[0][1] >= cycles - 2
+    assert int(store.d["gid_free_tail"]) >= pos + cycles - 2 > 1 << 31  # the free-list counters went past 2**31
     # the store does not grow: agreement, release and free-list entries were all deleted
     assert len(store.d) < 16, sorted(store.d)
-    print(f"1,000,000 cycles in {dt:.1f}s ({1e6 / dt:.0f}/s)")
+    print(f"{cycles:,} cycles in {dt:.2f}s ({cycles / dt:.0f}/s)")
 
 
 def test_an_id_comes_back_only_when_every_member_released_it():
