@@ -21,7 +21,7 @@ from .algorithms.select import FORCE as _FORCE
 from .arguments import API_SLOT_A, API_SLOT_B, device_ops
 from .arguments import member_group as _group
 from .arguments import root_rank as _root
-from .data import Flat, after, as_flat
+from .data import Flat, after, as_flat, tensor_view
 from .errors import ConfigError, DeviceTensorError
 from .ops import ReduceOp, finalize, reducer
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
@@ -127,13 +127,14 @@ def broadcast(
 ) -> Optional[Work]:
     """Copy ``tensor`` from ``src`` (global rank) to every member, in place; a Work when ``async_op``."""
     key = None
-    if type(tensor) is _ndarray and not async_op and timeout is None and group_src is None and not _FORCE:
+    a = None if async_op or timeout is not None or group_src is not None or _FORCE else _planned(tensor)
+    if a is not None:
         pg = _state.default if group is None else group
         if type(pg) is ProcessGroup and pg._rank >= 0:
-            key = (_BC, src, tensor.dtype, tensor.size)
+            key = (_BC, src, a.dtype, a.size)
             plan = pg.plans.get(key)
-            if plan is not None and tensor.flags.carray:  # C-contiguous, aligned and writeable
-                if pg.run_plan(plan, tensor if tensor.ndim == 1 else tensor.reshape(-1)) is not SLOW:
+            if plan is not None and a.flags.carray:  # C-contiguous, aligned and writeable
+                if pg.run_plan(plan, a if a.ndim == 1 else a.reshape(-1)) is not SLOW:
                     return None
     g = _group(group, "broadcast")
     if g is None:
@@ -157,6 +158,12 @@ def broadcast(
     )
 
 
+def _planned(x: Any) -> Any:
+    """``x`` when it is a numpy array, a numpy view of it when it is a plain CPU torch tensor (see
+    :func:`~procgroup.data.tensor_view`), else None: what a planned front runs its cached plan on."""
+    return x if type(x) is _ndarray else tensor_view(x)
+
+
 #: (dtype, op) -> (dtype name, op name, kernel, needs finalize): what all_reduce derives per call, memoised
 _AR_PLAN: dict = {}
 
@@ -166,13 +173,14 @@ def all_reduce(
 ) -> Optional[Work]:
     """Reduce ``tensor`` over the group with ``op``, in place on every member; a Work when ``async_op``."""
     key = None
-    if type(tensor) is _ndarray and type(op) is ReduceOp and not async_op and timeout is None and not _FORCE:
+    a = None if type(op) is not ReduceOp or async_op or timeout is not None or _FORCE else _planned(tensor)
+    if a is not None:
         pg = _state.default if group is None else group
         if type(pg) is ProcessGroup and pg._rank >= 0:
-            key = (_AR, op._value_, tensor.dtype, tensor.size)
+            key = (_AR, op._value_, a.dtype, a.size)
             plan = pg.plans.get(key)
-            if plan is not None and tensor.flags.carray:  # C-contiguous, aligned and writeable
-                if pg.run_plan(plan, tensor if tensor.ndim == 1 else tensor.reshape(-1)) is not SLOW:
+            if plan is not None and a.flags.carray:  # C-contiguous, aligned and writeable
+                if pg.run_plan(plan, a if a.ndim == 1 else a.reshape(-1)) is not SLOW:
                     return None
     g = _group(group, "all_reduce")
     if g is None:
@@ -225,20 +233,15 @@ def reduce(
 ) -> Optional[Work]:
     """Reduce ``tensor`` over the group into ``dst``'s tensor, in place there; others' tensors may change."""
     key = None
-    if (
-        type(tensor) is _ndarray
-        and type(op) is ReduceOp
-        and not async_op
-        and timeout is None
-        and group_dst is None
-        and not _FORCE
-    ):
+    planned = type(op) is ReduceOp and not async_op and timeout is None and group_dst is None and not _FORCE
+    a = _planned(tensor) if planned else None
+    if a is not None:
         pg = _state.default if group is None else group
         if type(pg) is ProcessGroup and pg._rank >= 0:
-            key = (_RD, dst, op._value_, tensor.dtype, tensor.size)
+            key = (_RD, dst, op._value_, a.dtype, a.size)
             plan = pg.plans.get(key)
-            if plan is not None and tensor.flags.carray:  # C-contiguous, aligned and writeable
-                if pg.run_plan(plan, tensor if tensor.ndim == 1 else tensor.reshape(-1)) is not SLOW:
+            if plan is not None and a.flags.carray:  # C-contiguous, aligned and writeable
+                if pg.run_plan(plan, a if a.ndim == 1 else a.reshape(-1)) is not SLOW:
                     return None
     g = _group(group, "reduce")
     if g is None:

@@ -109,6 +109,19 @@ def _torch_view(t: Any) -> Any:
     return np.frombuffer(buf, npdt)
 
 
+def tensor_view(x: Any) -> Any:
+    """A flat numpy view of ``x`` when it is a plain contiguous CPU torch tensor whose numpy dtype also carries
+    its arithmetic (every dtype but bfloat16, which travels as its bytes), else None.
+
+    For the planned fronts of the collectives, so that a torch tensor runs the same cached plan as a numpy array
+    of its dtype and size (the view is built anew on every call: see :func:`_torch_view`).
+    """
+    if type(x) not in _TORCH_TYPES and not is_torch_tensor(x):
+        return None
+    a = _torch_view(x)
+    return None if a is None or a.dtype is _BF16_VIEW else a
+
+
 def _torch_flat(t: Any, name: str, writable: bool) -> Flat:
     arr = _torch_view(t)
     if arr is not None:

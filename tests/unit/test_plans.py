@@ -379,3 +379,51 @@ def test_each_planned_call_gets_its_own_full_deadline():
     ((waited, msg),) = errors
     assert 0.35 < waited < 2.0, waited
     assert "0.4" in msg, msg  # the deadline named is this call's own
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_torch_tensors_run_the_plans_and_bfloat16_never_shares_uint16s(ws):
+    """A plain CPU torch tensor runs the planned path of all_reduce, broadcast and reduce (a numpy view of its
+    memory, the same plan as a numpy array of its dtype and size); bfloat16 travels as its bytes (a uint16 view),
+    so it keeps the general path: a uint16 array's plan must never reduce its bits as integers."""
+    torch = pytest.importorskip("torch")
+    pgs = thread_world(ws)
+    tdt = {np.int32: torch.int32, np.int64: torch.int64, np.float16: torch.float16, np.float32: torch.float32}
+
+    def body(r):
+        g = pgs[r]
+        slow = spy(g)
+        for dtype, tt in tdt.items():
+            for n in (1, 7, 40000):
+                want = reference(ReduceOp.SUM, dtype, ws, n)
+                for i in range(3):  # numpy first, then tensors: the tensors reuse the array's plan
+                    x = contrib(r, n, dtype)
+                    t = torch.from_numpy(contrib(r, n, dtype).copy())
+                    before = len(slow)
+                    dist.all_reduce(x, group=g)
+                    dist.all_reduce(t, group=g)
+                    assert np.array_equal(x, want) and np.array_equal(t.numpy(), want), (dtype, n, i)
+                    assert len(slow) == before + (1 if i == 0 else 0), (dtype, n, i)
+                for root in range(ws):
+                    for i in range(2):
+                        t = torch.full((n,), float(r + 1)).to(tt)
+                        dist.broadcast(t, src=root, group=g)
+                        assert bool((t == root + 1).all()), (dtype, n, root, i)
+                        t = torch.full((n,), float(r + 1)).to(tt)
+                        dist.reduce(t, dst=root, group=g)
+                        if r == root:
+                            assert bool((t == ws * (ws + 1) // 2).all()), (dtype, n, root, i)
+        # bfloat16 after a warm uint16 plan of the same size: 1.5 + 2.5 + ... in bfloat16, not the bits' sum
+        u = np.full(5, 7, np.uint16)
+        for _ in range(2):
+            dist.all_reduce(u.copy(), group=g)
+        b = torch.full((5,), 1.5 + r, dtype=torch.bfloat16)
+        dist.all_reduce(b, group=g)
+        want = sum(1.5 + k for k in range(ws))
+        assert b.to(torch.float32).tolist() == [want] * 5, b
+        # a non-contiguous tensor keeps the general path and is right
+        m = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()
+        dist.all_reduce(m, group=g)
+        assert torch.equal(m, ws * torch.arange(12, dtype=torch.float32).reshape(3, 4).t())
+
+    run_ranks(ws, body, timeout=110)
