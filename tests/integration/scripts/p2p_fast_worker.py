@@ -190,6 +190,8 @@ def edges() -> None:
         dist.send(np.array(2.5, np.float64), dst=1)
         dist.send(np.arange(10, dtype=np.int32)[::2], dst=1, tag=3)
         dist.send(np.arange(6, dtype=np.int16).reshape(2, 3), group_dst=1, group=g)
+        dist.send(np.arange(24, dtype=np.float32).reshape(2, 3, 4), dst=1, tag=4)  # C-contiguous n-d: the array itself
+        dist.send(np.asfortranarray(np.arange(12, dtype=np.int64).reshape(3, 4)), dst=1, tag=5)
     elif r == 1:
         z = np.zeros((), np.float64)
         check(dist.recv(z, src=0) == 0 and float(z) == 2.5, f"0-d: {z}")
@@ -198,6 +200,10 @@ def edges() -> None:
         check(nc.tolist() == [0, 0, 2, 0, 4, 0, 6, 0, 8, 0], f"non-contiguous receive: {nc}")
         m = np.zeros((2, 3), np.int16)
         check(dist.recv(m, group_src=0, group=g) == 0 and m.ravel().tolist() == list(range(6)), f"group_src: {m}")
+        nd = np.zeros((4, 6), np.float32)
+        check(dist.recv(nd, src=0, tag=4) == 0 and nd.ravel().tolist() == list(range(24)), f"n-d: {nd}")
+        fo = np.asfortranarray(np.zeros((3, 4), np.int64))  # not C-contiguous: the general path
+        check(dist.recv(fo, src=0, tag=5) == 0 and (fo == np.arange(12).reshape(3, 4)).all(), f"fortran: {fo}")
         ro = np.zeros(2)
         ro.flags.writeable = False
         res["ro"] = _err(lambda: dist.recv(ro, src=0))
