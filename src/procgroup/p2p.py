@@ -205,8 +205,9 @@ def send(
                 return
         dt = tensor.dtype
         if dt in PLAIN_DTYPES and tensor.flags.c_contiguous:
-            peer, ptag, fast = _route(g, False, dst, tag, dt)
-            if fast is not None and fast(peer, ptag, memoryview(tensor).cast("B")):  # type: ignore[arg-type]
+            hit = g.p2p_routes.get((False, dst, tag, dt))  # _route's cache, looked up inline
+            peer, ptag, fast = hit if hit is not None else _route(g, False, dst, tag, dt)
+            if fast is not None and fast(peer, ptag, tensor):  # the array itself (C-contiguous): no view to make
                 return
     posted = _post_send(tensor, dst, group, tag, group_dst, blocking=True)
     if posted is not None and posted is not _SENT:
@@ -227,9 +228,10 @@ def recv(
         dt = tensor.dtype
         fl = tensor.flags
         if dt in PLAIN_DTYPES and fl.c_contiguous and fl.writeable:
-            peer, ptag, fast = _route(g, True, src, tag, dt)
+            hit = g.p2p_routes.get((True, src, tag, dt))
+            peer, ptag, fast = hit if hit is not None else _route(g, True, src, tag, dt)
             if fast is not None:
-                n = fast(peer, ptag, memoryview(tensor).cast("B"))  # type: ignore[arg-type]  # an ndarray
+                n = fast(peer, ptag, tensor)  # the array itself (C-contiguous, writable)
                 if n >= 0:
                     _check_count(n, peer, tensor.nbytes)
                     return peer

@@ -109,3 +109,16 @@ def test_killed_peer_is_named_and_the_waiter_sleeps(n: int, native: str) -> None
         assert x["err"] == "PeerFailureError" and "rank 1" in x["msg"] and "died" in x["msg"], x
         assert 1.5 < x["s"] < 6, x
         assert x["cpu"] < 0.2 * x["s"], x  # asleep, not spinning, while it waited
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_sleeping_receiver_is_always_woken_by_the_next_send(native: str) -> None:
+    """A receiver that sleeps on its doorbell (the spin off) is woken by every send: the sender writes the
+    doorbell, fences and reads the sleep flag (compiled: inside _p2pwait.put; else Doorbell.ring).  Without the
+    wake-up a receive whose sender waited 4-12 ms is only noticed at its next dtype probe (median ~4 ms)."""
+    env = {"PROCGROUP_TRANSPORT": "shm", "PROCGROUP_SHM_SPIN_US": "0", "PROCGROUP_NATIVE": native}
+    results = _run(2, "sleeper_wakeup", env, timeout=120)
+    for r in results:
+        (x,) = _lines(r)
+        assert x["n_long"] + x["n_short"] == 300 and x["n_long"] > 30 and x["fast_sends"] > 0, x
+        assert x["median_long_ms"] < 1.5, x  # woken by the send (~0.1 ms), not by the probe's timeout

@@ -1,13 +1,21 @@
-"""The compiled helpers of the shm transport's blocking fast path (``_p2pwait``: wait_head, put, take; issue 14)."""
+"""The compiled helpers of the shm transport's blocking fast path (``_p2pwait``: wait_head, put, take; issue 14).
+
+put with a bell value rings the consumer's doorbell (the handshake with its sleep flag), take with the tail and
+want-flag indices releases the ring (the handshake with a producer waiting for room)."""
 
 from __future__ import annotations
 
+import mmap
 import threading
 import time
 
 import pytest
 
+from procgroup.transport import _futex
+from procgroup.transport.shm.layout import OFF_BELL, OFF_SLEEP
+
 try:
+    from procgroup.transport.shm import _p2pwait
     from procgroup.transport.shm._p2pwait import put, take, wait_head
 except ImportError:  # not built: recv_fast polls in Python (covered by tests/integration/test_p2p_fast_procs.py)
     wait_head = None  # type: ignore[assignment]
@@ -87,3 +95,45 @@ def test_put_take_bad_rings() -> None:
         take(memoryview(bytearray(64)), q, 5, 0, 1, memoryview(bytearray(4)))  # head index outside q
     with pytest.raises(BufferError):
         take(memoryview(bytearray(64)), q, 0, 0, 1, b"read-only")  # type: ignore[arg-type]
+
+
+def test_take_releases_the_ring_and_reports_a_producer_waiting_for_room() -> None:
+    data = memoryview(bytearray(64))
+    q = memoryview(bytearray(32)).cast("Q")  # q[0]: head, q[1]: tail, u32 index 4 (= q[2]): the want flag
+    w = q.cast("B").cast("I")
+    assert put(data, q, 0, 1, 0, 7, b"abcdefghijklmnopq") == 33
+    out = bytearray(17)
+    assert take(data, q, 0, 0, 6, memoryview(out), 1, 4) == -1 and q[1] == 0  # another tag: nothing released
+    assert take(data, q, 0, 0, 7, memoryview(out), 1, 4) == 17 and q[1] == 33 and out == b"abcdefghijklmnopq"
+    assert put(data, q, 0, 1, 33, 9, b"") == 64
+    w[4] = 1  # the producer waits for room: -2 - n, the ring released all the same
+    assert take(data, q, 0, 33, 9, memoryview(out), 1, 4) == -2 and q[1] == 64
+    with pytest.raises(ValueError):
+        take(data, q, 0, 64, 9, memoryview(out), 1, 8)  # the want flag outside q
+
+
+def _sleep_on_bell(addr: int, flag: bool, res: dict) -> None:
+    res["t0"] = time.monotonic()
+    res["ok"] = _futex.futex_wait(addr, 0, 5.0 if flag else 0.4)
+    res["t"] = time.monotonic() - res["t0"]
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_put_rings_the_doorbell_and_wakes_only_a_flagged_sleeper(flag: bool) -> None:
+    """put(..., bell): the record published, then the bell value written at OFF_BELL and, only while the sleep
+    flag (OFF_SLEEP) is up, the FUTEX_WAKE: a flagged sleeper wakes at once, an unflagged one sleeps on."""
+    mm = mmap.mmap(-1, 4096)
+    q = memoryview(mm).cast("Q")
+    i = q.cast("B").cast("I")
+    assert (_p2pwait.OFF_BELL, _p2pwait.OFF_SLEEP) == (OFF_BELL, OFF_SLEEP)
+    i[OFF_SLEEP // 4] = int(flag)
+    res: dict = {}
+    th = threading.Thread(target=_sleep_on_bell, args=(_futex.buffer_address(mm) + OFF_BELL, flag, res))
+    th.start()
+    time.sleep(0.1)  # asleep in futex_wait by now
+    assert put(memoryview(bytearray(64)), q, 2, 3, 0, 7, b"x", 0xDEADBEEF) == 17 and q[2] == 17
+    assert i[OFF_BELL // 4] == 0xDEADBEEF
+    th.join(10)
+    assert res["t"] < (2.0 if flag else 10) and res["t"] > (0 if flag else 0.3), res
+    del i, q
+    mm.close()

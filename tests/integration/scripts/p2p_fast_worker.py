@@ -190,6 +190,8 @@ def edges() -> None:
         dist.send(np.array(2.5, np.float64), dst=1)
         dist.send(np.arange(10, dtype=np.int32)[::2], dst=1, tag=3)
         dist.send(np.arange(6, dtype=np.int16).reshape(2, 3), group_dst=1, group=g)
+        dist.send(np.arange(24, dtype=np.float32).reshape(2, 3, 4), dst=1, tag=4)  # C-contiguous n-d: the array itself
+        dist.send(np.asfortranarray(np.arange(12, dtype=np.int64).reshape(3, 4)), dst=1, tag=5)
     elif r == 1:
         z = np.zeros((), np.float64)
         check(dist.recv(z, src=0) == 0 and float(z) == 2.5, f"0-d: {z}")
@@ -198,6 +200,10 @@ def edges() -> None:
         check(nc.tolist() == [0, 0, 2, 0, 4, 0, 6, 0, 8, 0], f"non-contiguous receive: {nc}")
         m = np.zeros((2, 3), np.int16)
         check(dist.recv(m, group_src=0, group=g) == 0 and m.ravel().tolist() == list(range(6)), f"group_src: {m}")
+        nd = np.zeros((4, 6), np.float32)
+        check(dist.recv(nd, src=0, tag=4) == 0 and nd.ravel().tolist() == list(range(24)), f"n-d: {nd}")
+        fo = np.asfortranarray(np.zeros((3, 4), np.int64))  # not C-contiguous: the general path
+        check(dist.recv(fo, src=0, tag=5) == 0 and (fo == np.arange(12).reshape(3, 4)).all(), f"fortran: {fo}")
         ro = np.zeros(2)
         ro.flags.writeable = False
         res["ro"] = _err(lambda: dist.recv(ro, src=0))
@@ -280,6 +286,44 @@ def killed_peer() -> None:
     res.update(rank=r, cpu=round(time.process_time() - c0, 3), s=round(time.monotonic() - t0, 3))
     print(json.dumps(res), flush=True)
     os._exit(0)  # the world lost a member: leave without the collective shutdown
+
+
+def sleeper_wakeup(rounds: str = "300") -> None:
+    """Ranks 0 and 1 ping-pong ``rounds`` blocking messages with the spin off (PROCGROUP_SHM_SPIN_US=0): a
+    receive finds its message there or sleeps on its doorbell at once, and the send that follows must wake it
+    (the doorbell write, a fence, the sleep flag).  Before each send the sender waits at random: not at all or
+    up to 0.3 ms (the race with a receiver just going to sleep), or 4-12 ms (the receiver is asleep).  Each rank
+    reports its receives' latencies (from the sender's clock reading in the message: one CLOCK_MONOTONIC on
+    the host).  A missed wake-up is only noticed at the blocking receive's next dtype probe (2, 6, 14 ms...
+    after it began): a long wait then costs milliseconds instead of a wake-up's ~0.1 ms."""
+    dist.init_process_group()
+    r = dist.get_rank()
+    rng = random.Random(1234 + r)
+    lat: Dict[bool, List[float]] = {False: [], True: []}
+    msg = np.zeros(3, np.float64)
+    peer = 1 - r
+    for i in range(int(rounds)):
+        for turn in (0, 1):
+            if turn == r:
+                u = rng.random()
+                d = 0.0 if u < 0.375 else rng.uniform(0, 3e-4) if u < 0.75 else rng.uniform(4e-3, 12e-3)
+                if d:
+                    time.sleep(d)
+                msg[:] = (time.monotonic(), i, d > 1e-3)
+                dist.send(msg, dst=peer)
+            else:
+                dist.recv(msg, src=peer)
+                lat[bool(msg[2])].append(time.monotonic() - float(msg[0]))
+                check(msg[1] == i, f"round {i}: got round {msg[1]}")
+    fs, fr = _counters()
+    out: Dict[str, Any] = {"rank": r, "fast_sends": fs, "fast_recvs": fr}
+    for long, xs in lat.items():
+        xs.sort()
+        k = "long" if long else "short"
+        out.update({f"n_{k}": len(xs), f"median_{k}_ms": xs[len(xs) // 2] * 1e3, f"max_{k}_ms": xs[-1] * 1e3})
+    print(json.dumps(out), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
  * wait_head(q, head_i, tail, spin_ns, yield_cpu) -> head: spins, with the GIL released, until the u64 at
  * index head_i of buffer q (a ring's published head) differs from tail, or spin_ns have passed; returns the
  * head read last.  yield_cpu: sched_yield every 16 polls (an oversubscribed host: let the peer run), else a
- * pause.  put/take: send_fast's record write and recv_fast's record read (below).  Optional, like _native:
- * without it the transport does all of this in Python.
+ * pause.  put/take: send_fast's record write and recv_fast's record read (below), each with its handshake
+ * folded in (put rings the consumer's doorbell, take releases the ring).  Optional, like _native: without it
+ * the transport does all of this in Python.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -12,6 +13,14 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* the doorbell and its sleep flag in a segment (layout.OFF_BELL / OFF_SLEEP; the transport checks they agree) */
+#define OFF_BELL 64
+#define OFF_SLEEP 72
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -69,18 +78,23 @@ static PyObject *wait_head(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return PyLong_FromUnsignedLongLong(h);
 }
 
-/* put(data, q, head_i, tail_i, head, tag, payload) -> the new head, or -1 when the record does not fit now.
- * Writes one record (16-byte header at the 16-aligned position after head, then the payload, wrapping) into
- * ring data (a power-of-two size) and publishes the head (release store at index head_i of q). */
+/* put(data, q, head_i, tail_i, head, tag, payload[, bell]) -> the new head, or -1 when the record does not fit
+ * now.  Writes one record (16-byte header at the 16-aligned position after head, then the payload, wrapping)
+ * into ring data (a power-of-two size) and publishes the head (release store at index head_i of q).
+ * bell (a u32 no other ringer writes), given and the record written: Doorbell.ring's handshake on the segment
+ * q: writes bell into its doorbell, a full fence, then reads its sleep flag and makes the FUTEX_WAKE syscall
+ * only when it is up.  The sleeper raises the flag, fences, then futex_wait compares the doorbell (Dekker):
+ * without the fence our flag read could pass our head/doorbell stores and a sleeper miss its wake-up. */
 static PyObject *put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "put(data, q, head_i, tail_i, head, tag, payload) takes 7 arguments");
+    if (nargs != 7 && nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "put(data, q, head_i, tail_i, head, tag, payload[, bell]) takes 7 or 8 arguments");
         return NULL;
     }
     Py_ssize_t hi = PyLong_AsSsize_t(args[2]), ti = PyLong_AsSsize_t(args[3]);
     unsigned long long head = PyLong_AsUnsignedLongLong(args[4]);
     unsigned long long tag = PyLong_AsUnsignedLongLong(args[5]);
+    unsigned long bell = nargs == 8 ? PyLong_AsUnsignedLong(args[7]) : 0;
     if (PyErr_Occurred())
         return NULL;
     Py_buffer d, q, p;
@@ -98,7 +112,7 @@ static PyObject *put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     long long res = -1;
     uint64_t cap = (uint64_t)d.len, n = (uint64_t)p.len;
     if (cap < 32 || (cap & (cap - 1)) || ((uintptr_t)d.buf & 15) || ((uintptr_t)q.buf & 7) || hi < 0 || ti < 0 ||
-        (hi + 1) * 8 > q.len || (ti + 1) * 8 > q.len) {
+        (hi + 1) * 8 > q.len || (ti + 1) * 8 > q.len || (nargs == 8 && q.len < OFF_SLEEP + 4)) {
         PyErr_SetString(PyExc_ValueError, "put: a ring of a power-of-two size >= 32 and indices inside q");
         res = -2;
     } else {
@@ -120,6 +134,13 @@ static PyObject *put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             }
             __atomic_store_n(&qq[hi], end, __ATOMIC_RELEASE);
             res = (long long)end;
+            if (nargs == 8) {
+                uint32_t *b = (uint32_t *)((char *)q.buf + OFF_BELL);
+                __atomic_store_n(b, (uint32_t)bell, __ATOMIC_RELEASE);
+                __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the doorbell write before the flag read (Dekker) */
+                if (__atomic_load_n((const uint32_t *)((const char *)q.buf + OFF_SLEEP), __ATOMIC_RELAXED))
+                    syscall(SYS_futex, b, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+            }
         }
     }
     PyBuffer_Release(&d);
@@ -130,16 +151,19 @@ static PyObject *put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return PyLong_FromLongLong(res);
 }
 
-/* take(data, q, head_i, tail, tag, out) -> the payload's byte count, or -1 (nothing consumed) unless the
- * next record after tail is a whole message of this tag that fits out; copies its payload into out.  The
- * caller releases the ring up to ((tail + 15) & ~15) + 16 + n. */
+/* take(data, q, head_i, tail, tag, out[, tail_i, want_i]) -> the payload's byte count, or -1 (nothing
+ * consumed) unless the next record after tail is a whole message of this tag that fits out; copies its payload
+ * into out.  Without tail_i the caller releases the ring up to ((tail + 15) & ~15) + 16 + n.  With them, take
+ * releases it (store at index tail_i of q), fences and reads the producer's want-space flag (u32 index want_i
+ * of q): a raised flag returns -2 - n instead of n, and the caller rings the producer. */
 static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "take(data, q, head_i, tail, tag, out) takes 6 arguments");
+    if (nargs != 6 && nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "take(data, q, head_i, tail, tag, out[, tail_i, want_i]) takes 6 or 8 arguments");
         return NULL;
     }
     Py_ssize_t hi = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t ti = nargs == 8 ? PyLong_AsSsize_t(args[6]) : 0, wi = nargs == 8 ? PyLong_AsSsize_t(args[7]) : 0;
     unsigned long long tail = PyLong_AsUnsignedLongLong(args[3]);
     unsigned long long tag = PyLong_AsUnsignedLongLong(args[4]);
     if (PyErr_Occurred())
@@ -147,7 +171,7 @@ static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_buffer d, q, o;
     if (PyObject_GetBuffer(args[0], &d, PyBUF_SIMPLE) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &q, PyBUF_SIMPLE) < 0) {
+    if (PyObject_GetBuffer(args[1], &q, nargs == 8 ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
         PyBuffer_Release(&d);
         return NULL;
     }
@@ -157,11 +181,12 @@ static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     }
     long long res = -1;
+    int err = 0;
     uint64_t cap = (uint64_t)d.len;
     if (cap < 32 || (cap & (cap - 1)) || ((uintptr_t)d.buf & 15) || ((uintptr_t)q.buf & 7) || hi < 0 ||
-        (hi + 1) * 8 > q.len) {
-        PyErr_SetString(PyExc_ValueError, "take: a ring of a power-of-two size >= 32 and head_i inside q");
-        res = -2;
+        (hi + 1) * 8 > q.len || ti < 0 || (ti + 1) * 8 > q.len || wi < 0 || (wi + 1) * 4 > q.len) {
+        PyErr_SetString(PyExc_ValueError, "take: a ring of a power-of-two size >= 32 and indices inside q");
+        err = 1;
     } else {
         uint64_t head = __atomic_load_n(&((const uint64_t *)q.buf)[hi], __ATOMIC_ACQUIRE);
         uint64_t t = ((uint64_t)tail + 15) & ~(uint64_t)15;
@@ -180,22 +205,30 @@ static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
                     memcpy((char *)o.buf + first, data, n - first);
                 }
                 res = (long long)n;
+                if (nargs == 8) {
+                    __atomic_store_n(&((uint64_t *)q.buf)[ti], t + 16 + n, __ATOMIC_RELEASE);
+                    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the tail before the want flag (the producer's Dekker) */
+                    if (__atomic_load_n(&((const uint32_t *)q.buf)[wi], __ATOMIC_RELAXED))
+                        res = -2 - (long long)n;
+                }
             }
         }
     }
     PyBuffer_Release(&d);
     PyBuffer_Release(&q);
     PyBuffer_Release(&o);
-    if (res == -2)
+    if (err)
         return NULL;
     return PyLong_FromLongLong(res);
 }
 
 static PyMethodDef methods[] = {
     {"put", (PyCFunction)(void (*)(void))put, METH_FASTCALL,
-     "put(data, q, head_i, tail_i, head, tag, payload) -> new head or -1: write and publish one record"},
+     "put(data, q, head_i, tail_i, head, tag, payload[, bell]) -> new head or -1: write and publish one record "
+     "(and ring q's doorbell with bell)"},
     {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL,
-     "take(data, q, head_i, tail, tag, out) -> n or -1: copy out the next record if it is this tag's, whole"},
+     "take(data, q, head_i, tail, tag, out[, tail_i, want_i]) -> n or -1: copy out the next record if it is this "
+     "tag's, whole (and release the ring: -2 - n when the producer wants to be rung)"},
     {"wait_head", (PyCFunction)(void (*)(void))wait_head, METH_FASTCALL,
      "wait_head(q, head_i, tail, spin_ns, yield_cpu) -> head: poll a ring's head with the GIL released"},
     {NULL, NULL, 0, NULL},
@@ -206,4 +239,12 @@ static struct PyModuleDef moddef = {
     NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__p2pwait(void) { return PyModule_Create(&moddef); }
+PyMODINIT_FUNC PyInit__p2pwait(void) {
+    PyObject *m = PyModule_Create(&moddef);
+    if (m != NULL && (PyModule_AddIntConstant(m, "OFF_BELL", OFF_BELL) < 0 ||
+                      PyModule_AddIntConstant(m, "OFF_SLEEP", OFF_SLEEP) < 0)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

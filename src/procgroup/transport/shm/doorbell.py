@@ -55,7 +55,9 @@ class Doorbell:
         self._slice = slice_s
         self._kick = kick
         self._check_peers = check_peers
-        self._seq = 0
+        #: the last value this rank wrote into a doorbell (rank + 1 + k * world_size: no other ringer writes it);
+        #: the compiled send_fast (ShmTransport.send_fast) steps it too
+        self.last = rank + 1
         self.seg: Optional[Segment] = None
         self.closed = False
         #: threads of ours that may be asleep on the doorbell (lock held to change it)
@@ -71,9 +73,9 @@ class Doorbell:
         fences and only then compares the doorbell in futex_wait; we write the doorbell, fence and
         only then read the flag, so one of us sees the other's write.  ``force``: wake regardless.
         """
-        self._seq += 1
+        v = self.last = (self.last + self._world_size) & 0xFFFFFFFF
         i = seg.i
-        i[OFF_BELL // 4] = (self._seq * self._world_size + self._rank + 1) & 0xFFFFFFFF
+        i[OFF_BELL // 4] = v
         if not force:
             fence()
             if not i[OFF_SLEEP // 4]:

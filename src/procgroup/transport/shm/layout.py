@@ -96,6 +96,9 @@ __all__ = [
 
 logger = logging.getLogger("procgroup.transport")
 
+#: madvise(MADV_POPULATE_WRITE): prefault a range writable (Linux >= 5.14; Python < 3.13 has no constant)
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if platform.system() == "Linux" else 0)
+
 MAGIC = b"PGSHM\x00\x01\x00"
 VERSION = 3
 ST_INIT, ST_READY, ST_CLOSED = 0, 1, 2
@@ -227,6 +230,21 @@ class Segment:
                 return s
         raise ConfigError(f"shared memory segment {self.name} has no ring for rank {src}")
 
+    def prefault_rings(self) -> None:
+        """Map the rings' pages into this process now (MADV_POPULATE_WRITE; Linux >= 5.14, else nothing).
+
+        Otherwise the first pass of each ring through a mapping takes a page fault per 4 KiB, in the writer and
+        again in the reader: +2 faults on every 4 KiB message until the ring has wrapped once (issue 14).
+        """
+        n = self.nslots * self.cap
+        if not n or not _MADV_POPULATE_WRITE:
+            return
+        start = self.data_off & ~(mmap.PAGESIZE - 1)
+        try:
+            self.mm.madvise(_MADV_POPULATE_WRITE, start, self.data_off + n - start)
+        except (OSError, ValueError):  # an older kernel (EINVAL): the pages fault in on first use instead
+            pass
+
     def data(self, slot: int) -> memoryview:
         """A view of the data area of ring ``slot`` (the caller releases it)."""
         off = self.data_off + slot * self.cap
@@ -341,6 +359,7 @@ def create_segment(name: str, rank: int, world_size: int, peers: List[int], cap:
     for s, p in enumerate(peers):
         i[OFF_SLOTS // 4 + s] = p
     seg.layout()
+    seg.prefault_rings()
     i[OFF_STATE // 4] = ST_READY  # last: peers wait for it
     return seg
 
@@ -379,6 +398,7 @@ def attach_segment(
                     if seg.size < segment_size(seg.nslots, seg.cap, seg.big):
                         seg.close()
                         raise BrokenError(f"shared memory segment {name} of rank {peer} is truncated")
+                    seg.prefault_rings()
                     return seg
                 seg.close()
         if peer_dead():

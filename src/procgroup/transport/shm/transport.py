@@ -56,6 +56,7 @@ from ...errors import BrokenError, ClosedError, ConfigError, PeerFailureError
 from .. import _cma, _futex
 from .._engine import EngineTransport, RecvReq, SendReq, Unexpected, timeout_error
 from ..base import Arena, CompletedRequest, Request, Status
+from . import p2pfast as _p2pfast
 from .arena import ARENA_SPIN, ARENA_SPIN_OVERSUBSCRIBED, ShmArena
 from .bigarena import ShmBigArena, big_arena_for
 from .doorbell import Doorbell
@@ -63,6 +64,8 @@ from .formation import form_segments
 from .layout import (
     ARENA_GROUPS,
     BIG_GROUPS,
+    OFF_BELL,
+    OFF_SLEEP,
     OFF_STATE,
     ST_CLOSED,
     X86,
@@ -97,8 +100,6 @@ logger = logging.getLogger("procgroup.transport")
 #: polling before sleeping (seconds) and the futex sleep slice between liveness checks
 DEFAULT_SPIN = 50e-6
 DEFAULT_SLICE = 0.05
-#: the largest message of the blocking fast path (send_fast/recv_fast): one record that fits a ring at once
-FAST_MAX = 64 << 10
 
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 
@@ -177,6 +178,11 @@ class ShmTransport(EngineTransport):
         self._wait_head = fast_c.wait_head if fast_c is not None else None
         self._put = fast_c.put if fast_c is not None else None
         self._take = fast_c.take if fast_c is not None else None
+        #: put rings the doorbell and take releases the ring in C (a build whose layout agrees with ours)
+        self._c_bell = fast_c is not None and (getattr(fast_c, "OFF_BELL", 0), getattr(fast_c, "OFF_SLEEP", 0)) == (
+            OFF_BELL,
+            OFF_SLEEP,
+        )
         self._arenas: List[ShmArena] = []
         self._bigs: Dict[int, ShmBigArena] = {}  # group key -> its big slots (one object per key: its turn persists)
         self._slice = slice_s
@@ -500,117 +506,9 @@ class ShmTransport(EngineTransport):
             self._notify_locked()
         return progressed
 
-    # -- the blocking small-message fast path (procgroup.p2p.send/recv) ------------------------------
-    def send_fast(self, dst: int, tag: int, view: memoryview) -> bool:
-        """Write a small message to ``dst`` now, if it may go first; False when the caller must take ``isend``.
-
-        Only when nothing of ours to ``dst`` is queued (order), the peer is reachable, neither failed nor closed,
-        and the whole record fits in its ring now.  ``view``: a flat byte view; ``tag`` already checked.
-        """
-        n = view.nbytes
-        if n > FAST_MAX:
-            return False
-        with self._lock:
-            o = self._out.get(dst)
-            if o is None or o.pending or self._closed or self._aborted is not None or dst in self._failed:
-                return False
-            put = self._put
-            if put is None:
-                if not o.try_write(tag, view):
-                    return False
-            else:
-                end = put(o.data, o.seg.q, o.head_i, o.tail_i, o.head, tag, view)
-                if end < 0:
-                    return False
-                o.head = end
-                self._ring(o.seg)
-        self.bytes_sent += n
-        self.fast_sends += 1
-        return True
-
-    def recv_fast(self, src: int, tag: int, out: memoryview) -> int:
-        """Receive the next message from ``src`` with ``tag`` straight from its ring, polling for the spin time.
-
-        Returns its byte count, or -1 when the caller must take the general path (``irecv`` and a wait): the
-        spin ran out, a receive or an unexpected message of ``tag`` is queued (order), the ring's next record is
-        another message, a control record or one still streaming in, the message is larger than ``out``, or the
-        peer failed or the transport closed.  Nothing is consumed then.  ``src`` is a peer, never ANY_SOURCE.
-        """
-        r = self._in.get(src)
-        if r is None or out.nbytes > FAST_MAX:
-            return -1
-        lock = self._lock
-        q = r.seg.q
-        head_i = r.head_i
-        others = len(self._in_list) > 1
-        wait_head = None if others else self._wait_head  # (with other rings to serve: poll them too, in Python)
-        take = self._take
-        end = 0.0
-        while True:
-            with lock:
-                if (
-                    self._closed
-                    or r.cur is not None
-                    or tag in self._posted
-                    or tag in self._unexpected
-                    or src in self._failed
-                    or self._aborted is not None
-                ):
-                    return -1
-                head = q[head_i]
-                tail = r.tail
-                if head != tail:
-                    t = (tail + 15) & ~15
-                    n: int
-                    if take is not None:
-                        n = take(r.data, q, head_i, tail, tag, out)
-                        if n < 0:
-                            return -1
-                    else:
-                        if head < t + REC_SIZE:
-                            return -1
-                        data = r.data
-                        rtag: int
-                        rtag, n = REC.unpack_from(data, t & r.mask)
-                        if rtag != tag or n > out.nbytes or head < t + REC_SIZE + n:
-                            return -1  # another message, a control record (n > LEN_MASK), too large, or streaming
-                        pos = (t + REC_SIZE) & r.mask
-                        first = r.cap - pos
-                        if n <= first:
-                            out[:n] = data[pos : pos + n]
-                        else:
-                            out[:first] = data[pos:]
-                            out[first:n] = data[: n - first]
-                    self._flow.moved += 1
-                    self._release(r, t + REC_SIZE + n)
-                    self._notify_locked()
-                    self.fast_recvs += 1
-                    return n
-                if self._pending_out or others:
-                    self._progress_others_locked(r)
-            now = time.monotonic()
-            if not end:
-                end = now + self._spin
-            elif now >= end:
-                self._fast_spun = now  # the general wait that follows sleeps at once (no second spin)
-                return -1
-            if wait_head is not None and not self._pending_out:  # poll the head, GIL released, until it moves
-                wait_head(q, head_i, tail, int((end - now) * 1e9), self._yield)
-            elif self._yield:
-                _sched_yield()
-
-    def _progress_others_locked(self, skip: InRing) -> None:
-        """A progress pass over every ring but ``skip`` (whose next record a fast receive may take). Lock held."""
-        progressed = False
-        for r in self._in_list:
-            if r is not skip and self._drain(r):
-                progressed = True
-        if self._pending_out:
-            for o in list(self._pending_out):
-                if self._push(o):
-                    progressed = True
-        if progressed:
-            self._notify_locked()
+    # -- the blocking small-message fast path (procgroup.p2p.send/recv): in .p2pfast --------------------
+    send_fast = _p2pfast.send_fast
+    recv_fast = _p2pfast.recv_fast
 
     # -- liveness ----------------------------------------------------------------------------------
     def _check_peers_locked(self) -> None:

@@ -1,0 +1,166 @@
+"""The shm transport's blocking small-message fast path (``procgroup.p2p.send``/``recv``; issue 14).
+
+:class:`~procgroup.transport.shm.transport.ShmTransport` binds these functions as its methods
+``send_fast``/``recv_fast``: a small blocking send is written straight into the peer's ring when nothing of
+ours to that peer is queued ahead of it, and a blocking receive takes its message straight out of the ring
+when nothing queued could be overtaken.  The compiled helpers (:mod:`._p2pwait`, optional) write the record
+and ring the consumer's doorbell (with the fence of its sleep-flag handshake) in one call, and read the
+record and release the ring (with the fence of the producer's want-space handshake) in one call.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from .ring import REC, REC_SIZE, InRing
+
+#: ``self`` below is the ShmTransport (typed Any: importing it here would make an import cycle)
+__all__ = ["FAST_MAX", "send_fast", "recv_fast", "progress_others_locked"]
+
+#: the largest message of the blocking fast path (send_fast/recv_fast): one record that fits a ring at once
+FAST_MAX = 64 << 10
+
+_sched_yield = getattr(os, "sched_yield", lambda: None)
+
+
+def send_fast(self: Any, dst: int, tag: int, view: Any) -> bool:
+    """Write a small message to ``dst`` now, if it may go first; False when the caller must take ``isend``.
+
+    Only when nothing of ours to ``dst`` is queued (order), the peer is reachable, neither failed nor closed,
+    and the whole record fits in its ring now.  ``view``: a flat byte memoryview or a C-contiguous ndarray
+    (handed to the compiled put as it is: no view to make); ``tag`` already checked.
+    """
+    n = view.nbytes
+    if n > FAST_MAX:
+        return False
+    with self._lock:
+        o = self._out.get(dst)
+        if o is None or o.pending or self._closed or self._aborted is not None or dst in self._failed:
+            return False
+        put = self._put
+        if put is None:
+            if not o.try_write(tag, view if type(view) is memoryview else memoryview(view).cast("B")):
+                return False
+        elif self._c_bell:  # the doorbell's value, then put writes, publishes and rings (with its fence)
+            b = self._bell
+            v = b.last = (b.last + self.world_size) & 0xFFFFFFFF
+            end = put(o.data, o.seg.q, o.head_i, o.tail_i, o.head, tag, view, v)
+            if end < 0:
+                return False
+            o.head = end
+        else:
+            end = put(o.data, o.seg.q, o.head_i, o.tail_i, o.head, tag, view)
+            if end < 0:
+                return False
+            o.head = end
+            self._ring(o.seg)
+    self.bytes_sent += n
+    self.fast_sends += 1
+    return True
+
+
+def recv_fast(self: Any, src: int, tag: int, out: Any) -> int:
+    """Receive the next message from ``src`` with ``tag`` straight from its ring, polling for the spin time.
+
+    Returns its byte count, or -1 when the caller must take the general path (``irecv`` and a wait): the
+    spin ran out, a receive or an unexpected message of ``tag`` is queued (order), the ring's next record is
+    another message, a control record or one still streaming in, the message is larger than ``out``, or the
+    peer failed or the transport closed.  Nothing is consumed then.  ``src`` is a peer, never ANY_SOURCE.
+    ``out``: a flat writable byte memoryview or a C-contiguous writable ndarray (as :func:`send_fast`).
+    """
+    r = self._in.get(src)
+    if r is None or out.nbytes > FAST_MAX:
+        return -1
+    lock = self._lock
+    q = r.seg.q
+    head_i = r.head_i
+    others = len(self._in_list) > 1
+    wait_head = None if others else self._wait_head  # (with other rings to serve: poll them too, in Python)
+    take = self._take
+    c_bell = self._c_bell
+    if take is None and type(out) is not memoryview:
+        out = memoryview(out).cast("B")
+    end = 0.0
+    while True:
+        with lock:
+            if (
+                self._closed
+                or r.cur is not None
+                or tag in self._posted
+                or tag in self._unexpected
+                or src in self._failed
+                or self._aborted is not None
+            ):
+                return -1
+            head = q[head_i]
+            tail = r.tail
+            if head != tail:
+                t = (tail + 15) & ~15
+                n: int
+                if (
+                    c_bell and take is not None
+                ):  # take copies, releases the ring and reads the producer's want flag (fenced)
+                    n = take(r.data, q, head_i, tail, tag, out, r.tail_i, r.want_i)
+                    if n < 0:
+                        if n == -1:
+                            return -1
+                        n = -2 - n
+                        self._ring(r.peer_seg)  # the producer waits for room
+                    r.tail = t + REC_SIZE + n
+                    self._flow.moved += 1
+                    if self._bell.sleepers or self._hooks:  # _notify_locked's cases, tested inline
+                        self._notify_locked()
+                    self.fast_recvs += 1
+                    return n
+                if take is not None:
+                    n = take(r.data, q, head_i, tail, tag, out)
+                    if n < 0:
+                        return -1
+                else:
+                    if head < t + REC_SIZE:
+                        return -1
+                    data = r.data
+                    rtag: int
+                    rtag, n = REC.unpack_from(data, t & r.mask)
+                    if rtag != tag or n > out.nbytes or head < t + REC_SIZE + n:
+                        return -1  # another message, a control record (n > LEN_MASK), too large, or streaming
+                    pos = (t + REC_SIZE) & r.mask
+                    first = r.cap - pos
+                    if n <= first:
+                        out[:n] = data[pos : pos + n]
+                    else:
+                        out[:first] = data[pos:]
+                        out[first:n] = data[: n - first]
+                self._flow.moved += 1
+                self._release(r, t + REC_SIZE + n)
+                self._notify_locked()
+                self.fast_recvs += 1
+                return n
+            if self._pending_out or others:
+                progress_others_locked(self, r)
+        now = time.monotonic()
+        if not end:
+            end = now + self._spin
+        elif now >= end:
+            self._fast_spun = now  # the general wait that follows sleeps at once (no second spin)
+            return -1
+        if wait_head is not None and not self._pending_out:  # poll the head, GIL released, until it moves
+            wait_head(q, head_i, tail, int((end - now) * 1e9), self._yield)
+        elif self._yield:
+            _sched_yield()
+
+
+def progress_others_locked(self: Any, skip: InRing) -> None:
+    """A progress pass over every ring but ``skip`` (whose next record a fast receive may take). Lock held."""
+    progressed = False
+    for r in self._in_list:
+        if r is not skip and self._drain(r):
+            progressed = True
+    if self._pending_out:
+        for o in list(self._pending_out):
+            if self._push(o):
+                progressed = True
+    if progressed:
+        self._notify_locked()
