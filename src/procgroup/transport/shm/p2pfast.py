@@ -14,10 +14,10 @@ import os
 import time
 from typing import Any
 
-from .ring import REC, REC_SIZE, InRing
+from .ring import REC, REC_SIZE
 
 #: ``self`` below is the ShmTransport (typed Any: importing it here would make an import cycle)
-__all__ = ["FAST_MAX", "send_fast", "recv_fast", "progress_others_locked"]
+__all__ = ["FAST_MAX", "send_fast", "recv_fast"]
 
 #: the largest message of the blocking fast path (send_fast/recv_fast): one record that fits a ring at once
 FAST_MAX = 64 << 10
@@ -139,7 +139,7 @@ def recv_fast(self: Any, src: int, tag: int, out: Any) -> int:
                 self.fast_recvs += 1
                 return n
             if self._pending_out or others:
-                progress_others_locked(self, r)
+                self._progress_locked(r)
         now = time.monotonic()
         if not end:
             end = now + self._spin
@@ -150,17 +150,3 @@ def recv_fast(self: Any, src: int, tag: int, out: Any) -> int:
             wait_head(q, head_i, tail, int((end - now) * 1e9), self._yield)
         elif self._yield:
             _sched_yield()
-
-
-def progress_others_locked(self: Any, skip: InRing) -> None:
-    """A progress pass over every ring but ``skip`` (whose next record a fast receive may take). Lock held."""
-    progressed = False
-    for r in self._in_list:
-        if r is not skip and self._drain(r):
-            progressed = True
-    if self._pending_out:
-        for o in list(self._pending_out):
-            if self._push(o):
-                progressed = True
-    if progressed:
-        self._notify_locked()

@@ -493,10 +493,12 @@ class ShmTransport(EngineTransport):
         else:
             self._entry_done_locked(target)
 
-    def _progress_locked(self) -> bool:
+    def _progress_locked(self, skip: Optional[InRing] = None) -> bool:
+        """A progress pass: drain every incoming ring but ``skip`` (whose next record a fast receive may take),
+        push pending sends, wake our waiters when anything moved. Lock held."""
         progressed = False
         for r in self._in_list:
-            if self._drain(r):
+            if r is not skip and self._drain(r):
                 progressed = True
         if self._pending_out:
             for o in list(self._pending_out):
