@@ -259,13 +259,18 @@ ALLREDUCE = {
 }
 
 
-def _allreduce_body(f, cases, p):
+def _allreduce_body(f, cases, p, out=None):
+    """A rank's body: all-reduce every (dtype, op, n) of ``cases`` with ``f`` and check it exact (``out``: also
+    keep each result's bytes under (rank, case))."""
+
     def body(r, make):
         for k, (dt, op, n) in enumerate(cases):
             buf = contrib(dt, op, r, n)
             f(make(k + 1), buf, kernel(op, dt))
             finalize(op, buf, p, dtype="bfloat16" if dt == "bfloat16" else None)
             check_reduced(dt, op, p, buf, f"case {k} {dt} {op.name} n={n} rank {r}/{p}")
+            if out is not None:
+                out[(r, k)] = buf.tobytes()
 
     return body
 
@@ -576,15 +581,7 @@ def reduce_everywhere(fn: Callable[..., None], hosts: List[str], cases: list, ho
     log: list = []
     lock = threading.Lock()
     out: dict = {}
-
-    def body(r, make):
-        for k, (dt, op, n) in enumerate(cases):
-            buf = contrib(dt, op, r, n)
-            fn(make(k + 1), buf, kernel(op, dt))
-            finalize(op, buf, p, dtype="bfloat16" if dt == "bfloat16" else None)
-            check_reduced(dt, op, p, buf, f"case {k} {dt} {op.name} n={n} rank {r}/{p}")
-            out[(r, k)] = buf.tobytes()
-
+    body = _allreduce_body(fn, cases, p, out)
     run_ranks(p, body, hosts=hosts, wrap=lambda t: RecordingTransport(t, log, lock), host_arenas=host_arenas)
     for k in range(len(cases)):
         assert len({out[(r, k)] for r in range(p)}) == 1, f"case {k}: ranks disagree bitwise"
