@@ -176,12 +176,7 @@ def _ddp_case(case, dist, torch, nn, DDP, rank, gloo_group, pg_group, rec, label
                     m(x).square().mean().backward()
                     opts[n].step()
                 compute.append(time.perf_counter() - t0)
-            elif n == "no all_reduce":
-                opts[n].zero_grad()
-                m(x).square().mean().backward()
-                opts[n].step()
-                rec(f"DDP {label} no all_reduce", time.perf_counter() - t0)
-            else:
+            else:  # gloo, procgroup, and the step without its all_reduce (its comm hook returns the bucket)
                 opts[n].zero_grad()
                 m(x).square().mean().backward()
                 opts[n].step()
