@@ -116,7 +116,7 @@ def tensor_view(x: Any) -> Any:
     For the planned fronts of the collectives, so that a torch tensor runs the same cached plan as a numpy array
     of its dtype and size (the view is built anew on every call: see :func:`_torch_view`).
     """
-    if type(x) not in _TORCH_TYPES and not is_torch_tensor(x):
+    if not is_torch_tensor(x):
         return None
     a = _torch_view(x)
     return None if a is None or a.dtype is _BF16_VIEW else a
