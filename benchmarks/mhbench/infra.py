@@ -281,7 +281,7 @@ def log(msg: str) -> None:
 
 
 def child_env(extra: Optional[dict] = None) -> dict:
-    from procgroup.bench.cli import child_env as bench_env
+    from procgroup.bench._env import child_env as bench_env
 
     env = bench_env()
     for k in list(env):  # nothing that tells a rank (or a nested launcher) who it is

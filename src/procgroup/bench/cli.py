@@ -27,7 +27,6 @@ import os
 import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,13 +35,13 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from . import report
+from ._env import PKG_PARENT, child_env, mpirun_cmd
 from ._load import BackgroundMeter, busy_fraction
 from .cases import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, OPS, fmt_size, parse_size, sizes_between
+from .startup import format_startup, measure_startup
 
 __all__ = ["main", "build_parser"]
 
-#: the directory holding the procgroup package this process imported: the workers import the same one
-PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["procgroup"].__file__ or "")))
 COMPARE = ("gloo", "mpi", "cpu")
 BACKENDS = ("cpu", "mpi")
 
@@ -167,36 +166,6 @@ def build_parser() -> argparse.ArgumentParser:
 # ----------------------------------------------------------------------------- environment
 
 
-def child_env(extra: Optional[dict] = None) -> dict:
-    env = dict(os.environ)
-    pp = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = PKG_PARENT + (os.pathsep + pp if pp else "")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-    # a worker inherits nothing that would make it think it is a rank of an enclosing job
-    for k in (
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "TORCHELASTIC_RUN_ID",
-        "PROCGROUP_RUN_ID",
-        "PROCGROUP_STORE_HOSTED",
-        "PROCGROUP_SECRET",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_RANK",
-        "PMI_SIZE",
-        "SLURM_PROCID",
-    ):
-        env.pop(k, None)
-    if extra:
-        env.update(extra)
-    return env
-
-
 def _version_of(mod: str) -> Optional[str]:
     if importlib.util.find_spec(mod) is None:
         return None
@@ -281,14 +250,6 @@ def mpi_unavailable() -> Optional[str]:
 # ----------------------------------------------------------------------------- running one system
 
 
-def _mpirun(n: int, *exported: str) -> list[str]:
-    """``mpirun`` of ``n`` local ranks (root allowed, oversubscribed), exporting PYTHONPATH and ``exported``."""
-    cmd = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n)]
-    for var in ("PYTHONPATH", *exported):
-        cmd += ["-x", var]
-    return cmd
-
-
 def _commands(system: str, n: int, worker_args: list[str], backend: str = "cpu") -> list[str]:
     """The command line of one system's run (``backend``: procgroup's backend under test)."""
     if system == "mpi" or (system == "procgroup" and backend == "mpi"):
@@ -296,7 +257,7 @@ def _commands(system: str, n: int, worker_args: list[str], backend: str = "cpu")
             worker = [sys.executable, "-m", "procgroup.bench.mpi_worker", *worker_args]
         else:
             worker = [sys.executable, "-m", "procgroup.bench.worker", "--backend", "mpi", *worker_args]
-        return _mpirun(n, "OMP_NUM_THREADS", "PYTHONUNBUFFERED") + worker
+        return mpirun_cmd(n, "OMP_NUM_THREADS", "PYTHONUNBUFFERED") + worker
     if system == "gloo":
         mod, extra = "procgroup.bench.torch_worker", []
     else:  # procgroup on the cpu backend: the system under test, or the "cpu" column beside the mpi backend
@@ -456,84 +417,6 @@ def _kill(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
-
-
-# ----------------------------------------------------------------------------- startup
-
-
-STARTUP_SCRIPTS = {
-    "procgroup": "import procgroup as dist\ndist.init_process_group()\ndist.barrier()\ndist.destroy_process_group()\n",
-    "gloo": (
-        "import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\n"
-        "dist.destroy_process_group()\n"
-    ),
-    "mpi": "from mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\n",
-}
-
-
-def measure_startup(n: int, runs: int, systems: Sequence[str], workdir: Path, quiet: bool) -> dict:
-    """Wall time of launching n processes that init, pass a barrier and exit (1 warm-up run, then ``runs``)."""
-    res: dict = {"nproc": n, "runs": runs}
-    for s in systems:
-        script = workdir / f"startup_{s}.py"
-        script.write_text(STARTUP_SCRIPTS[s])
-        if s == "procgroup":
-            cmd = [sys.executable, "-m", "procgroup", "run", "--standalone", "--nproc-per-node", str(n), str(script)]
-            what = f"procgroup run --standalone --nproc-per-node {n}"
-        elif s == "gloo":
-            cmd = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc-per-node",
-                str(n),
-                str(script),
-            ]
-            what = f"torchrun --standalone --nproc-per-node {n}"
-        else:
-            cmd = _mpirun(n) + [sys.executable, str(script)]
-            what = f"mpirun -np {n}"
-        times, err = [], None
-        meter = BackgroundMeter()
-        for i in range(runs + 1):
-            t0 = time.perf_counter()
-            r = subprocess.run(
-                cmd, capture_output=True, text=True, env=child_env(), timeout=300, stdin=subprocess.DEVNULL
-            )
-            dt = time.perf_counter() - t0
-            if r.returncode != 0:
-                err = f"exit code {r.returncode}: {(r.stdout + r.stderr)[-1500:]}"
-                break
-            if i > 0:  # the first run warms the page cache
-                times.append(dt)
-        entry = {"command": what, "times_s": times, "background_cpu": meter.fraction()}
-        if err:
-            entry["error"] = err
-        if times:
-            entry["median_s"] = statistics.median(times)
-            entry["min_s"] = min(times)
-        res[s] = entry
-        if not quiet:
-            msg = f"{entry['median_s']:.3f} s median of {len(times)}" if times else f"FAILED {err}"
-            sys.stderr.write(f"procgroup bench: startup {what}: {msg}\n")
-    return res
-
-
-def format_startup(st: dict) -> str:
-    lines = [
-        f"startup: launch {st['nproc']} processes that init, pass a barrier and exit "
-        f"(wall time, median of {st['runs']} after 1 warm-up)"
-    ]
-    for s in report.SYSTEMS:
-        e = st.get(s)
-        if not e:
-            continue
-        v = f"{e['median_s']:.3f} s  (min {e['min_s']:.3f} s)" if "median_s" in e else f"FAILED: {e.get('error')}"
-        if e.get("background_cpu") is not None:
-            v += f"  [other users' CPU load {100 * e['background_cpu']:.0f}%]"
-        lines.append(f"  {e['command']:<45} {v}")
-    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- main
