@@ -20,7 +20,14 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from . import store as store_mod
 from .backends import WorldSpec, lookup
-from .config import DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, Identity, RuntimeConfig, job_secret
+from .config import (
+    DEFAULT_MASTER_ADDR,
+    DEFAULT_MASTER_PORT,
+    Identity,
+    RuntimeConfig,
+    job_secret,
+    torch_agent_store_in_use,
+)
 from .deadline import Deadline
 from .debug import install_signal_handler
 from .errors import (
@@ -159,10 +166,14 @@ def _torch_dist_loaded() -> bool:
 
 
 def _torch_agent_store(host: str, port: int, timeout: float) -> Any:
-    """Under torchrun, a client of the agent's torch store on MASTER_PORT (adapted), or None (no torch/agent store)."""
+    """Under torchrun, a client of the agent's torch store on MASTER_PORT (adapted), or None (no torch/agent store).
+
+    Asks the environment first: ``procgroup run`` also sets TORCHELASTIC_RUN_ID but hosts no agent store, and
+    importing torch to find that out cost every init 3-4 s on this machine.
+    """
     import importlib.util
 
-    if importlib.util.find_spec("torch") is None:
+    if not torch_agent_store_in_use() or importlib.util.find_spec("torch") is None:
         return None
     from .torch._store import torch_agent_store
 

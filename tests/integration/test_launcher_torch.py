@@ -40,9 +40,24 @@ TORCH_SCRIPT = """
 """
 
 
-def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+PLAIN_SCRIPT = """
+    import sys
+    import numpy as np
+    import procgroup as dist
+
+    dist.init_process_group()
+    x = np.full(3, dist.get_rank() + 1.0)
+    dist.all_reduce(x)
+    assert x.tolist() == [3.0, 3.0, 3.0], x
+    loaded = sorted(m for m in ("torch", "torch.distributed") if m in sys.modules)
+    print(f"plain rank {dist.get_rank()} torch modules {loaded}", flush=True)
+    dist.destroy_process_group()
+"""
+
+
+def _run(tmp_path: Path, *args: str, source: str = TORCH_SCRIPT) -> subprocess.CompletedProcess:
     script = tmp_path / "torch_allreduce.py"
-    script.write_text(textwrap.dedent(TORCH_SCRIPT))
+    script.write_text(textwrap.dedent(source))
     env = {
         k: v
         for k, v in os.environ.items()
@@ -69,3 +84,15 @@ def test_unmodified_torch_gloo_script_runs_under_procgroup_run(tmp_path):
         "[1] torch rank 1/2 local 1 ok [3.0, 6.0, 9.0, 12.0]",
     ], ctx
     assert "2 worker(s) on" in r.stderr and "succeeded" in r.stderr, ctx
+
+
+def test_plain_procgroup_script_under_procgroup_run_never_imports_torch(tmp_path):
+    """procgroup run sets TORCHELASTIC_RUN_ID (torchrun's contract) but hosts no agent store: init must not import
+    torch to look for one (it did, and that cost every init 3-4 s here)."""
+    r = _run(tmp_path, "--standalone", "--nproc-per-node", "2", source=PLAIN_SCRIPT)
+    ctx = f"exit status {r.returncode}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr[-6000:]}"
+    assert r.returncode == 0, ctx
+    assert sorted(ln for ln in r.stdout.splitlines() if "plain rank" in ln) == [
+        "[0] plain rank 0 torch modules []",
+        "[1] plain rank 1 torch modules []",
+    ], ctx
