@@ -507,7 +507,7 @@ class ProcessGroup:
     def _concurrent(self, op: str, me: int) -> ConcurrentUseError:
         """The error of ``op`` called by thread ``me`` while another thread is inside a call of this group."""
         names = {t.ident: t.name for t in threading.enumerate()}
-        owner = self._owner
+        owner = self._owner or self._home  # run_plan leaves it 0 in the home thread (the only one it admits then)
         rec = self.inflight  # the owner's call (None: it is still waiting for the group's async work)
         if rec is not None:
             rec = as_record(rec)
@@ -583,13 +583,15 @@ class ProcessGroup:
         if self._halt is not None:
             raise self.halted(plan.op)
         me = _get_ident()
-        if self._pending or (self._home and me != self._home):
+        home = self._home
+        if self._pending or (home and me != home):
             return SLOW
         try:
             self._busy.pop()
         except IndexError:
             return SLOW
-        self._owner = me
+        if not home:
+            self._owner = me  # with a home thread, only it gets here: _concurrent names it when _owner is 0
         try:
             # the engine's split (Plan.post/done): start the operation first, so that the bookkeeping below
             # runs while it is in flight; post never waits (the wait is done's, under the deadline set below)
@@ -610,14 +612,20 @@ class ProcessGroup:
             dl = self._plan_dl
             dl.at = now + self.timeout
             dl.start = now
-            rec = [seq, plan, now, None]  # flight.as_record: a FlightRecord costs ~0.2 us more a call
+            rec = [seq, plan, now, None]  # flight.as_record: a FlightRecord costs ~0.2 us a call more
             self.flight.append(rec)
             self.inflight = rec
-            end = None
             try:
                 if req is not None:  # the posted operation needs only the deadline: no Comm, no tag
-                    if not plan.done(dl, req):
-                        end = now  # it completed within a few polls: microseconds after now, no clock read
+                    # its first polls here, inline (a call of done costs ~0.1 us): the peers' data has usually
+                    # arrived during the bookkeeping above, and MPI's schedules take 1-3 polls to finish
+                    test = req.Test
+                    try:
+                        quick = test() or test() or test()
+                    except Exception as e:  # noqa: BLE001 - the engine's own error (MPI's): fail() converts it
+                        raise plan.fail(e) from None
+                    # completed within a few polls: microseconds after now, no clock read for its end
+                    rec[3] = now if quick or not plan.done(dl, req) else _monotonic()
                 elif err is not None:
                     raise err
                 else:
@@ -641,6 +649,7 @@ class ProcessGroup:
                         comm.tag = tag << STEP_BITS
                         comm.deadline = dl
                     plan.fn(comm, a, b)
+                    rec[3] = _monotonic()  # completed
             except ProcGroupError as e:
                 raise self._failed(self._solid(rec), e, plan.op, seq, dl, plan.sig)  # noqa: B904 - _context: cause
             except BaseException:
@@ -648,12 +657,12 @@ class ProcessGroup:
                 solid.state, solid.end = "failed", _monotonic()
                 self.inflight = None
                 raise
-            rec[3] = _monotonic() if end is None else end  # completed
             self.last_completed = seq
             self.inflight = None
             return None
         finally:
-            self._owner = 0
+            if not home:
+                self._owner = 0
             self._busy.append(True)
 
     def _solid(self, entry: list) -> FlightRecord:
