@@ -16,8 +16,9 @@ columns, all in the same job and alternating within each round, and what procgro
 
 4 B = one float32 (all_gather: one per rank); reductions SUM, root 0.  The raw calls run on a duplicate of
 COMM_WORLD (so they never meet procgroup's communicators).  For a shared machine: each number is the minimum
-over ``--runs`` runs of ``--calls`` back-to-back calls (other users' load only ever adds time), wall clock,
-every rank in the loop (the slowest decides), a barrier before each run; the median over ``--rounds`` rounds.
+over ``--runs`` runs of ``--calls`` back-to-back calls (other users' load only ever adds time; ``--stat median``
+for the typical run instead), wall clock, every rank in the loop (the slowest decides), a barrier before each
+run; the median over ``--rounds`` rounds.
 ``procgroup bench --backend mpi --compare mpi`` compares procgroup with raw mpi4py's blocking calls too, but in
 separate jobs and without the nonblocking floor.
 """
@@ -49,6 +50,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=500, help="back-to-back calls per timed run")
     p.add_argument("--runs", type=int, default=40, help="timed runs per number (their minimum is taken)")
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
+    p.add_argument("--stat", choices=("min", "median"), default="min", help="which run of --runs gives the number")
     return p.parse_args()
 
 
@@ -93,15 +95,16 @@ def main() -> None:
             for f in table[op]:
                 f()
     got = {op: ([], [], []) for op in ops}
+    pick = min if ns.stat == "min" else statistics.median
     for _ in range(ns.rounds):
         for op in ops:
             for k, f in enumerate(table[op]):
-                us = per_call_us(f, calls=ns.calls, runs=ns.runs, clock=time.perf_counter, pick=min, before=w.Barrier)
+                us = per_call_us(f, calls=ns.calls, runs=ns.runs, clock=time.perf_counter, pick=pick, before=w.Barrier)
                 got[op][k].append(us)
     if r == 0:
         med = statistics.median
         print(f"N={n}, {MPI.Get_library_version().splitlines()[0]}, mpi4py {_version()}")
-        print(f"us per call, min over {ns.runs} runs of {ns.calls} calls, median of {ns.rounds} rounds")
+        print(f"us per call, {ns.stat} over {ns.runs} runs of {ns.calls} calls, median of {ns.rounds} rounds")
         print(f"{'op':11s} {'block':>7s} {'nonbl':>7s} {'pg':>7s} {'+block':>7s} {'+nonbl':>7s}   +block per round")
         for op, (blk, nb, pg) in got.items():
             added = [p - q for p, q in zip(pg, blk)]
