@@ -258,6 +258,15 @@ _UNSET = object()
 class ProcessGroup:
     """An ordered set of global ranks that run collectives together."""
 
+    # Rarely set, so class defaults (set on the instance when they change): CPython keeps up to 29 instance
+    # attributes inline, more cost ~3 ns per access, ~20 a planned call (tests/unit/test_plans.py counts them)
+    _queue: Optional["queue.Queue[Any]"] = None  # the async worker's (made on first async op)
+    _thread: Optional[threading.Thread] = None
+    _closed = False
+    _host_arena: Any = None  # a group spanning hosts: its members' slots on this host (made with _arena)
+    _gen_fp = 0  # the incarnation's fingerprint salt (gen > 0 only)
+    broken: Optional[Failure] = None  # the error that broke this group (or its world), once one has
+
     def __init__(
         self,
         world: World,
@@ -277,7 +286,8 @@ class ProcessGroup:
         self.gid = gid
         # incarnation of a reused id: mixed into collective tags so a destroyed incarnation's stragglers never match
         self.gen = gen
-        self._gen_fp = (gen * 40503) & FP_MASK
+        if gen:
+            self._gen_fp = (gen * 40503) & FP_MASK
         self.name = name
         self.timeout = float(timeout if timeout is not None else world.timeout)
         self._rank = self.ranks.index(world.rank) if world.rank in self.ranks else -1
@@ -308,19 +318,14 @@ class ProcessGroup:
         #: threads of their own, whose names differ across ranks, so there only the one-thread check applies
         self._home = 0
         self._pending: List[Work] = []
-        self._queue: Optional["queue.Queue[Any]"] = None
-        self._thread: Optional[threading.Thread] = None
-        self._closed = False
         self._child_groups = 0  # groups created with this one as parent (for consistent ids)
         self._arena: Any = _UNSET  # the transport's shared slots for this group (None: it has none), made on first use
-        self._host_arena: Any = None  # a group spanning hosts: its members' slots on this host (made with _arena)
         #: planned calls (procgroup.plans): what a repeated collective derives once, keyed by the call's shape
         self.plans: Dict[tuple, Any] = {}
         #: why this group refuses every call (None: usable): "closed", "broken", "forked"; checked first by every call
         self._halt: Optional[str] = None
-        #: the error that broke this group (or its world), once one has
-        self.broken: Optional[Failure] = world.broken
-        if self.broken is not None:
+        if world.broken is not None:  # (the class default: None)
+            self.broken = world.broken
             self._halt = "broken"
         if world.forked():
             self._halt = "forked"
@@ -617,15 +622,13 @@ class ProcessGroup:
             self.inflight = rec
             try:
                 if req is not None:  # the posted operation needs only the deadline: no Comm, no tag
-                    # its first polls here, inline (a call of done costs ~0.1 us): the peers' data has usually
-                    # arrived during the bookkeeping above, and MPI's schedules take 1-3 polls to finish
+                    # its first polls inline (done, a call, only if they fail): MPI's schedules take 1-3 of them
                     test = req.Test
                     try:
                         quick = test() or test() or test()
                     except Exception as e:  # noqa: BLE001 - the engine's own error (MPI's): fail() converts it
                         raise plan.fail(e) from None
-                    # completed within a few polls: microseconds after now, no clock read for its end
-                    rec[3] = now if quick or not plan.done(dl, req) else _monotonic()
+                    rec[3] = now if quick or not plan.done(dl, req) else _monotonic()  # quick: no clock read
                 elif err is not None:
                     raise err
                 else:
