@@ -662,10 +662,9 @@ class MpiEngine(CollectiveEngine):
         wait_until = self.wait_until
 
         def done(deadline: Any, req: Any) -> bool:  # after run_plan's own first Tests found it pending
-            test = req.Test
             try:
                 for _ in _QUICK:  # the peers are usually a few us away: no wait set up
-                    if test():
+                    if req.Test():
                         return False
             except MPIException as e:
                 raise failed(group, what, e) from None
