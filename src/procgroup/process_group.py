@@ -260,8 +260,8 @@ class ProcessGroup:
 
     # Rarely set, so class defaults (set on the instance when they change): CPython keeps up to 29 instance
     # attributes inline, more cost ~3 ns per access, ~20 a planned call (tests/unit/test_plans.py counts them)
-    _queue: Optional["queue.Queue[Any]"] = None  # the async worker's (made on first async op)
-    _thread: Optional[threading.Thread] = None
+    #: the async worker's queue and thread (one attribute: made on the first async op), or None
+    _async: Optional[Tuple["queue.Queue[Any]", threading.Thread]] = None
     _closed = False
     _host_arena: Any = None  # a group spanning hosts: its members' slots on this host (made with _arena)
     _gen_fp = 0  # the incarnation's fingerprint salt (gen > 0 only)
@@ -713,17 +713,17 @@ class ProcessGroup:
         return a
 
     def _submit(self, work: Work, fn: Callable[[], Any]) -> None:
-        if self._thread is None:
-            self._queue = queue.Queue()
-            self._thread = threading.Thread(target=self._worker, name=f"procgroup-{self.name}", daemon=True)
-            self._thread.start()
-        assert self._queue is not None
-        self._queue.put((work, fn))
+        w = self._async
+        if w is None:
+            q: "queue.Queue[Any]" = queue.Queue()
+            t = threading.Thread(target=self._worker, args=(q,), name=f"procgroup-{self.name}", daemon=True)
+            self._async = w = (q, t)
+            t.start()
+        w[0].put((work, fn))
 
-    def _worker(self) -> None:
-        assert self._queue is not None
+    def _worker(self, q: "queue.Queue[Any]") -> None:
         while True:
-            item = self._queue.get()
+            item = q.get()
             if item is _STOP:
                 return
             work, fn = item
@@ -769,9 +769,9 @@ class ProcessGroup:
             self._halt = "closed"
         elif self.world.forked():  # the worker thread and the scratch memory are the parent's
             return
-        if self._thread is not None and self._queue is not None:
-            self._queue.put(_STOP)
-            self._thread.join(timeout=5.0)
+        if self._async is not None:
+            self._async[0].put(_STOP)
+            self._async[1].join(timeout=5.0)
         self._scratch.clear()
         self.plans.clear()
         if self.world.engine is not None and self.gid != 0:  # its id may be reused: the engine must not keep it

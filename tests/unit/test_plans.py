@@ -438,6 +438,11 @@ def test_a_group_keeps_at_most_29_instance_attributes():
         g = pgs[r]
         g.set_home_thread()
         x = np.ones(1, np.float32)
+        dist.all_reduce(x, group=g, async_op=True).wait()  # the async worker, made on first use
+        if r == 0:
+            dist.send(x, 1, group=g)
+        else:
+            dist.recv(x, 0, group=g)
         for _ in range(3):  # planned from the second call on
             dist.all_reduce(x, group=g)
             dist.broadcast(x, 0, group=g)
