@@ -70,7 +70,7 @@ class Plan:
     """One call shape of one group: op name, signature, fingerprint (bytes for the chain, and xor the
     group's generation for the tag) and ``fn(comm, a, b)``, the call's work on its arrays ``a``, ``b``."""
 
-    __slots__ = ("op", "sig", "fpb", "fpx", "fn", "post", "done")
+    __slots__ = ("op", "sig", "fpb", "fpx", "fn", "post", "done", "fail")
 
     def __init__(self, g: ProcessGroup, op: str, sig: tuple, fn: Fn) -> None:
         fp = fingerprint(sig)
@@ -80,9 +80,12 @@ class Plan:
         self.fpx = (fp ^ g._gen_fp) & FP_MASK
         self.fn = fn
         #: the engine's split of the call (``CollectiveEngine.post_first``): ``post(a, b)`` starts it before
-        #: run_plan's bookkeeping, ``done(deadline, handle)`` completes it after; None: ``fn`` does the whole call
+        #: run_plan's bookkeeping, ``done(deadline, handle)`` completes it after (once the handle's first
+        #: ``Test()``s found it pending), ``fail(exc)`` turns an error of ``Test()`` into procgroup's; None: ``fn``
+        #: does the whole call
         self.post: Any = None
         self.done: Any = None
+        self.fail: Any = None
 
     def split(
         self, g: ProcessGroup, kind: str, nbytes: int, dtype: Any = None, reduce_op: Any = None, root: int = -1
@@ -92,7 +95,7 @@ class Plan:
         eng = g.world.engine
         pd = eng.post_first(g, kind, self.fpx, nbytes, dtype, reduce_op, root) if eng is not None else None
         if pd is not None:
-            self.post, self.done = pd
+            self.post, self.done, self.fail = pd
         return self
 
     def __repr__(self) -> str:

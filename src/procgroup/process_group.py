@@ -258,6 +258,15 @@ _UNSET = object()
 class ProcessGroup:
     """An ordered set of global ranks that run collectives together."""
 
+    # Rarely set, so class defaults (set on the instance when they change): CPython keeps up to 29 instance
+    # attributes inline, more cost ~3 ns per access, ~20 a planned call (tests/unit/test_plans.py counts them)
+    #: the async worker's queue and thread (one attribute: made on the first async op), or None
+    _async: Optional[Tuple["queue.Queue[Any]", threading.Thread]] = None
+    _closed = False
+    _host_arena: Any = None  # a group spanning hosts: its members' slots on this host (made with _arena)
+    _gen_fp = 0  # the incarnation's fingerprint salt (gen > 0 only)
+    broken: Optional[Failure] = None  # the error that broke this group (or its world), once one has
+
     def __init__(
         self,
         world: World,
@@ -277,7 +286,8 @@ class ProcessGroup:
         self.gid = gid
         # incarnation of a reused id: mixed into collective tags so a destroyed incarnation's stragglers never match
         self.gen = gen
-        self._gen_fp = (gen * 40503) & FP_MASK
+        if gen:
+            self._gen_fp = (gen * 40503) & FP_MASK
         self.name = name
         self.timeout = float(timeout if timeout is not None else world.timeout)
         self._rank = self.ranks.index(world.rank) if world.rank in self.ranks else -1
@@ -308,19 +318,14 @@ class ProcessGroup:
         #: threads of their own, whose names differ across ranks, so there only the one-thread check applies
         self._home = 0
         self._pending: List[Work] = []
-        self._queue: Optional["queue.Queue[Any]"] = None
-        self._thread: Optional[threading.Thread] = None
-        self._closed = False
         self._child_groups = 0  # groups created with this one as parent (for consistent ids)
         self._arena: Any = _UNSET  # the transport's shared slots for this group (None: it has none), made on first use
-        self._host_arena: Any = None  # a group spanning hosts: its members' slots on this host (made with _arena)
         #: planned calls (procgroup.plans): what a repeated collective derives once, keyed by the call's shape
         self.plans: Dict[tuple, Any] = {}
         #: why this group refuses every call (None: usable): "closed", "broken", "forked"; checked first by every call
         self._halt: Optional[str] = None
-        #: the error that broke this group (or its world), once one has
-        self.broken: Optional[Failure] = world.broken
-        if self.broken is not None:
+        if world.broken is not None:  # (the class default: None)
+            self.broken = world.broken
             self._halt = "broken"
         if world.forked():
             self._halt = "forked"
@@ -507,7 +512,7 @@ class ProcessGroup:
     def _concurrent(self, op: str, me: int) -> ConcurrentUseError:
         """The error of ``op`` called by thread ``me`` while another thread is inside a call of this group."""
         names = {t.ident: t.name for t in threading.enumerate()}
-        owner = self._owner
+        owner = self._owner or self._home  # run_plan leaves it 0 in the home thread (the only one it admits then)
         rec = self.inflight  # the owner's call (None: it is still waiting for the group's async work)
         if rec is not None:
             rec = as_record(rec)
@@ -583,13 +588,15 @@ class ProcessGroup:
         if self._halt is not None:
             raise self.halted(plan.op)
         me = _get_ident()
-        if self._pending or (self._home and me != self._home):
+        home = self._home
+        if self._pending or (home and me != home):
             return SLOW
         try:
             self._busy.pop()
         except IndexError:
             return SLOW
-        self._owner = me
+        if not home:
+            self._owner = me  # with a home thread, only it gets here: _concurrent names it when _owner is 0
         try:
             # the engine's split (Plan.post/done): start the operation first, so that the bookkeeping below
             # runs while it is in flight; post never waits (the wait is done's, under the deadline set below)
@@ -610,14 +617,17 @@ class ProcessGroup:
             dl = self._plan_dl
             dl.at = now + self.timeout
             dl.start = now
-            rec = [seq, plan, now, None]  # flight.as_record: a FlightRecord costs ~0.2 us more a call
+            rec = [seq, plan, now, None]  # flight.as_record: a FlightRecord costs ~0.2 us a call more
             self.flight.append(rec)
             self.inflight = rec
-            end = None
             try:
                 if req is not None:  # the posted operation needs only the deadline: no Comm, no tag
-                    if not plan.done(dl, req):
-                        end = now  # it completed within a few polls: microseconds after now, no clock read
+                    # its first polls inline (done, a call, only if they fail): MPI's schedules take 1-3 of them
+                    try:  # req.Test() each time: ~20 ns less a call than a bound method's
+                        quick = req.Test() or req.Test() or req.Test()
+                    except Exception as e:  # noqa: BLE001 - the engine's own error (MPI's): fail() converts it
+                        raise plan.fail(e) from None
+                    rec[3] = now if quick or not plan.done(dl, req) else _monotonic()  # quick: no clock read
                 elif err is not None:
                     raise err
                 else:
@@ -641,6 +651,7 @@ class ProcessGroup:
                         comm.tag = tag << STEP_BITS
                         comm.deadline = dl
                     plan.fn(comm, a, b)
+                    rec[3] = _monotonic()  # completed
             except ProcGroupError as e:
                 raise self._failed(self._solid(rec), e, plan.op, seq, dl, plan.sig)  # noqa: B904 - _context: cause
             except BaseException:
@@ -648,12 +659,12 @@ class ProcessGroup:
                 solid.state, solid.end = "failed", _monotonic()
                 self.inflight = None
                 raise
-            rec[3] = _monotonic() if end is None else end  # completed
             self.last_completed = seq
             self.inflight = None
             return None
         finally:
-            self._owner = 0
+            if not home:
+                self._owner = 0
             self._busy.append(True)
 
     def _solid(self, entry: list) -> FlightRecord:
@@ -702,17 +713,17 @@ class ProcessGroup:
         return a
 
     def _submit(self, work: Work, fn: Callable[[], Any]) -> None:
-        if self._thread is None:
-            self._queue = queue.Queue()
-            self._thread = threading.Thread(target=self._worker, name=f"procgroup-{self.name}", daemon=True)
-            self._thread.start()
-        assert self._queue is not None
-        self._queue.put((work, fn))
+        w = self._async
+        if w is None:
+            q: "queue.Queue[Any]" = queue.Queue()
+            t = threading.Thread(target=self._worker, args=(q,), name=f"procgroup-{self.name}", daemon=True)
+            self._async = w = (q, t)
+            t.start()
+        w[0].put((work, fn))
 
-    def _worker(self) -> None:
-        assert self._queue is not None
+    def _worker(self, q: "queue.Queue[Any]") -> None:
         while True:
-            item = self._queue.get()
+            item = q.get()
             if item is _STOP:
                 return
             work, fn = item
@@ -758,9 +769,9 @@ class ProcessGroup:
             self._halt = "closed"
         elif self.world.forked():  # the worker thread and the scratch memory are the parent's
             return
-        if self._thread is not None and self._queue is not None:
-            self._queue.put(_STOP)
-            self._thread.join(timeout=5.0)
+        if self._async is not None:
+            self._async[0].put(_STOP)
+            self._async[1].join(timeout=5.0)
         self._scratch.clear()
         self.plans.clear()
         if self.world.engine is not None and self.gid != 0:  # its id may be reused: the engine must not keep it

@@ -294,6 +294,59 @@ def test_two_threads_on_one_group_second_gets_error_naming_both(tmp_path):
         assert recs["after"]["value"] == [6.0, 6.0], _report(res)
 
 
+HOME_BODY = """
+import json, threading, time
+import numpy as np
+import procgroup as dist
+
+dist.init_process_group("cpu")
+r = dist.get_rank()
+x = np.ones(1, dtype=np.float32)
+for _ in range(3):
+    dist.all_reduce(x)  # planned from here on: the home thread's calls take ProcessGroup.run_plan
+out = {}
+
+
+def other():
+    time.sleep(0.3)  # the home thread is inside its planned all_reduce (rank 1 joins after 1.5 s)
+    t = time.monotonic()
+    try:
+        dist.barrier()
+        out["msg"] = "no error"
+    except dist.ProcGroupError as e:
+        out.update(type=type(e).__name__, msg=str(e), dt=time.monotonic() - t)
+
+
+th = threading.Thread(target=other, name="worker-B")
+if r == 0:
+    th.start()
+else:
+    time.sleep(1.5)
+x[:] = 1
+seq = dist.group.WORLD.seq
+dist.all_reduce(x)
+if r == 0:
+    th.join()
+seqs = dist.group.WORLD.seq - seq
+print("REC " + json.dumps({"kind": "home", "out": out, "value": x.tolist(), "seqs": seqs}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_thread_beside_the_home_threads_planned_call_gets_an_error_naming_both(tmp_path):
+    """run_plan (a planned call of the home thread) leaves the owner unset: the error still names the home thread."""
+    res = _collect(_spawn(tmp_path, HOME_BODY, 2), 60)
+    assert all(p.returncode == 0 for p in res), _report(res)
+    for r, p in enumerate(res):
+        rec = {rec["kind"]: rec for rec in _records(p)}["home"]
+        assert rec["value"] == [2.0] and rec["seqs"] == 1, _report(res)
+        if r == 0:
+            b = rec["out"]
+            assert b.get("type") == "ConcurrentUseError", b
+            assert "'worker-B'" in b["msg"] and "'MainThread'" in b["msg"] and "all_reduce (seq" in b["msg"], b
+            assert b["dt"] < 0.01, b
+
+
 RACE_BODY = """
 import json, threading
 import numpy as np

@@ -186,10 +186,11 @@ def test_posted_first_keeps_the_deadline_and_breaks_the_group(flavour):
 
 
 @pytest.mark.timeout(120)
-def test_posted_first_mpi_error_is_a_broken_error(flavour):
-    """The post itself failing in MPI (MPI_ERRORS_RETURN) is a BrokenError naming the call, recorded as failed
-    in the flight recorder; the group then refuses calls."""
-    r = flavour.run(2, "split_faults", "mpi_error", timeout=100)
+@pytest.mark.parametrize("kind", ["mpi_error", "test_error"])
+def test_posted_first_mpi_error_is_a_broken_error(flavour, kind):
+    """The post itself, or the Test of its request, failing in MPI (MPI_ERRORS_RETURN) is a BrokenError naming
+    the call, recorded as failed in the flight recorder; the group then refuses calls."""
+    r = flavour.run(2, "split_faults", kind, timeout=100)
     assert not r.timed_out and not r.leftovers, r.report()
     assert sorted(re.findall(r"rank (\d+): mpi error ok", r.stdout)) == ["0", "1"], r.report()
 

@@ -611,7 +611,8 @@ def split_faults(kind: str) -> None:
     ``deadline``: rank 1 never joins an all_reduce: rank 0 raises DistTimeoutError at the group's deadline,
     the call's flight record says failed, and the next call raises GroupBrokenError at once.
     ``mpi_error``: the post itself fails in MPI (every rank): BrokenError naming MPI_Iallreduce, recorded as
-    failed, and the group refuses the next call."""
+    failed, and the group refuses the next call.  ``test_error``: the same when the request's ``Test`` (which
+    run_plan calls inline, then the engine's done) fails in MPI."""
     from mpi4py import MPI
 
     from procgroup.errors import BrokenError, DistTimeoutError, GroupBrokenError
@@ -650,8 +651,14 @@ def split_faults(kind: str) -> None:
     own = eng.own(g.gid)
     fp = next(p.fpx for k, p in g.plans.items() if p.op == "all_reduce")
 
+    class FailingRequest:
+        def Test(self, *a):  # noqa: N802 - mpi4py's name
+            raise MPI.Exception(MPI.ERR_COMM)
+
     class Failing:
         def Iallreduce(self, *a):  # noqa: N802 - mpi4py's name
+            if kind == "test_error":
+                return FailingRequest()
             raise MPI.Exception(MPI.ERR_COMM)
 
     own[fp] = Failing()

@@ -152,17 +152,20 @@ class CollectiveEngine:
 
     def post_first(
         self, group: Any, op: str, fpx: int, nbytes: int, dtype: Any = None, reduce_op: Any = None, root: int = -1
-    ) -> Optional[Tuple[Callable[..., Any], Callable[..., bool]]]:
+    ) -> Optional[Tuple[Callable[..., Any], Callable[..., bool], Callable[[BaseException], BaseException]]]:
         """For a planned call (:class:`procgroup.plans.Plan`) of ``op`` ("all_reduce", "broadcast", "reduce",
-        "all_gather", "barrier") whose tag's fingerprint bits are ``fpx``: ``(post, done)``, or None.
+        "all_gather", "barrier") whose tag's fingerprint bits are ``fpx``: ``(post, done, fail)``, or None.
 
         ``post(a, b)`` starts the operation on the call's arrays without waiting and returns a handle, or
-        None when this call must take the plan's full function (then it has started nothing);
-        ``done(deadline, handle)`` completes it under ``deadline`` and returns whether it had to wait (False:
-        it completed within a few polls, microseconds, and the call's end time is taken as its start's).
-        ``ProcessGroup.run_plan`` calls ``post`` before its bookkeeping (sequence number, flight record,
-        deadline) and ``done`` after it, so that the bookkeeping runs while the operation is in flight.
-        ``post`` must not wait for anything."""
+        None when this call must take the plan's full function (then it has started nothing).  The handle's
+        ``Test()`` (MPI's name) returns whether the operation has completed, without waiting;
+        ``ProcessGroup.run_plan`` calls it a few times itself, and any exception it raises that is not a
+        ProcGroupError goes through ``fail(exc)``, which returns the error to raise (and breaks what must break).
+        ``done(deadline, handle)`` completes a handle still pending after those tests, under ``deadline``, and
+        returns whether it had to wait (False: it completed within a few more polls, microseconds, and the
+        call's end time is taken as its start's).  ``run_plan`` calls ``post`` before its bookkeeping (sequence
+        number, flight record, deadline) and tests the handle after it, so that the bookkeeping runs while the
+        operation is in flight.  ``post`` must not wait for anything."""
         return None
 
     def isend(self, group: Any, dst: int, tag: int, buf: Any, code: int = 0) -> Any:

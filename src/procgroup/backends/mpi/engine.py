@@ -568,7 +568,7 @@ class MpiEngine(CollectiveEngine):
 
     def post_first(
         self, group: Any, op: str, fpx: int, nbytes: int, dtype: Any = None, reduce_op: Any = None, root: int = -1
-    ) -> Optional[Tuple[Callable[..., Any], Callable[..., bool]]]:
+    ) -> Optional[Tuple[Callable[..., Any], Callable[..., bool], Callable[[BaseException], BaseException]]]:
         """A warm call shape's MPI operation posted before ``run_plan``'s bookkeeping (see the base class).
 
         ``post`` posts on the shape's own communicator (``own[fpx]``, as :meth:`_run`'s first branch) and
@@ -661,20 +661,20 @@ class MpiEngine(CollectiveEngine):
             return None
         wait_until = self.wait_until
 
-        def done(deadline: Any, req: Any) -> bool:
-            test = req.Test
+        def done(deadline: Any, req: Any) -> bool:  # after run_plan's own first Tests found it pending
             try:
-                if test() or test() or test():  # Iallreduce's schedule takes ~3 polls, the others 1-2
-                    return False
                 for _ in _QUICK:  # the peers are usually a few us away: no wait set up
-                    if test():
+                    if req.Test():
                         return False
             except MPIException as e:
                 raise failed(group, what, e) from None
             wait_until(group, deadline, req, what, nbytes)
             return True
 
-        return post, done
+        def fail(e: BaseException) -> BaseException:  # an error of the request's Test in run_plan
+            return failed(group, what, e) if isinstance(e, MPIException) else e
+
+        return post, done, fail
 
     # -- point-to-point ------------------------------------------------------------------------
     def _tag(self, group: Any, tag: int, code: int = 0) -> int:
