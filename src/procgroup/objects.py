@@ -26,9 +26,9 @@ from .arguments import member_group as _group
 from .arguments import peer_rank as _peer
 from .arguments import root_rank as _root
 from .errors import ConfigError, ObjectPicklingError, UnsafeObjectError
-from .process_group import p2p_tag
 from .protocol import payload
 from .protocol.safe_pickle import allow_list
+from .tags import p2p_tag
 
 __all__ = [
     "broadcast_object_list",

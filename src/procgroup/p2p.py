@@ -17,16 +17,9 @@ from .arguments import member_group as _group
 from .arguments import peer_rank as _peer
 from .data import PLAIN_DTYPES, as_flat, is_torch_tensor
 from .errors import ConfigError, DeviceTensorError
-from .process_group import (
-    P2P_CODE_MASK,
-    P2P_CODE_SHIFT,
-    ProcessGroup,
-    Work,
-    dtype_code,
-    dtype_of_code,
-    p2p_tag,
-)
+from .process_group import ProcessGroup, Work
 from .state import _state
+from .tags import P2P_CODE_MASK, P2P_CODE_SHIFT, dtype_code, dtype_of_code, p2p_tag
 from .transport.base import ANY_SOURCE, as_bytes_view, as_writable_view
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]

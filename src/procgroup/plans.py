@@ -41,7 +41,8 @@ from .algorithms.comm import STEP_BITS, Comm
 from .algorithms.select import BIG_LIMIT, choose_all_reduce
 from .deadline import Deadline
 from .ops import ReduceOp, finalize
-from .process_group import FP_MASK, ProcessGroup, fingerprint
+from .process_group import ProcessGroup
+from .tags import FP_MASK, fingerprint
 
 __all__ = [
     "Plan",

@@ -22,8 +22,9 @@ from typing import Any, List, Optional, Sequence, Tuple
 from .config import ENV, to_seconds
 from .errors import ConfigError, DistTimeoutError, StoreTimeoutError, format_ranks
 from .objects import all_gather_object
-from .process_group import GID_LIMIT, ProcessGroup
+from .process_group import ProcessGroup
 from .state import GroupMember, _state, default_group, resolve_group
+from .tags import GID_LIMIT
 
 __all__ = ["new_group", "new_subgroups", "split_group", "release_gid"]
 

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from ... import algorithms as alg
 from ...deadline import Deadline
 from ...errors import BrokenError, ConfigError, DistTimeoutError, ProcGroupError
-from ...process_group import P2P_TAG_LIMIT, p2p_tag
+from ...tags import P2P_TAG_LIMIT, p2p_tag
 from ...transport.base import Request
 from ..base import CollectiveEngine
 from .devices import RECORD_BYTES, check_one_device_per_rank, decode_record, encode_record
