@@ -86,10 +86,19 @@ def isend(
 
 
 def _post_recv(
-    tensor: Any, src: Optional[int], group: Any, tag: int, group_src: Optional[int], blocking: bool = False
+    tensor: Any,
+    src: Optional[int],
+    group: Any,
+    tag: int,
+    group_src: Optional[int],
+    blocking: bool = False,
+    handed: Any = None,
 ) -> Any:
     """Post a receive: (group, request, finish, context maker, probe), None for non-members, or (blocking and
-    taken by the transport's ``recv_fast``) the sender's rank as an int."""
+    taken by the transport's ``recv_fast``) the sender's rank as an int.
+
+    ``handed``: the request that the transport's ``recv_fast`` returned for ``tensor`` (a message whose sender
+    stalled mid-stream: the transport finishes it), used instead of posting a receive."""
     g = _group(group, "irecv")
     if g is None:
         return None
@@ -101,16 +110,18 @@ def _post_recv(
     code = dtype_code(f.dtype)
     ptag = p2p_tag(g.gid, tag, code, g.gen)
     eng = g.world.engine
-    if blocking and eng is None and peer != ANY_SOURCE:
+    if blocking and handed is None and eng is None and peer != ANY_SOURCE:
         fast = getattr(g.world.transport, "recv_fast", None)
         if fast is not None:
             n = fast(peer, ptag, as_writable_view(f.array))
-            if n >= 0:
+            if type(n) is not int:
+                handed = n
+            elif n >= 0:
                 _check_count(n, peer, f.array.nbytes)
                 if f.back is not None:
                     f.back()
                 return peer
-    req = eng.irecv(g, peer, tag, f.array, code) if eng is not None else None
+    req = eng.irecv(g, peer, tag, f.array, code) if eng is not None and handed is None else None
     if req is not None:
         ask = getattr(eng, "unmatched", None)
 
@@ -120,7 +131,7 @@ def _post_recv(
 
     else:
         t = g.world.transport
-        req = t.irecv(peer, ptag, f.array)
+        req = t.irecv(peer, ptag, f.array) if handed is None else handed
 
         def probe() -> Optional[BaseException]:
             hit = t.unmatched(peer, ptag, P2P_CODE_MASK)
@@ -219,6 +230,7 @@ def recv(
     tensor: Any, src: Optional[int] = None, group: Any = None, tag: int = 0, group_src: Optional[int] = None
 ) -> int:
     """Receive into ``tensor``; returns the sender's global rank (-1 when not a member of ``group``)."""
+    handed = None
     if type(tensor) is np.ndarray and group_src is None and src is not None:  # the fast path (see send)
         g = _state.default if group is None else group
         if type(g) is not ProcessGroup or g._halt is not None or g._rank < 0:
@@ -232,10 +244,12 @@ def recv(
             peer, ptag, fast = hit if hit is not None else _route(g, True, src, tag, dt)
             if fast is not None:
                 n = fast(peer, ptag, tensor)  # the array itself (C-contiguous, writable)
-                if n >= 0:
+                if type(n) is not int:  # its sender stalled mid-stream: the transport's request finishes it
+                    handed = n
+                elif n >= 0:
                     _check_count(n, peer, tensor.nbytes)
                     return peer
-    posted = _post_recv(tensor, src, group, tag, group_src, blocking=True)
+    posted = _post_recv(tensor, src, group, tag, group_src, blocking=True, handed=handed)
     if posted is None:
         return -1
     if type(posted) is int:

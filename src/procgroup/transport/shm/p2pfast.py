@@ -6,6 +6,16 @@ ours to that peer is queued ahead of it, and a blocking receive takes its messag
 when nothing queued could be overtaken.  The compiled helpers (:mod:`._p2pwait`, optional) write the record
 and ring the consumer's doorbell (with the fence of its sleep-flag handshake) in one call, and read the
 record and release the ring (with the fence of the producer's want-space handshake) in one call.
+
+Mid-size messages (over :data:`FAST_MAX`, under the rendezvous threshold, or any size without CMA), compiled
+only: the sender's put writes the record in pieces of :data:`STREAM_CHUNK`, publishing the head and ringing
+after each, when the whole record fits the ring's free space now (else the general path); the receiver's
+``stream`` takes a record whose header is visible and matches while its payload still streams in, copying
+(GIL released) and releasing the ring as bytes arrive.  When the head stops moving for the spin time (the
+sender descheduled, stopped or killed) the receive hands the rest of the record to the general path: the
+ring's ``cur`` becomes ``[out, offset, length, request]`` with a receive request (posted nowhere: it is the
+ring's current record) that recv_fast returns; the caller waits on it as on an ``irecv``'s, and the general
+drain completes it, or the liveness check fails it with PeerFailureError naming the sender.
 """
 
 from __future__ import annotations
@@ -14,13 +24,16 @@ import os
 import time
 from typing import Any
 
-from .ring import REC, REC_SIZE
+from .._engine import RecvReq
+from .ring import REC, REC_SIZE, RNDV_MIN
 
 #: ``self`` below is the ShmTransport (typed Any: importing it here would make an import cycle)
-__all__ = ["FAST_MAX", "send_fast", "recv_fast"]
+__all__ = ["FAST_MAX", "STREAM_CHUNK", "send_fast", "recv_fast"]
 
-#: the largest message of the blocking fast path (send_fast/recv_fast): one record that fits a ring at once
+#: the largest message of the blocking fast path's whole-record copies (put/take in one piece; larger ones stream)
 FAST_MAX = 64 << 10
+#: a streamed send's piece: put publishes the head (and rings) after each, so the receiver copies behind it
+STREAM_CHUNK = 64 << 10
 
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 
@@ -33,14 +46,25 @@ def send_fast(self: Any, dst: int, tag: int, view: Any) -> bool:
     (handed to the compiled put as it is: no view to make); ``tag`` already checked.
     """
     n = view.nbytes
-    if n > FAST_MAX:
+    if n > FAST_MAX and self._stream is None:
         return False
     with self._lock:
         o = self._out.get(dst)
         if o is None or o.pending or self._closed or self._aborted is not None or dst in self._failed:
             return False
         put = self._put
-        if put is None:
+        if n > FAST_MAX:  # streamed (compiled, with the doorbell): below the rendezvous size, whole in the ring now
+            if (n >= RNDV_MIN and o.cma) or n + 2 * REC_SIZE > o.cap:
+                return False
+            b = self._bell
+            ws = self.world_size
+            v = (b.last + ws) & 0xFFFFFFFF
+            end = put(o.data, o.seg.q, o.head_i, o.tail_i, o.head, tag, view, v, STREAM_CHUNK, ws)
+            if end < 0:
+                return False
+            b.last = (v + (-(-n // STREAM_CHUNK) - 1) * ws) & 0xFFFFFFFF
+            o.head = end
+        elif put is None:
             if not o.try_write(tag, view if type(view) is memoryview else memoryview(view).cast("B")):
                 return False
         elif self._c_bell:  # the doorbell's value, then put writes, publishes and rings (with its fence)
@@ -61,18 +85,26 @@ def send_fast(self: Any, dst: int, tag: int, view: Any) -> bool:
     return True
 
 
-def recv_fast(self: Any, src: int, tag: int, out: Any) -> int:
+def recv_fast(self: Any, src: int, tag: int, out: Any) -> Any:
     """Receive the next message from ``src`` with ``tag`` straight from its ring, polling for the spin time.
 
     Returns its byte count, or -1 when the caller must take the general path (``irecv`` and a wait): the
     spin ran out, a receive or an unexpected message of ``tag`` is queued (order), the ring's next record is
-    another message, a control record or one still streaming in, the message is larger than ``out``, or the
-    peer failed or the transport closed.  Nothing is consumed then.  ``src`` is a peer, never ANY_SOURCE.
-    ``out``: a flat writable byte memoryview or a C-contiguous writable ndarray (as :func:`send_fast`).
+    another message, a control record or (``out`` of at most FAST_MAX bytes) one still streaming in, the
+    message is larger than ``out``, or the peer failed or the transport closed.  Nothing is consumed then.
+    A larger ``out`` (compiled only) streams the message in (see the module docstring); when its sender
+    stalls mid-record, returns the receive request that now owns the rest (wait on it as on an ``irecv``'s).
+    ``src`` is a peer, never ANY_SOURCE.  ``out``: a flat writable byte memoryview or a C-contiguous writable
+    ndarray (as :func:`send_fast`).
     """
     r = self._in.get(src)
-    if r is None or out.nbytes > FAST_MAX:
+    if r is None:
         return -1
+    stream = None
+    if out.nbytes > FAST_MAX:
+        stream = self._stream
+        if stream is None:
+            return -1
     lock = self._lock
     q = r.seg.q
     head_i = r.head_i
@@ -99,6 +131,8 @@ def recv_fast(self: Any, src: int, tag: int, out: Any) -> int:
             if head != tail:
                 t = (tail + 15) & ~15
                 n: int
+                if stream is not None:
+                    return _take_streaming(self, r, stream, t, tag, out)
                 if (
                     c_bell and take is not None
                 ):  # take copies, releases the ring and reads the producer's want flag (fenced)
@@ -150,3 +184,36 @@ def recv_fast(self: Any, src: int, tag: int, out: Any) -> int:
             wait_head(q, head_i, tail, int((end - now) * 1e9), self._yield)
         elif self._yield:
             _sched_yield()
+
+
+def _take_streaming(self: Any, r: Any, stream: Any, t: int, tag: int, out: Any) -> Any:
+    """recv_fast's compiled streaming receive of the record at ``t`` of ring ``r`` (lock held; see the module).
+
+    Returns the byte count, -1 (nothing consumed: another message, a control record, too large for ``out``)
+    or, when the sender stalled mid-record, the receive request that the general path completes.
+    """
+    q = r.seg.q
+    spin_ns = int(self._spin * 1e9)
+    res = stream(r.data, q, r.head_i, r.tail_i, r.want_i, t, tag, out, 0, -1, spin_ns, self._yield)
+    if res == -1:
+        return -1
+    n, off, want = res
+    while want:  # the producer waits for room (a general-path send behind or inside this record): ring it
+        self._ring(r.peer_seg)
+        if off == n:
+            break
+        n, off, want = stream(r.data, q, r.head_i, r.tail_i, r.want_i, t, tag, out, off, n, spin_ns, self._yield)
+    r.tail = t + REC_SIZE + off  # (stream stored it in the ring)
+    self._flow.moved += 1
+    self.fast_recvs += 1
+    if self._bell.sleepers or self._hooks:  # _notify_locked's cases, tested inline
+        self._notify_locked()
+    if off == n:
+        return n
+    # the sender stalled (descheduled, stopped or dead): the general path owns the rest of the record
+    dest = out if type(out) is memoryview else memoryview(out).cast("B")
+    req = RecvReq(self, r.src, tag, dest)
+    r.cur = [dest, off, n, req]
+    self._fast_spun = time.monotonic()  # its wait sleeps at once (no second spin)
+    self.fast_handoffs += 1
+    return req

@@ -183,12 +183,15 @@ class ShmTransport(EngineTransport):
             OFF_BELL,
             OFF_SLEEP,
         )
+        #: mid-size blocking messages stream through the ring in C (p2pfast; with the compiled doorbell only)
+        self._stream = getattr(fast_c, "stream", None) if self._c_bell else None
         self._arenas: List[ShmArena] = []
         self._bigs: Dict[int, ShmBigArena] = {}  # group key -> its big slots (one object per key: its turn persists)
         self._slice = slice_s
         #: blocking sends and receives that took the fast path (send_fast/recv_fast; for tests and `top`)
         self.fast_sends = 0
         self.fast_recvs = 0
+        self.fast_handoffs = 0  # streamed receives whose sender stalled mid-record: the general path finished them
         self._fast_spun = 0.0  # when recv_fast last gave up after its spin (see _wait_req)
         self._flow = Flow()  # bumped whenever bytes move through a ring: a waiter keeps spinning while they do
         self._bell = Doorbell(rank, world_size, self._lock, slice_s, self._kick, self._maybe_check_peers_locked)
