@@ -176,7 +176,7 @@ def recv_fast(self: Any, src: int, tag: int, out: Any) -> Any:
                 self._progress_locked(r)
         now = time.monotonic()
         if not end:
-            end = now + self._spin
+            end = now + (self._spin if stream is None else self._spin * out.nbytes / FAST_MAX)
         elif now >= end:
             self._fast_spun = now  # the general wait that follows sleeps at once (no second spin)
             return -1
