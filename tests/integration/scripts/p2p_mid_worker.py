@@ -37,9 +37,19 @@ def _counters() -> Dict[str, int]:
 
 def _sizes(item: int) -> List[int]:
     """Element counts around every threshold of the mid-size path, in bytes: FAST_MAX, the stream's pieces,
-    half the ring, RNDV_MIN (each +- 1 element)."""
+    1 MiB (the old rendezvous size), 3 MiB, the largest record a 4 MiB ring takes at once, RNDV_MIN (each +- 1
+    element)."""
     out = []
-    for b in (FAST_MAX, STREAM_CHUNK + 1, 2 * STREAM_CHUNK, 3 * STREAM_CHUNK + 5, 1 << 19, RNDV_MIN):
+    for b in (
+        FAST_MAX,
+        STREAM_CHUNK + 1,
+        2 * STREAM_CHUNK,
+        3 * STREAM_CHUNK + 5,
+        1 << 20,
+        3 << 20,
+        (4 << 20) - 32,
+        RNDV_MIN,
+    ):
         out += [b // item + d for d in (-1, 0, 1)]
     return sorted(set(x for x in out if x > 0))
 

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from .._engine import RecvReq
-from .ring import REC, REC_SIZE, RNDV_MIN
+from .ring import REC, REC_SIZE, by_rendezvous
 
 #: ``self`` below is the ShmTransport (typed Any: importing it here would make an import cycle)
 __all__ = ["FAST_MAX", "STREAM_CHUNK", "send_fast", "recv_fast"]
@@ -54,7 +54,7 @@ def send_fast(self: Any, dst: int, tag: int, view: Any) -> bool:
             return False
         put = self._put
         if n > FAST_MAX:  # streamed (compiled, with the doorbell): below the rendezvous size, whole in the ring now
-            if (n >= RNDV_MIN and o.cma) or n + 2 * REC_SIZE > o.cap:
+            if n + 2 * REC_SIZE > o.cap or (o.cma and by_rendezvous(n, o.cap)):
                 return False
             b = self._bell
             ws = self.world_size
@@ -103,8 +103,9 @@ def recv_fast(self: Any, src: int, tag: int, out: Any) -> Any:
     stream = None
     if out.nbytes > FAST_MAX:
         stream = self._stream
-        if stream is None:
-            return -1
+        o = self._out.get(src)
+        if stream is None or (o is not None and o.cma and by_rendezvous(out.nbytes, r.cap)):
+            return -1  # (a message this large from a peer we can read comes by rendezvous: the general path)
     lock = self._lock
     q = r.seg.q
     head_i = r.head_i
@@ -176,7 +177,8 @@ def recv_fast(self: Any, src: int, tag: int, out: Any) -> Any:
                 self._progress_locked(r)
         now = time.monotonic()
         if not end:
-            end = now + (self._spin if stream is None else self._spin * out.nbytes / FAST_MAX)
+            # a mid-size message's sender copies longer before its header shows: wait longer (at most 20 spins)
+            end = now + (self._spin if stream is None else self._spin * min(20.0, out.nbytes / FAST_MAX))
         elif now >= end:
             self._fast_spun = now  # the general wait that follows sleeps at once (no second spin)
             return -1

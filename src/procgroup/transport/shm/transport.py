@@ -8,15 +8,16 @@ attach-then-unlink), :mod:`.ring` (the SPSC rings and their record format),
 This module ties them to the matching engine
 (:class:`~procgroup.transport._engine.EngineTransport`).
 
-Large messages (>= ``RNDV_MIN``, 1 MiB) to a peer that can read our memory
-go by rendezvous: the receiver copies them with ``process_vm_readv`` (see
-``_cma``; from 4 MiB on, two threads each copy half when no rendezvous send
-of ours is pending -- a one-way transfer, whose sender's core is idle --
-and the host is not oversubscribed) straight into the matched receive
-buffer (or, for an unexpected message, when the receive is posted), then
-acknowledges, which completes the send.  One copy instead of two, no
-ring-space ping-pong, and the sender's core is free meanwhile.  A peer we
-cannot read (other uid, Yama ptrace_scope, seccomp, ``PROCGROUP_SHM_CMA=0``)
+Large messages (>= ``RNDV_MIN``, 4 MiB, or too large for the ring at once)
+to a peer that can read our memory go by rendezvous: the receiver copies
+them with ``process_vm_readv`` (see ``_cma``; from 4 MiB on, two threads
+each copy half when no rendezvous send of ours is pending -- a one-way
+transfer, whose sender's core is idle -- and the host is not
+oversubscribed) straight into the matched receive buffer (or, for an
+unexpected message, when the receive is posted), then acknowledges, which
+completes the send.  One copy instead of two, no ring-space ping-pong, and
+the sender's core is free meanwhile.  A peer we cannot read (other uid,
+Yama ptrace_scope, seccomp, ``PROCGROUP_SHM_CMA=0``)
 gets every message through the ring.
 
 Waiting
@@ -81,11 +82,11 @@ from .ring import (
     REC,
     REC_SIZE,
     RNDV_BIT,
-    RNDV_MIN,
     Flow,
     InRing,
     OutRing,
     RndvEntry,
+    by_rendezvous,
 )
 
 try:  # recv_fast's poll and the fast path's record write/read, compiled (optional, like the arena's _native)
@@ -319,7 +320,7 @@ class ShmTransport(EngineTransport):
             if self._closed:
                 raise ClosedError(f"rank {self.rank}: send to rank {dst} on a closed shm transport")
             o = self._out[dst]
-            if n >= RNDV_MIN and o.cma:
+            if o.cma and by_rendezvous(n, o.cap):
                 # rendezvous: the receiver copies straight from our buffer, then acknowledges
                 s = SendReq(self, dst, tag, view)
                 self._rid += 1
