@@ -87,3 +87,22 @@ def test_sender_killed_mid_stream_is_named_and_the_receiver_sleeps() -> None:
     assert x["fast_handoffs"] == 1, x
     assert 0.8 < x["s"] < 5, x
     assert x["cpu"] < 0.2 * x["s"], x
+
+
+def test_stalled_receiver_gets_the_rest_through_the_general_path() -> None:
+    """A blocking send twice the ring's size while the receiver is busy (0.4 s): the send's stream fills the
+    ring, hands the rest to the general path (fast_handoffs) and sleeps until the receiver copies it."""
+    results = _run(2, "stalled_receiver", {}, ["sleep"])
+    (x,) = _lines(results[1])
+    assert x["err"] is None and x["fast_handoffs"] == 1 and x["fast_sends"] == 1, x
+    assert x["s"] > 0.3 and x["cpu"] < 0.5 * x["s"], x
+
+
+def test_receiver_killed_while_a_blocking_send_streams_is_named() -> None:
+    results = _run(2, "stalled_receiver", {}, ["kill"], timeout=60, ok=False)
+    assert results[0].returncode == -9, report(results)
+    assert results[1].returncode == 0, report(results)
+    (x,) = _lines(results[1])
+    assert x["err"] == "PeerFailureError" and "rank 0" in x["msg"] and "died" in x["msg"], x
+    assert x["fast_handoffs"] == 1, x
+    assert 0.8 < x["s"] < 5 and x["cpu"] < 0.2 * x["s"], x

@@ -16,7 +16,7 @@ from procgroup.transport.shm.layout import OFF_BELL, OFF_SLEEP
 
 try:
     from procgroup.transport.shm import _p2pwait
-    from procgroup.transport.shm._p2pwait import put, stream, take, wait_head
+    from procgroup.transport.shm._p2pwait import put, put_stream, stream, take, wait_head
 except ImportError:  # not built: recv_fast polls in Python (covered by tests/integration/test_p2p_fast_procs.py)
     wait_head = None  # type: ignore[assignment]
 
@@ -243,3 +243,47 @@ def test_stream_copies_behind_a_producer_thread_with_the_gil_released() -> None:
     assert stream(data, q, 0, 1, 4, 0, 3, memoryview(out), 0, -1, 5 * 10**9, True) == (n, n, 0)
     th.join(10)
     assert bytes(out) == payload and q[1] == 16 + n
+
+
+def test_put_stream_waits_for_room_and_stops_when_the_consumer_stalls() -> None:
+    mm = mmap.mmap(-1, 4096)
+    q = memoryview(mm).cast("Q")
+    i = q.cast("B").cast("I")
+    data = memoryview(bytearray(256))
+    payload = bytes((k * 3) & 0xFF for k in range(100))
+    assert put_stream(data, q, 2, 3, 0, 7, payload, 10, 32, 4, 0, False) == (116, 100, 4)  # 4 pieces
+    assert i[OFF_BELL // 4] == 10 + 3 * 4
+    out = bytearray(100)
+    assert take(data, q, 2, 0, 7, memoryview(out)) == 100 and bytes(out) == payload
+    # no consumer: 400 bytes into a 256-byte ring whose tail stays at 116 -> stops after the spin
+    t0 = time.monotonic()
+    end, off, rings = put_stream(data, q, 2, 3, 116, 8, bytes(400), 1, 64, 1, 2_000_000, True)
+    assert time.monotonic() - t0 >= 0.0015 and q[2] == end and end - 116 <= 256 and 0 < off < 400, (end, off)
+    assert end == 128 + 16 + off and rings == -(-off // 64)
+    q[3] = end  # an empty ring: a 300-byte record gets its header and one piece (128: half the ring), then no room
+    assert put_stream(data, q, 2, 3, end, 9, bytes(300), 1, 512, 1, 0, False) == (end + 16 + 128, 128, 1)
+    del i, q
+    mm.close()
+
+
+def test_put_stream_and_stream_move_a_record_larger_than_the_ring() -> None:
+    mm = mmap.mmap(-1, 4096)
+    q = memoryview(mm).cast("Q")
+    data = memoryview(bytearray(1 << 16))
+    n = 1 << 20
+    payload = bytes((k * 13) & 0xFF for k in range(n))
+    out = bytearray(n)
+    got: dict = {}
+
+    def consume() -> None:
+        while q[2] == 0:
+            time.sleep(0.0001)
+        got["r"] = stream(data, q, 2, 3, 8, 0, 4, memoryview(out), 0, -1, 5 * 10**9, True)
+
+    th = threading.Thread(target=consume)
+    th.start()
+    assert put_stream(data, q, 2, 3, 0, 4, payload, 1, 8192, 1, 5 * 10**9, True)[:2] == (16 + n, n)
+    th.join(10)
+    assert got["r"] == (n, n, 0) and bytes(out) == payload and q[3] == 16 + n
+    q.release()
+    mm.close()

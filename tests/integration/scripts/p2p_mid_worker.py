@@ -96,11 +96,13 @@ def dtypes_mid() -> None:
 
 
 def order_mid(rounds: str = "200") -> None:
-    """p2p_fast_worker.order_stress with mid-size messages: every fourth round's message is 0-2.3 MiB (around
-    FAST_MAX, the stream's pieces, half the ring and the rendezvous size), mixed at random with isend, batches,
-    irecv posted earlier and any-source receives on the same (peer, tag)."""
+    """p2p_fast_worker.order_stress with mid-size messages: every fourth round's message is 0-8 MiB (around
+    FAST_MAX, the stream's pieces, the ring's size and the rendezvous size; blocking sends below the ring's
+    size), mixed at random with isend, batches, irecv posted earlier and any-source receives on the same
+    (peer, tag)."""
     per = max(1, RNDV_MIN // 8)
-    fw.EXTRA = [0, 1, 8189, 8190, 9000, 20000, 65536, 100000, per - 4, per - 3, per + 1, 300000]
+    fw.EXTRA = [0, 1, 8189, 8190, 9000, 20000, 65536, 100000, per - 4, 524284, per + 1, 300000]
+    fw.BLOCKING_MAX = (4 << 20) - 64  # blocking sends stream through the (4 MiB) ring, never by rendezvous
     fw.order_stress(rounds)
 
 
@@ -138,6 +140,42 @@ def stalled_sender(mode: str) -> None:
     try:
         dist.recv(y, src=1, tag=3)
         res["ok"] = bool((y == np.arange(n, dtype=np.int64)).all())
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        res.update(err=type(e).__name__, msg=str(e))
+    res.update(rank=r, cpu=round(time.process_time() - c0, 3), s=round(time.monotonic() - t0, 3), **_counters())
+    print(json.dumps(res), flush=True)
+    if mode == "kill":
+        os._exit(0)  # the world lost a member: leave without the collective shutdown
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def stalled_receiver(mode: str) -> None:
+    """Rank 1 blocking-sends rank 0 a message ~twice the ring's size while rank 0 does not receive yet:
+    ``sleep``: rank 0 receives 0.4 s later (the send's stream stalls once the ring is full and hands the rest
+    to the general path, which completes once rank 0 receives); ``kill``: rank 0 SIGKILLs itself after 1 s,
+    and the send must raise PeerFailureError naming rank 0.  Rank 1 reports the outcome, the counters and its
+    CPU time meanwhile."""
+    dist.init_process_group()
+    r = dist.get_rank()
+    t = dist.group.WORLD.world.transport
+    cap = t._in[1 - r].cap if r == 0 else t._out[1 - r].cap
+    n = min(2 * cap, RNDV_MIN) // 8 - 512  # (below the rendezvous size)
+    dist.barrier()
+    if r == 0:
+        time.sleep(1.0 if mode == "kill" else 0.4)
+        if mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        y = np.zeros(n, np.int64)
+        dist.recv(y, src=1, tag=5)
+        check(bool((y == np.arange(n, dtype=np.int64)).all()), "payload")
+        dist.barrier()
+        dist.destroy_process_group()
+        return
+    c0, t0 = time.process_time(), time.monotonic()
+    res: Dict[str, Any] = {"err": None, "msg": ""}
+    try:
+        dist.send(np.arange(n, dtype=np.int64), dst=0, tag=5)
     except Exception as e:  # noqa: BLE001 - reported to the test
         res.update(err=type(e).__name__, msg=str(e))
     res.update(rank=r, cpu=round(time.process_time() - c0, 3), s=round(time.monotonic() - t0, 3), **_counters())

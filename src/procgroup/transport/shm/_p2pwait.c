@@ -270,6 +270,104 @@ static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return PyLong_FromLongLong(res);
 }
 
+/* put_stream(data, q, head_i, tail_i, head, tag, payload, bell, chunk, step, spin_ns, yield_cpu)
+ *   -> (end, off, rings), or -1 when not even the header and the first piece fit before spin_ns passed.
+ * put's pieces for a record of any size (larger than the ring too): before each piece it waits, polling the
+ * consumer's tail with the GIL released, until the piece fits; then writes it, publishes the head and rings
+ * (bell, bell + step, ...).  Returns the head published last (end), the payload bytes written (off: n when
+ * the record is complete) and the number of rings (the caller's last bell value is bell + (rings - 1) * step).
+ * When the tail did not move for spin_ns (the consumer is busy elsewhere, stopped or dead) it returns with
+ * off < n: the caller finishes the record through its general path (its pending send, header written).
+ * yield_cpu: sched_yield every 16 polls, as wait_head. */
+static PyObject *put_stream(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError,
+                        "put_stream(data, q, head_i, tail_i, head, tag, payload, bell, chunk, step, spin_ns, "
+                        "yield_cpu) takes 12 arguments");
+        return NULL;
+    }
+    Py_ssize_t hi = PyLong_AsSsize_t(args[2]), ti = PyLong_AsSsize_t(args[3]);
+    unsigned long long head = PyLong_AsUnsignedLongLong(args[4]);
+    unsigned long long tag = PyLong_AsUnsignedLongLong(args[5]);
+    unsigned long bell = PyLong_AsUnsignedLong(args[7]);
+    long long chunk = PyLong_AsLongLong(args[8]);
+    unsigned long step = PyLong_AsUnsignedLong(args[9]);
+    long long spin = PyLong_AsLongLong(args[10]);
+    int yield_cpu = PyObject_IsTrue(args[11]);
+    if (PyErr_Occurred() || yield_cpu < 0)
+        return NULL;
+    Py_buffer d, q, p;
+    if (PyObject_GetBuffer(args[0], &d, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &q, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&d);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[6], &p, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&d);
+        PyBuffer_Release(&q);
+        return NULL;
+    }
+    int err = 0, hdr_done = 0;
+    uint64_t cap = (uint64_t)d.len, n = (uint64_t)p.len, off = 0, wp = 0, rings = 0;
+    if (cap < 64 || (cap & (cap - 1)) || ((uintptr_t)d.buf & 15) || ((uintptr_t)q.buf & 7) || hi < 0 || ti < 0 ||
+        (hi + 1) * 8 > q.len || (ti + 1) * 8 > q.len || q.len < OFF_SLEEP + 4 || chunk <= 0) {
+        PyErr_SetString(PyExc_ValueError, "put_stream: a ring of a power-of-two size >= 64, indices inside q, chunk > 0");
+        err = 1;
+    } else {
+        uint64_t *qq = (uint64_t *)q.buf;
+        char *data = (char *)d.buf;
+        uint64_t mask = cap - 1, h = ((uint64_t)head + 15) & ~(uint64_t)15;
+        uint64_t k = (uint64_t)chunk > cap / 2 ? cap / 2 : (uint64_t)chunk;
+        uint32_t v = (uint32_t)bell;
+        wp = h;
+        Py_BEGIN_ALLOW_THREADS
+        uint64_t end = now_ns() + (uint64_t)(spin > 0 ? spin : 0);
+        unsigned polls = 0;
+        while (!hdr_done || off < n) {
+            uint64_t m = n - off < k ? n - off : k;
+            uint64_t need = (hdr_done ? 0 : 16) + m;
+            uint64_t tail = __atomic_load_n(&qq[ti], __ATOMIC_ACQUIRE);
+            if (wp + need - tail > cap) {
+                if ((++polls & 15) == 0) {
+                    if (now_ns() >= end)
+                        break;
+                    if (yield_cpu)
+                        sched_yield();
+                } else {
+                    CPU_RELAX();
+                }
+                continue;
+            }
+            if (!hdr_done) {
+                uint64_t hdr[2] = {(uint64_t)tag, n};
+                memcpy(data + (h & mask), hdr, 16);
+                wp = h + 16;
+                hdr_done = 1;
+            }
+            ring_copy_in(data, mask, wp, (const char *)p.buf + off, m);
+            off += m;
+            wp += m;
+            __atomic_store_n(&qq[hi], wp, __ATOMIC_RELEASE);
+            ring_bell((char *)q.buf, v);
+            v += (uint32_t)step;
+            rings++;
+            end = now_ns() + (uint64_t)(spin > 0 ? spin : 0);
+            polls = 0;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&d);
+    PyBuffer_Release(&q);
+    PyBuffer_Release(&p);
+    if (err)
+        return NULL;
+    if (!hdr_done)
+        return PyLong_FromLong(-1);
+    return Py_BuildValue("(KKK)", (unsigned long long)wp, (unsigned long long)off, (unsigned long long)rings);
+}
+
 /* stream(data, q, head_i, tail_i, want_i, tail, tag, out, off, n, spin_ns, yield_cpu) -> (n, off, want), or -1.
  * The receiving half of a streamed record (a blocking receive larger than take's messages).  n < 0: the
  * record after tail must have its header visible, this tag and a length (n) that fits out, else -1 (nothing
@@ -388,6 +486,9 @@ static PyMethodDef methods[] = {
     {"take", (PyCFunction)(void (*)(void))take, METH_FASTCALL,
      "take(data, q, head_i, tail, tag, out[, tail_i, want_i]) -> n or -1: copy out the next record if it is this "
      "tag's, whole (and release the ring: -2 - n when the producer wants to be rung)"},
+    {"put_stream", (PyCFunction)(void (*)(void))put_stream, METH_FASTCALL,
+     "put_stream(data, q, head_i, tail_i, head, tag, payload, bell, chunk, step, spin_ns, yield_cpu) -> (end, off, "
+     "rings) or -1: write a record of any size in pieces as the consumer makes room (GIL released)"},
     {"stream", (PyCFunction)(void (*)(void))stream, METH_FASTCALL,
      "stream(data, q, head_i, tail_i, want_i, tail, tag, out, off, n, spin_ns, yield_cpu) -> (n, off, want) or -1: "
      "copy a record's payload as it streams in, releasing the ring (GIL released)"},

@@ -43,3 +43,18 @@ def stream(
     yield_cpu: bool,
     /,
 ) -> Union[int, Tuple[int, int, int]]: ...
+def put_stream(
+    data: memoryview,
+    q: memoryview,
+    head_i: int,
+    tail_i: int,
+    head: int,
+    tag: int,
+    payload: memoryview,
+    bell: int,
+    chunk: int,
+    step: int,
+    spin_ns: int,
+    yield_cpu: bool,
+    /,
+) -> Union[int, Tuple[int, int, int]]: ...

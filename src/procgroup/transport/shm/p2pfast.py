@@ -7,9 +7,12 @@ when nothing queued could be overtaken.  The compiled helpers (:mod:`._p2pwait`,
 and ring the consumer's doorbell (with the fence of its sleep-flag handshake) in one call, and read the
 record and release the ring (with the fence of the producer's want-space handshake) in one call.
 
-Mid-size messages (over :data:`FAST_MAX`, under the rendezvous threshold, or any size without CMA), compiled
-only: the sender's put writes the record in pieces of :data:`STREAM_CHUNK`, publishing the head and ringing
-after each, when the whole record fits the ring's free space now (else the general path); the receiver's
+Larger messages (over :data:`FAST_MAX`, under the rendezvous size RNDV_MIN, or any size without CMA), compiled
+only: the sender's put_stream writes the record in pieces of :data:`STREAM_CHUNK`, each when the ring has
+room for it (polling the consumer's tail), publishing the head and ringing after each; when the consumer
+makes no room for the spin time, the rest of the record goes to the general path (a pending send whose
+header is written, which send_fast returns for the caller to wait on; the general push finishes it or fails
+it when the peer dies).  The receiver's
 ``stream`` takes a record whose header is visible and matches while its payload still streams in, copying
 (GIL released) and releasing the ring as bytes arrive.  When the head stops moving for the spin time (the
 sender descheduled, stopped or killed) the receive hands the rest of the record to the general path: the
@@ -24,8 +27,8 @@ import os
 import time
 from typing import Any
 
-from .._engine import RecvReq
-from .ring import REC, REC_SIZE, by_rendezvous
+from .._engine import RecvReq, SendReq
+from .ring import REC, REC_SIZE, RNDV_MIN
 
 #: ``self`` below is the ShmTransport (typed Any: importing it here would make an import cycle)
 __all__ = ["FAST_MAX", "STREAM_CHUNK", "send_fast", "recv_fast"]
@@ -38,32 +41,50 @@ STREAM_CHUNK = 64 << 10
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 
 
-def send_fast(self: Any, dst: int, tag: int, view: Any) -> bool:
-    """Write a small message to ``dst`` now, if it may go first; False when the caller must take ``isend``.
+def send_fast(self: Any, dst: int, tag: int, view: Any) -> Any:
+    """Write a message to ``dst`` now, if it may go first; False when the caller must take ``isend``.
 
     Only when nothing of ours to ``dst`` is queued (order), the peer is reachable, neither failed nor closed,
-    and the whole record fits in its ring now.  ``view``: a flat byte memoryview or a C-contiguous ndarray
-    (handed to the compiled put as it is: no view to make); ``tag`` already checked.
+    and (up to FAST_MAX) the whole record fits in its ring now.  A larger message (compiled only, below the
+    rendezvous size when the peer can read us) streams into the ring as the receiver makes room; returns
+    True when it was all written, or, when the receiver stopped making room for the spin time, the send
+    request that now owns the rest of the record (wait on it as on an ``isend``'s).  ``view``: a flat byte
+    memoryview or a C-contiguous ndarray (handed to the compiled put as it is: no view to make); ``tag``
+    already checked.
     """
     n = view.nbytes
-    if n > FAST_MAX and self._stream is None:
+    if n > FAST_MAX and self._put_stream is None:
         return False
     with self._lock:
         o = self._out.get(dst)
         if o is None or o.pending or self._closed or self._aborted is not None or dst in self._failed:
             return False
         put = self._put
-        if n > FAST_MAX:  # streamed (compiled, with the doorbell): below the rendezvous size, whole in the ring now
-            if n + 2 * REC_SIZE > o.cap or (o.cma and by_rendezvous(n, o.cap)):
+        if n > FAST_MAX:  # streamed (compiled, with the doorbell), below the rendezvous size
+            if o.cma and n >= RNDV_MIN:
                 return False
             b = self._bell
             ws = self.world_size
             v = (b.last + ws) & 0xFFFFFFFF
-            end = put(o.data, o.seg.q, o.head_i, o.tail_i, o.head, tag, view, v, STREAM_CHUNK, ws)
-            if end < 0:
+            res = self._put_stream(
+                o.data, o.seg.q, o.head_i, o.tail_i, o.head, tag, view, v, STREAM_CHUNK, ws, self._spin_ns, self._yield
+            )
+            if res == -1:
                 return False
-            b.last = (v + (-(-n // STREAM_CHUNK) - 1) * ws) & 0xFFFFFFFF
+            end, off, rings = res
+            b.last = (v + (rings - 1) * ws) & 0xFFFFFFFF
             o.head = end
+            self._flow.moved += 1
+            if off < n:  # the receiver stopped making room: the general path (push) writes the rest
+                s = SendReq(self, dst, tag, view if type(view) is memoryview else memoryview(view).cast("B"))
+                s.hdr_done = True
+                s.off = off
+                o.pending.append(s)
+                self._pending_out.append(o)
+                self.fast_handoffs += 1
+                self.fast_sends += 1
+                self.bytes_sent += n
+                return s
         elif put is None:
             if not o.try_write(tag, view if type(view) is memoryview else memoryview(view).cast("B")):
                 return False
@@ -104,7 +125,7 @@ def recv_fast(self: Any, src: int, tag: int, out: Any) -> Any:
     if out.nbytes > FAST_MAX:
         stream = self._stream
         o = self._out.get(src)
-        if stream is None or (o is not None and o.cma and by_rendezvous(out.nbytes, r.cap)):
+        if stream is None or (o is not None and o.cma and out.nbytes >= RNDV_MIN):
             return -1  # (a message this large from a peer we can read comes by rendezvous: the general path)
     lock = self._lock
     q = r.seg.q
@@ -195,7 +216,7 @@ def _take_streaming(self: Any, r: Any, stream: Any, t: int, tag: int, out: Any) 
     or, when the sender stalled mid-record, the receive request that the general path completes.
     """
     q = r.seg.q
-    spin_ns = int(self._spin * 1e9)
+    spin_ns = self._spin_ns
     res = stream(r.data, q, r.head_i, r.tail_i, r.want_i, t, tag, out, 0, -1, spin_ns, self._yield)
     if res == -1:
         return -1
