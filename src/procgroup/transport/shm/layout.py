@@ -124,7 +124,7 @@ DEFAULT_BIG_SLOT = 1 << 20
 MIN_BIG_SLOT = 64 << 10
 
 #: default ring capacity per (producer, consumer) pair
-DEFAULT_RING_SIZE = int(__import__("os").environ.get("XX_RING", 4 << 20))
+DEFAULT_RING_SIZE = 4 << 20
 MIN_RING_SIZE = 4096
 #: a rank's incoming rings take at most this much unless ring_size= says otherwise
 DEFAULT_SEGMENT_BUDGET = 32 << 20
