@@ -37,6 +37,8 @@ __all__ = ["FAST_MAX", "STREAM_CHUNK", "send_fast", "recv_fast"]
 FAST_MAX = 64 << 10
 #: a streamed send's piece: put publishes the head (and rings) after each, so the receiver copies behind it
 STREAM_CHUNK = 64 << 10
+#: a streamed receive with other rings to serve polls its head in C in slices this long (ns), serving them between
+OTHERS_SLICE_NS = 20_000
 
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 
@@ -131,7 +133,9 @@ def recv_fast(self: Any, src: int, tag: int, out: Any) -> Any:
     q = r.seg.q
     head_i = r.head_i
     others = len(self._in_list) > 1
-    wait_head = None if others else self._wait_head  # (with other rings to serve: poll them too, in Python)
+    # with other rings to serve, a small receive polls them too, in Python; a streamed one polls its head in C
+    # in slices of OTHERS_SLICE_NS, serving the other rings between them
+    wait_head = None if others and stream is None else self._wait_head
     take = self._take
     c_bell = self._c_bell
     if take is None and type(out) is not memoryview:
@@ -204,7 +208,8 @@ def recv_fast(self: Any, src: int, tag: int, out: Any) -> Any:
             self._fast_spun = now  # the general wait that follows sleeps at once (no second spin)
             return -1
         if wait_head is not None and not self._pending_out:  # poll the head, GIL released, until it moves
-            wait_head(q, head_i, tail, int((end - now) * 1e9), self._yield)
+            ns = int((end - now) * 1e9)
+            wait_head(q, head_i, tail, min(ns, OTHERS_SLICE_NS) if others else ns, self._yield)
         elif self._yield:
             _sched_yield()
 
