@@ -172,7 +172,7 @@ _TABLE = (
     EnvVar(ENV.LOG_LEVEL, "DEBUG|INFO|WARNING: procgroup's log level", "user"),
     EnvVar(ENV.PROGRESS_INTERVAL, "seconds between rendezvous progress lines", "user"),
     EnvVar(ENV.TTY, "path of the launcher's terminal; dist.breakpoint() runs pdb there"),
-    EnvVar(ENV.SHM_CMA, "0 turns off the single-copy (process_vm_readv) path for shm messages >= 1 MiB", "user"),
+    EnvVar(ENV.SHM_CMA, "0 turns off the single-copy (process_vm_readv) path for shm messages >= 4-8 MiB", "user"),
     EnvVar(
         ENV.SHM_SPIN_US,
         "microseconds a shm wait spins before it sleeps on a futex (default 50; "

@@ -38,12 +38,20 @@ _SENT = object()
 
 
 def _post_send(
-    tensor: Any, dst: Optional[int], group: Any, tag: int, group_dst: Optional[int], blocking: bool = False
+    tensor: Any,
+    dst: Optional[int],
+    group: Any,
+    tag: int,
+    group_dst: Optional[int],
+    blocking: bool = False,
+    handed: Any = None,
 ) -> Any:
     """Post a send: (group, request, context maker), None for non-members, _SENT when ``blocking`` and done.
 
-    A blocking send first offers the message to the transport's ``send_fast`` (the shm transport: a small
+    A blocking send first offers the message to the transport's ``send_fast`` (the shm transport: a
     message written into the peer's ring at once when nothing of ours to that peer is queued ahead of it).
+    ``handed``: the request that ``send_fast`` returned for ``tensor`` (its receiver stopped making room
+    mid-stream: the transport finishes it), used instead of posting a send.
     """
     g = _group(group, "isend")
     if g is None:
@@ -55,15 +63,19 @@ def _post_send(
         return device_ops(g, e).isend(g, peer, tag, tensor)
     code = dtype_code(f.dtype)
     eng = g.world.engine
-    req = eng.isend(g, peer, tag, f.array, code) if eng is not None else None
+    req = eng.isend(g, peer, tag, f.array, code) if eng is not None and handed is None else None
     if req is None:
         t = g.world.transport
         ptag = p2p_tag(g.gid, tag, code, g.gen)
-        if blocking:
+        if blocking and handed is None:
             fast = getattr(t, "send_fast", None)
-            if fast is not None and fast(peer, ptag, as_bytes_view(f.array)):
-                return _SENT
-        req = t.isend(peer, ptag, f.array)
+            if fast is not None:
+                res = fast(peer, ptag, as_bytes_view(f.array))
+                if res is True:
+                    return _SENT
+                if res:
+                    handed = res
+        req = t.isend(peer, ptag, f.array) if handed is None else handed
     return g, req, lambda: f"to rank {peer}, tag {tag}, {f.describe()}"
 
 
@@ -79,10 +91,19 @@ def isend(
 
 
 def _post_recv(
-    tensor: Any, src: Optional[int], group: Any, tag: int, group_src: Optional[int], blocking: bool = False
+    tensor: Any,
+    src: Optional[int],
+    group: Any,
+    tag: int,
+    group_src: Optional[int],
+    blocking: bool = False,
+    handed: Any = None,
 ) -> Any:
     """Post a receive: (group, request, finish, context maker, probe), None for non-members, or (blocking and
-    taken by the transport's ``recv_fast``) the sender's rank as an int."""
+    taken by the transport's ``recv_fast``) the sender's rank as an int.
+
+    ``handed``: the request that the transport's ``recv_fast`` returned for ``tensor`` (a message whose sender
+    stalled mid-stream: the transport finishes it), used instead of posting a receive."""
     g = _group(group, "irecv")
     if g is None:
         return None
@@ -94,16 +115,18 @@ def _post_recv(
     code = dtype_code(f.dtype)
     ptag = p2p_tag(g.gid, tag, code, g.gen)
     eng = g.world.engine
-    if blocking and eng is None and peer != ANY_SOURCE:
+    if blocking and handed is None and eng is None and peer != ANY_SOURCE:
         fast = getattr(g.world.transport, "recv_fast", None)
         if fast is not None:
             n = fast(peer, ptag, as_writable_view(f.array))
-            if n >= 0:
+            if type(n) is not int:
+                handed = n
+            elif n >= 0:
                 _check_count(n, peer, f.array.nbytes)
                 if f.back is not None:
                     f.back()
                 return peer
-    req = eng.irecv(g, peer, tag, f.array, code) if eng is not None else None
+    req = eng.irecv(g, peer, tag, f.array, code) if eng is not None and handed is None else None
     if req is not None:
         ask = getattr(eng, "unmatched", None)
 
@@ -113,7 +136,7 @@ def _post_recv(
 
     else:
         t = g.world.transport
-        req = t.irecv(peer, ptag, f.array)
+        req = t.irecv(peer, ptag, f.array) if handed is None else handed
 
         def probe() -> Optional[BaseException]:
             hit = t.unmatched(peer, ptag, P2P_CODE_MASK)
@@ -190,6 +213,7 @@ def send(
     tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None
 ) -> None:
     """Send ``tensor`` to ``dst`` and wait until it has been handed over."""
+    handed = None
     if type(tensor) is np.ndarray and group_dst is None:  # the fast path: a contiguous numpy array
         g = _state.default if group is None else group
         if type(g) is not ProcessGroup or g._halt is not None or g._rank < 0:  # member_group's cases, inlined
@@ -200,9 +224,13 @@ def send(
         if dt in PLAIN_DTYPES and tensor.flags.c_contiguous:
             hit = g.p2p_routes.get((False, dst, tag, dt))  # _route's cache, looked up inline
             peer, ptag, fast = hit if hit is not None else _route(g, False, dst, tag, dt)
-            if fast is not None and fast(peer, ptag, tensor):  # the array itself (C-contiguous): no view to make
-                return
-    posted = _post_send(tensor, dst, group, tag, group_dst, blocking=True)
+            if fast is not None:
+                res = fast(peer, ptag, tensor)  # the array itself (C-contiguous): no view to make
+                if res is True:
+                    return
+                if res:  # its receiver stopped making room mid-stream: the transport's request finishes it
+                    handed = res
+    posted = _post_send(tensor, dst, group, tag, group_dst, blocking=True, handed=handed)
     if posted is not None and posted is not _SENT:
         g, req, ctx = posted
         g.p2p_now("send", req, None, _none, ctx)
@@ -212,6 +240,7 @@ def recv(
     tensor: Any, src: Optional[int] = None, group: Any = None, tag: int = 0, group_src: Optional[int] = None
 ) -> int:
     """Receive into ``tensor``; returns the sender's global rank (-1 when not a member of ``group``)."""
+    handed = None
     if type(tensor) is np.ndarray and group_src is None and src is not None:  # the fast path (see send)
         g = _state.default if group is None else group
         if type(g) is not ProcessGroup or g._halt is not None or g._rank < 0:
@@ -225,10 +254,12 @@ def recv(
             peer, ptag, fast = hit if hit is not None else _route(g, True, src, tag, dt)
             if fast is not None:
                 n = fast(peer, ptag, tensor)  # the array itself (C-contiguous, writable)
-                if n >= 0:
+                if type(n) is not int:  # its sender stalled mid-stream: the transport's request finishes it
+                    handed = n
+                elif n >= 0:
                     _check_count(n, peer, tensor.nbytes)
                     return peer
-    posted = _post_recv(tensor, src, group, tag, group_src, blocking=True)
+    posted = _post_recv(tensor, src, group, tag, group_src, blocking=True, handed=handed)
     if posted is None:
         return -1
     if type(posted) is int:

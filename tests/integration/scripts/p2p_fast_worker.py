@@ -24,6 +24,8 @@ import procgroup as dist
 EXTRA = [0, 0, 0, 1, 5, 8189, 8190, 140000]
 ANY_TAG = 7
 BURST, BIG = 5, 140000
+#: order_stress sends blocking only below this (a blocking rendezvous send waits for the receiver: no cycles)
+BLOCKING_MAX = 1 << 20
 
 
 def check(cond: bool, what: str) -> None:
@@ -77,7 +79,7 @@ def order_stress(rounds: str = "300") -> None:
                     keep.append((dist.isend(big, dst=d, tag=k % 2), big))
             m = _msg(r, d, k)
             how = rng.random()
-            if how < 0.5 and m.nbytes < 1 << 20:  # (a blocking rendezvous send waits for the receiver: no cycles)
+            if how < 0.5 and m.nbytes < BLOCKING_MAX:
                 dist.send(m, dst=d, tag=k % 2)
             elif how < 0.8:
                 keep.append((dist.isend(m, dst=d, tag=k % 2), m))

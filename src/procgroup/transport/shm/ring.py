@@ -5,8 +5,9 @@ length u64)`` at a 16-byte aligned stream position (so it never wraps),
 then ``length`` payload bytes, which may wrap and which stream through the
 ring in chunks (:data:`CHUNK`) when the message is larger than the ring.
 
-Large messages (>= :data:`RNDV_MIN`, 1 MiB) to a peer whose CMA flag is set
-go by *rendezvous*: the record's length field is ``RNDV_BIT | n`` and its
+Large messages (>= :data:`RNDV_MIN`, 8 MiB, or, sent by isend, too large
+for the ring at once: :func:`by_rendezvous`) to a peer whose CMA flag is set go by
+*rendezvous*: the record's length field is ``RNDV_BIT | n`` and its
 16-byte payload is ``(address of the sender's buffer, id)``; the receiver
 copies the ``n`` bytes with ``process_vm_readv`` (see ``_cma``) straight
 into the matched receive buffer, then sends back an acknowledgement record
@@ -42,6 +43,7 @@ __all__ = [
     "LEN_MASK",
     "RNDV_MIN",
     "CHUNK",
+    "by_rendezvous",
 ]
 
 REC = struct.Struct("<QQ")  # tag, length
@@ -50,12 +52,25 @@ REC_SIZE = 16
 RNDV_BIT = 1 << 62
 ACK = 1 << 63
 LEN_MASK = RNDV_BIT - 1
-#: messages of at least this many bytes go by rendezvous (one process_vm_readv) when the peer can read us
-RNDV_MIN = 1 << 20
+#: messages of at least this many bytes -- or too large for the ring at once -- go by rendezvous (one
+#: process_vm_readv) when the peer can read us (see :func:`by_rendezvous`)
+RNDV_MIN = 8 << 20
 #: copy granularity, so producer and consumer overlap on large messages
 CHUNK = 256 << 10
 
 _ZEROS = memoryview(bytes(CHUNK))
+
+
+def by_rendezvous(n: int, cap: int) -> bool:
+    """Whether a general-path (isend) ``n``-byte message goes by rendezvous through a ring of ``cap`` bytes
+    (when the peer can read us): from RNDV_MIN on, or when its record cannot fit the ring at once.
+
+    Below that the ring is faster than process_vm_readv on the VMs measured (issue 14: a 4,000,000-byte
+    ping-pong took 155 us through a 4 MiB ring, 450 us by rendezvous; 1 MiB 77 us against 207 us), as the
+    receiver copies behind the sender out of a ring that stays in the caches.  A blocking send (p2pfast)
+    streams anything below RNDV_MIN through the ring, waiting for room as the receiver copies.
+    """
+    return n >= RNDV_MIN or n + 2 * REC_SIZE > cap
 
 
 class Flow:

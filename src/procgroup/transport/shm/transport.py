@@ -8,15 +8,16 @@ attach-then-unlink), :mod:`.ring` (the SPSC rings and their record format),
 This module ties them to the matching engine
 (:class:`~procgroup.transport._engine.EngineTransport`).
 
-Large messages (>= ``RNDV_MIN``, 1 MiB) to a peer that can read our memory
-go by rendezvous: the receiver copies them with ``process_vm_readv`` (see
-``_cma``; from 4 MiB on, two threads each copy half when no rendezvous send
-of ours is pending -- a one-way transfer, whose sender's core is idle --
-and the host is not oversubscribed) straight into the matched receive
-buffer (or, for an unexpected message, when the receive is posted), then
-acknowledges, which completes the send.  One copy instead of two, no
-ring-space ping-pong, and the sender's core is free meanwhile.  A peer we
-cannot read (other uid, Yama ptrace_scope, seccomp, ``PROCGROUP_SHM_CMA=0``)
+Large messages (>= ``RNDV_MIN``, 8 MiB, or, sent by isend, too large for
+the ring at once) to a peer that can read our memory go by rendezvous: the receiver copies
+them with ``process_vm_readv`` (see ``_cma``; from 4 MiB on, two threads
+each copy half when no rendezvous send of ours is pending -- a one-way
+transfer, whose sender's core is idle -- and the host is not
+oversubscribed) straight into the matched receive buffer (or, for an
+unexpected message, when the receive is posted), then acknowledges, which
+completes the send.  One copy instead of two, no ring-space ping-pong, and
+the sender's core is free meanwhile.  A peer we cannot read (other uid,
+Yama ptrace_scope, seccomp, ``PROCGROUP_SHM_CMA=0``)
 gets every message through the ring.
 
 Waiting
@@ -81,11 +82,11 @@ from .ring import (
     REC,
     REC_SIZE,
     RNDV_BIT,
-    RNDV_MIN,
     Flow,
     InRing,
     OutRing,
     RndvEntry,
+    by_rendezvous,
 )
 
 try:  # recv_fast's poll and the fast path's record write/read, compiled (optional, like the arena's _native)
@@ -183,12 +184,17 @@ class ShmTransport(EngineTransport):
             OFF_BELL,
             OFF_SLEEP,
         )
+        #: mid-size blocking messages stream through the ring in C (p2pfast; with the compiled doorbell only)
+        self._stream = getattr(fast_c, "stream", None) if self._c_bell else None
+        self._put_stream = getattr(fast_c, "put_stream", None) if self._stream is not None else None
+        self._spin_ns = int(self._spin * 1e9)
         self._arenas: List[ShmArena] = []
         self._bigs: Dict[int, ShmBigArena] = {}  # group key -> its big slots (one object per key: its turn persists)
         self._slice = slice_s
         #: blocking sends and receives that took the fast path (send_fast/recv_fast; for tests and `top`)
         self.fast_sends = 0
         self.fast_recvs = 0
+        self.fast_handoffs = 0  # streamed records whose peer stalled mid-record: the general path finished them
         self._fast_spun = 0.0  # when recv_fast last gave up after its spin (see _wait_req)
         self._flow = Flow()  # bumped whenever bytes move through a ring: a waiter keeps spinning while they do
         self._bell = Doorbell(rank, world_size, self._lock, slice_s, self._kick, self._maybe_check_peers_locked)
@@ -316,7 +322,7 @@ class ShmTransport(EngineTransport):
             if self._closed:
                 raise ClosedError(f"rank {self.rank}: send to rank {dst} on a closed shm transport")
             o = self._out[dst]
-            if n >= RNDV_MIN and o.cma:
+            if o.cma and by_rendezvous(n, o.cap):
                 # rendezvous: the receiver copies straight from our buffer, then acknowledges
                 s = SendReq(self, dst, tag, view)
                 self._rid += 1
