@@ -126,7 +126,10 @@ def _post_recv(
                 if f.back is not None:
                     f.back()
                 return peer
-    req = eng.irecv(g, peer, tag, f.array, code) if eng is not None and handed is None else None
+    if eng is None:
+        req = None
+    else:  # (handed: the request the engine's fast recv returned; the engine's probe below applies to it too)
+        req = eng.irecv(g, peer, tag, f.array, code) if handed is None else handed
     if req is not None:
         ask = getattr(eng, "unmatched", None)
 
@@ -200,8 +203,12 @@ def _route(g: Any, recv: bool, peer_arg: Optional[int], tag: int, dtype: Any) ->
             peer = _peer(g, "send", peer_arg, None, "dst")
         ptag = p2p_tag(g.gid, tag, dtype_code(dtype), g.gen)
         fast = None
-        if g.world.engine is None and peer != ANY_SOURCE:
-            fast = getattr(g.world.transport, "recv_fast" if recv else "send_fast", None)
+        eng = g.world.engine
+        if peer != ANY_SOURCE:
+            if eng is None:
+                fast = getattr(g.world.transport, "recv_fast" if recv else "send_fast", None)
+            elif (mk := getattr(eng, "p2p_fast", None)) is not None:  # backend="mpi": (peer, ptag, arr) too
+                fast = mk(g, recv, tag, dtype_code(dtype))
         hit = (peer, ptag, fast)
         if len(routes) >= _ROUTES_MAX:
             routes.clear()

@@ -81,6 +81,15 @@ def test_p2p_any_source_and_objects(flavour):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("ws", [2, 3])
+def test_blocking_send_recv_every_dtype_and_late_messages(flavour, ws):
+    """procgroup.send/recv on backend="mpi" take the engine's fast path (MPI_Isend/Irecv tested at once, a
+    pending one waited on like the general path's): values of every dtype and size, and late messages."""
+    r = flavour.run(ws, "p2p_blocking", timeout=160)
+    _ok(r, ws, r"rank {rank}: p2p blocking ok")
+
+
+@pytest.mark.timeout(180)
 def test_subgroups(flavour):
     r = flavour.run(4, "subgroups", timeout=160)
     _ok(r, 4, r"rank {rank}: subgroups ok")

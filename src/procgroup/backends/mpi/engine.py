@@ -34,6 +34,7 @@ Point-to-point of the user's API (send/recv/isend/irecv, batch_isend_irecv) goes
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
@@ -46,6 +47,7 @@ from ...errors import BrokenError, CollectiveMismatchError, ProcGroupError
 from ...ops import ReduceOp, reducer
 from ...transport.base import ANY_SOURCE, Request, Status
 from ..base import CollectiveEngine
+from . import p2pfast as _p2pfast
 from ._waiting import Liveness
 
 __all__ = ["MpiEngine", "INT_MAX", "LARGE_ALL_REDUCE", "DEDICATE_AFTER", "DEDICATED_PER_GROUP"]
@@ -725,6 +727,13 @@ class MpiEngine(CollectiveEngine):
         except self.MPI.Exception as e:
             raise self.mpi_error(e, f"MPI_Irecv from rank {src}") from None
         return _P2P(self, req, src, out.nbytes, True)
+
+    def p2p_fast(self, group: Any, recv: bool, tag: int, code: int) -> Optional[Callable[..., Any]]:
+        """procgroup.send/recv's blocking send/recv of (group, tag, dtype code), bound (:mod:`.p2pfast`)."""
+        mtag = self._tag(group, tag, code)
+        if mtag < 0:
+            return None
+        return functools.partial(_p2pfast.recv if recv else _p2pfast.send, self, _P2P, mtag)
 
     def forget_group(self, gid: int) -> None:
         """Drop destroyed group ``gid``'s communicator, call-check communicator and broken mark (not freed: as
