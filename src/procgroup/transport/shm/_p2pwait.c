@@ -35,6 +35,50 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* the end of a spin of spin_ns from now (a negative spin: none) */
+static uint64_t spin_end(long long spin_ns) {
+    return now_ns() + (uint64_t)(spin_ns > 0 ? spin_ns : 0);
+}
+
+/* One idle poll of a spin that ends at `end`: every 16th poll reads the clock (1: the spin is over) and yields
+ * the CPU when asked (an oversubscribed host: let the peer run); the others pause. */
+static int spin_over(unsigned *polls, uint64_t end, int yield_cpu) {
+    if ((++*polls & 15) == 0) {
+        if (now_ns() >= end)
+            return 1;
+        if (yield_cpu)
+            sched_yield();
+    } else {
+        CPU_RELAX();
+    }
+    return 0;
+}
+
+/* The three buffers of put/take/put_stream/stream: the ring's data (args[0]), the control words q (args[1]) and
+ * the payload or output buffer (args[pi]), with these flags.  On failure releases what it had and returns -1
+ * (the Python error set). */
+static int get_buffers(PyObject *const *args, Py_ssize_t pi, int dflags, int qflags, int pflags, Py_buffer *d,
+                       Py_buffer *q, Py_buffer *p) {
+    if (PyObject_GetBuffer(args[0], d, dflags) < 0)
+        return -1;
+    if (PyObject_GetBuffer(args[1], q, qflags) < 0) {
+        PyBuffer_Release(d);
+        return -1;
+    }
+    if (PyObject_GetBuffer(args[pi], p, pflags) < 0) {
+        PyBuffer_Release(d);
+        PyBuffer_Release(q);
+        return -1;
+    }
+    return 0;
+}
+
+static void release_buffers(Py_buffer *d, Py_buffer *q, Py_buffer *p) {
+    PyBuffer_Release(d);
+    PyBuffer_Release(q);
+    PyBuffer_Release(p);
+}
+
 static PyObject *wait_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 5) {
@@ -58,20 +102,14 @@ static PyObject *wait_head(PyObject *self, PyObject *const *args, Py_ssize_t nar
     const uint64_t *p = (const uint64_t *)((const char *)b.buf + i * 8);
     uint64_t h;
     Py_BEGIN_ALLOW_THREADS
-    uint64_t end = now_ns() + (uint64_t)(spin > 0 ? spin : 0);
+    uint64_t end = spin_end(spin);
     unsigned k = 0;
     for (;;) {
         h = __atomic_load_n(p, __ATOMIC_ACQUIRE);
         if (h != (uint64_t)tail)
             break;
-        if ((++k & 15) == 0) {
-            if (now_ns() >= end)
-                break;
-            if (yield_cpu)
-                sched_yield();
-        } else {
-            CPU_RELAX();
-        }
+        if (spin_over(&k, end, yield_cpu))
+            break;
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&b);
@@ -139,17 +177,8 @@ static PyObject *put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (PyErr_Occurred())
         return NULL;
     Py_buffer d, q, p;
-    if (PyObject_GetBuffer(args[0], &d, PyBUF_WRITABLE) < 0)
+    if (get_buffers(args, 6, PyBUF_WRITABLE, PyBUF_WRITABLE, PyBUF_SIMPLE, &d, &q, &p) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &q, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&d);
-        return NULL;
-    }
-    if (PyObject_GetBuffer(args[6], &p, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&d);
-        PyBuffer_Release(&q);
-        return NULL;
-    }
     long long res = -1;
     uint64_t cap = (uint64_t)d.len, n = (uint64_t)p.len;
     if (cap < 32 || (cap & (cap - 1)) || ((uintptr_t)d.buf & 15) || ((uintptr_t)q.buf & 7) || hi < 0 || ti < 0 ||
@@ -191,9 +220,7 @@ static PyObject *put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             res = (long long)end;
         }
     }
-    PyBuffer_Release(&d);
-    PyBuffer_Release(&q);
-    PyBuffer_Release(&p);
+    release_buffers(&d, &q, &p);
     if (res == -2)
         return NULL;
     return PyLong_FromLongLong(res);
@@ -217,17 +244,8 @@ static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (PyErr_Occurred())
         return NULL;
     Py_buffer d, q, o;
-    if (PyObject_GetBuffer(args[0], &d, PyBUF_SIMPLE) < 0)
+    if (get_buffers(args, 5, PyBUF_SIMPLE, nargs == 8 ? PyBUF_WRITABLE : PyBUF_SIMPLE, PyBUF_WRITABLE, &d, &q, &o) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &q, nargs == 8 ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&d);
-        return NULL;
-    }
-    if (PyObject_GetBuffer(args[5], &o, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&d);
-        PyBuffer_Release(&q);
-        return NULL;
-    }
     long long res = -1;
     int err = 0;
     uint64_t cap = (uint64_t)d.len;
@@ -262,9 +280,7 @@ static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
             }
         }
     }
-    PyBuffer_Release(&d);
-    PyBuffer_Release(&q);
-    PyBuffer_Release(&o);
+    release_buffers(&d, &q, &o);
     if (err)
         return NULL;
     return PyLong_FromLongLong(res);
@@ -298,17 +314,8 @@ static PyObject *put_stream(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (PyErr_Occurred() || yield_cpu < 0)
         return NULL;
     Py_buffer d, q, p;
-    if (PyObject_GetBuffer(args[0], &d, PyBUF_WRITABLE) < 0)
+    if (get_buffers(args, 6, PyBUF_WRITABLE, PyBUF_WRITABLE, PyBUF_SIMPLE, &d, &q, &p) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &q, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&d);
-        return NULL;
-    }
-    if (PyObject_GetBuffer(args[6], &p, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&d);
-        PyBuffer_Release(&q);
-        return NULL;
-    }
     int err = 0, hdr_done = 0;
     uint64_t cap = (uint64_t)d.len, n = (uint64_t)p.len, off = 0, wp = 0, rings = 0;
     if (cap < 64 || (cap & (cap - 1)) || ((uintptr_t)d.buf & 15) || ((uintptr_t)q.buf & 7) || hi < 0 || ti < 0 ||
@@ -323,21 +330,15 @@ static PyObject *put_stream(PyObject *self, PyObject *const *args, Py_ssize_t na
         uint32_t v = (uint32_t)bell;
         wp = h;
         Py_BEGIN_ALLOW_THREADS
-        uint64_t end = now_ns() + (uint64_t)(spin > 0 ? spin : 0);
+        uint64_t end = spin_end(spin);
         unsigned polls = 0;
         while (!hdr_done || off < n) {
             uint64_t m = n - off < k ? n - off : k;
             uint64_t need = (hdr_done ? 0 : 16) + m;
             uint64_t tail = __atomic_load_n(&qq[ti], __ATOMIC_ACQUIRE);
             if (wp + need - tail > cap) {
-                if ((++polls & 15) == 0) {
-                    if (now_ns() >= end)
-                        break;
-                    if (yield_cpu)
-                        sched_yield();
-                } else {
-                    CPU_RELAX();
-                }
+                if (spin_over(&polls, end, yield_cpu))
+                    break;
                 continue;
             }
             if (!hdr_done) {
@@ -353,14 +354,12 @@ static PyObject *put_stream(PyObject *self, PyObject *const *args, Py_ssize_t na
             ring_bell((char *)q.buf, v);
             v += (uint32_t)step;
             rings++;
-            end = now_ns() + (uint64_t)(spin > 0 ? spin : 0);
+            end = spin_end(spin);
             polls = 0;
         }
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&d);
-    PyBuffer_Release(&q);
-    PyBuffer_Release(&p);
+    release_buffers(&d, &q, &p);
     if (err)
         return NULL;
     if (!hdr_done)
@@ -396,17 +395,8 @@ static PyObject *stream(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (PyErr_Occurred() || yield_cpu < 0)
         return NULL;
     Py_buffer d, q, o;
-    if (PyObject_GetBuffer(args[0], &d, PyBUF_SIMPLE) < 0)
+    if (get_buffers(args, 7, PyBUF_SIMPLE, PyBUF_WRITABLE, PyBUF_WRITABLE, &d, &q, &o) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &q, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&d);
-        return NULL;
-    }
-    if (PyObject_GetBuffer(args[7], &o, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&d);
-        PyBuffer_Release(&q);
-        return NULL;
-    }
     int err = 0, want = 0;
     long long res = -1;
     uint64_t n = 0, off = off0 > 0 ? (uint64_t)off0 : 0;
@@ -436,7 +426,7 @@ static PyObject *stream(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (res == 0) {
             uint64_t base = t + 16;
             Py_BEGIN_ALLOW_THREADS
-            uint64_t end = now_ns() + (uint64_t)(spin > 0 ? spin : 0);
+            uint64_t end = spin_end(spin);
             unsigned polls = 0;
             while (off < n) {
                 uint64_t avail = head - (base + off);
@@ -452,26 +442,18 @@ static PyObject *stream(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                         want = 1;
                         break;
                     }
-                    end = now_ns() + (uint64_t)(spin > 0 ? spin : 0);
+                    end = spin_end(spin);
                     polls = 0;
                     continue;
                 }
-                if ((++polls & 15) == 0) {
-                    if (now_ns() >= end)
-                        break;
-                    if (yield_cpu)
-                        sched_yield();
-                } else {
-                    CPU_RELAX();
-                }
+                if (spin_over(&polls, end, yield_cpu))
+                    break;
                 head = __atomic_load_n(&qq[hi], __ATOMIC_ACQUIRE);
             }
             Py_END_ALLOW_THREADS
         }
     }
-    PyBuffer_Release(&d);
-    PyBuffer_Release(&q);
-    PyBuffer_Release(&o);
+    release_buffers(&d, &q, &o);
     if (err)
         return NULL;
     if (res < 0)
