@@ -8,6 +8,8 @@ timeout, and raises with every rank's output when any rank failed.
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import secrets
 import signal
@@ -18,10 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from procgroup.config import SHM_DIR
 from procgroup.netutil import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).with_name("workers.py")
+_JOBS = itertools.count()
 
 
 @dataclass
@@ -164,3 +168,29 @@ def run_world(
     if any(r.returncode != 0 for r in results):
         raise AssertionError(f"{func} failed at world size {n}:\n{report(results)}")
     return results
+
+
+def run_job(
+    prefix: str,
+    script: Path,
+    n: int,
+    func: str,
+    env: Dict[str, str],
+    args: Sequence[str] = (),
+    timeout: float = 150.0,
+    ok: bool = True,
+) -> List[Result]:
+    """Run ``script func *args`` on ``n`` ranks under a run id of its own (``PROCGROUP_RUN_ID``, named after
+    ``prefix``): with ``ok`` every rank must exit 0, and no /dev/shm segment of the run id may be left."""
+    job = f"{prefix}-{os.getpid()}-{next(_JOBS)}"
+    results = collect(spawn_world(n, func, args, env={"PROCGROUP_RUN_ID": job, **env}, script=script), timeout)
+    if ok:
+        assert all(r.returncode == 0 for r in results), report(results)
+    leaked = [x for x in os.listdir(SHM_DIR) if job in x] if os.path.isdir(SHM_DIR) else []
+    assert not leaked, f"/dev/shm segments left behind: {leaked}"
+    return results
+
+
+def json_lines(r: Result) -> List[dict]:
+    """The JSON records a rank printed (its stdout lines that start with ``{``)."""
+    return [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]

@@ -9,38 +9,22 @@ any-source receives, messages above its size and rendezvous messages, every dtyp
 
 from __future__ import annotations
 
-import itertools
-import json
-import os
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
 
-from procgroup.config import SHM_DIR
-
-from .harness import Result, collect, report, spawn_world
+from .harness import Result, json_lines, report, run_job
 
 pytestmark = pytest.mark.timeout(180)
 
-_JOBS = itertools.count()
 WORKER = Path(__file__).parent / "scripts" / "p2p_fast_worker.py"
 ENV = {"PROCGROUP_TIMEOUT": "30", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
 
 
 def _run(n: int, func: str, env: Dict[str, str], timeout: float = 150, ok: bool = True) -> List[Result]:
     """Run ``func`` of the worker on ``n`` ranks under a run id of its own; no segment of it may be left."""
-    job = f"p2pfast-{os.getpid()}-{next(_JOBS)}"
-    results = collect(spawn_world(n, func, env={**ENV, "PROCGROUP_RUN_ID": job, **env}, script=WORKER), timeout)
-    if ok:
-        assert all(r.returncode == 0 for r in results), report(results)
-    leaked = [x for x in os.listdir(SHM_DIR) if job in x] if os.path.isdir(SHM_DIR) else []
-    assert not leaked, f"/dev/shm segments left behind: {leaked}"
-    return results
-
-
-def _lines(r: Result) -> List[dict]:
-    return [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    return run_job("p2pfast", WORKER, n, func, {**ENV, **env}, timeout=timeout, ok=ok)
 
 
 @pytest.mark.parametrize(
@@ -52,7 +36,7 @@ def test_order_stress_blocking_fast_path_mixed_with_isend_irecv_any_source(n: in
     env = {"PROCGROUP_TRANSPORT": "shm", "PROCGROUP_SHM_CMA": cma, "PROCGROUP_NATIVE": native}
     results = _run(n, "order_stress", env)
     for r in results:
-        (x,) = _lines(r)
+        (x,) = json_lines(r)
         assert x["fast_sends"] > 0 and x["fast_recvs"] > 0, x  # the fast path was taken (and mixed)
 
 
@@ -63,13 +47,13 @@ def test_order_stress_tcp_unchanged() -> None:
 @pytest.mark.parametrize("n", [2, 3])
 def test_every_dtype_and_size_around_the_threshold(n: int) -> None:
     results = _run(n, "dtypes_sizes", {"PROCGROUP_TRANSPORT": "shm"})
-    x = _lines(results[1])[0]
+    x = json_lines(results[1])[0]
     assert x["fast_sends"] > 0 and x["fast_recvs"] > 0, x
 
 
 def test_edges_0d_noncontiguous_readonly_bad_tags_subgroup_nonmember() -> None:
     results = _run(3, "edges", {"PROCGROUP_TRANSPORT": "shm"})
-    recs = [_lines(r)[0] for r in results]
+    recs = [json_lines(r)[0] for r in results]
     assert recs[1]["ro"]["err"] == "ConfigError" and "read-only" in recs[1]["ro"]["msg"], recs[1]
     for x in recs[:2]:
         assert x["neg_send"]["err"] == "ConfigError" and "tag=-1" in x["neg_send"]["msg"], x
@@ -81,7 +65,7 @@ def test_edges_0d_noncontiguous_readonly_bad_tags_subgroup_nonmember() -> None:
 
 def test_errors_dtype_count_size_tag() -> None:
     results = _run(2, "errors", {"PROCGROUP_TRANSPORT": "shm"})
-    cases = {x["case"]: x for x in _lines(results[1])}
+    cases = {x["case"]: x for x in json_lines(results[1])}
     d = cases["dtype"]
     assert d["err"] == "ConfigError" and "dtype mismatch" in d["msg"] and "float32" in d["msg"], d
     assert "tag 11" in d["msg"] and "rank 0" in d["msg"] and d["s"] < 2.0, d
@@ -105,7 +89,7 @@ def test_killed_peer_is_named_and_the_waiter_sleeps(n: int, native: str) -> None
         if i == 1:
             continue
         assert r.returncode == 0, report(results)
-        (x,) = _lines(r)
+        (x,) = json_lines(r)
         assert x["err"] == "PeerFailureError" and "rank 1" in x["msg"] and "died" in x["msg"], x
         assert 1.5 < x["s"] < 6, x
         assert x["cpu"] < 0.2 * x["s"], x  # asleep, not spinning, while it waited
@@ -119,6 +103,6 @@ def test_sleeping_receiver_is_always_woken_by_the_next_send(native: str) -> None
     env = {"PROCGROUP_TRANSPORT": "shm", "PROCGROUP_SHM_SPIN_US": "0", "PROCGROUP_NATIVE": native}
     results = _run(2, "sleeper_wakeup", env, timeout=120)
     for r in results:
-        (x,) = _lines(r)
+        (x,) = json_lines(r)
         assert x["n_long"] + x["n_short"] == 300 and x["n_long"] > 30 and x["fast_sends"] > 0, x
         assert x["median_long_ms"] < 1.5, x  # woken by the send (~0.1 ms), not by the probe's timeout
