@@ -75,9 +75,13 @@ def _run(tmp_path: Path, *args: str, source: str = TORCH_SCRIPT) -> subprocess.C
     )
 
 
+def _context(r: subprocess.CompletedProcess) -> str:
+    return f"exit status {r.returncode}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr[-6000:]}"
+
+
 def test_unmodified_torch_gloo_script_runs_under_procgroup_run(tmp_path):
     r = _run(tmp_path, "--standalone", "--nproc-per-node", "2")
-    ctx = f"exit status {r.returncode}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr[-6000:]}"
+    ctx = _context(r)
     assert r.returncode == 0, ctx
     assert sorted(ln for ln in r.stdout.splitlines() if " ok " in ln) == [
         "[0] torch rank 0/2 local 0 ok [3.0, 6.0, 9.0, 12.0]",
@@ -90,7 +94,7 @@ def test_plain_procgroup_script_under_procgroup_run_never_imports_torch(tmp_path
     """procgroup run sets TORCHELASTIC_RUN_ID (torchrun's contract) but hosts no agent store: init must not import
     torch to look for one (it did, and that cost every init 3-4 s here)."""
     r = _run(tmp_path, "--standalone", "--nproc-per-node", "2", source=PLAIN_SCRIPT)
-    ctx = f"exit status {r.returncode}\n--- stdout\n{r.stdout}\n--- stderr\n{r.stderr[-6000:]}"
+    ctx = _context(r)
     assert r.returncode == 0, ctx
     assert sorted(ln for ln in r.stdout.splitlines() if "plain rank" in ln) == [
         "[0] plain rank 0 torch modules []",

@@ -106,6 +106,17 @@ def order_mid(rounds: str = "200") -> None:
     fw.order_stress(rounds)
 
 
+def _report_and_leave(res: Dict[str, Any], r: int, c0: float, t0: float, mode: str) -> None:
+    """Print ``res`` with this rank, the CPU and wall seconds since ``c0``/``t0`` and the counters, then leave:
+    at once after a ``kill`` (the world lost a member: no collective shutdown), else through a barrier."""
+    res.update(rank=r, cpu=round(time.process_time() - c0, 3), s=round(time.monotonic() - t0, 3), **_counters())
+    print(json.dumps(res), flush=True)
+    if mode == "kill":
+        os._exit(0)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def stalled_sender(mode: str) -> None:
     """Rank 1 starts a message twice the ring's size (isend; CMA off) and stops progressing: ``sleep`` waits
     0.4 s before it waits on the send, ``kill`` stops itself (SIGSTOP) and rank 0 SIGKILLs it 1 s later.  Rank
@@ -142,12 +153,7 @@ def stalled_sender(mode: str) -> None:
         res["ok"] = bool((y == np.arange(n, dtype=np.int64)).all())
     except Exception as e:  # noqa: BLE001 - reported to the test
         res.update(err=type(e).__name__, msg=str(e))
-    res.update(rank=r, cpu=round(time.process_time() - c0, 3), s=round(time.monotonic() - t0, 3), **_counters())
-    print(json.dumps(res), flush=True)
-    if mode == "kill":
-        os._exit(0)  # the world lost a member: leave without the collective shutdown
-    dist.barrier()
-    dist.destroy_process_group()
+    _report_and_leave(res, r, c0, t0, mode)
 
 
 def stalled_receiver(mode: str) -> None:
@@ -178,12 +184,7 @@ def stalled_receiver(mode: str) -> None:
         dist.send(np.arange(n, dtype=np.int64), dst=0, tag=5)
     except Exception as e:  # noqa: BLE001 - reported to the test
         res.update(err=type(e).__name__, msg=str(e))
-    res.update(rank=r, cpu=round(time.process_time() - c0, 3), s=round(time.monotonic() - t0, 3), **_counters())
-    print(json.dumps(res), flush=True)
-    if mode == "kill":
-        os._exit(0)  # the world lost a member: leave without the collective shutdown
-    dist.barrier()
-    dist.destroy_process_group()
+    _report_and_leave(res, r, c0, t0, mode)
 
 
 if __name__ == "__main__":
