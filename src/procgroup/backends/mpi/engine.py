@@ -49,6 +49,7 @@ from ...transport.base import ANY_SOURCE, Request, Status
 from ..base import CollectiveEngine
 from . import p2pfast as _p2pfast
 from ._waiting import Liveness
+from .p2pfast import QUICK as _QUICK  # the tests right after posting, before a wait is set up
 
 __all__ = ["MpiEngine", "INT_MAX", "LARGE_ALL_REDUCE", "DEDICATE_AFTER", "DEDICATED_PER_GROUP"]
 
@@ -66,8 +67,6 @@ DEDICATE_AFTER = 2
 DEDICATED_PER_GROUP = 8
 #: the fingerprint bits of a call's tag (``Comm.tag >> STEP_BITS``: gid, seq, fingerprint)
 _FP = (1 << 16) - 1
-#: Tests a call makes right after posting, before it sets up a wait (:meth:`Liveness.wait`: deadline, back-off)
-_QUICK = range(32)
 
 
 class _P2P(Request):

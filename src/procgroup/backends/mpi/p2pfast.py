@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 __all__ = ["send", "recv"]
 
-#: Tests right after posting, before the caller sets up a wait (a message already there: 1-2 tests)
+#: Tests a call makes right after posting, before it sets up a wait (:meth:`Liveness.wait`: deadline, back-off);
+#: the engine's collectives use them too
 QUICK = range(32)
 
 
