@@ -1,8 +1,9 @@
-"""Build hook for the two optional C extensions (all metadata lives in pyproject.toml).
+"""Build hook for the three optional C extensions (all metadata lives in pyproject.toml).
 
 ``procgroup.transport.shm._native`` is the compiled fast path of the shared-memory arena, and
-``procgroup.transport.shm._p2pwait`` that of small blocking receives: plain C against the CPython API, so building
-them needs nothing but a C compiler.  Both are optional: without a compiler (or when a compile fails) setuptools
+``procgroup.transport.shm._p2pwait`` that of small blocking receives, and ``procgroup._groupcore`` a planned
+collective's bookkeeping: plain C against the CPython API, so building
+them needs nothing but a C compiler.  All three are optional: without a compiler (or when a compile fails) setuptools
 warns and installs the package without them, and procgroup uses its pure-Python paths.
 """
 
@@ -18,6 +19,11 @@ setup(
         Extension(  # the blocking p2p fast receive's poll (transport.shm.transport.recv_fast); optional too
             "procgroup.transport.shm._p2pwait",
             sources=["src/procgroup/transport/shm/_p2pwait.c"],
+            optional=True,
+        ),
+        Extension(  # a planned collective's bookkeeping (procgroup.groupcore.GroupCore.run_plan); optional too
+            "procgroup._groupcore",
+            sources=["src/procgroup/_groupcore.c"],
             optional=True,
         ),
     ]

@@ -40,6 +40,7 @@ from .algorithms.arena import (
 from .algorithms.comm import STEP_BITS, Comm
 from .algorithms.select import BIG_LIMIT, choose_all_reduce
 from .deadline import Deadline
+from .groupcore import PlanCore
 from .ops import ReduceOp, finalize
 from .process_group import ProcessGroup
 from .tags import FP_MASK, fingerprint
@@ -67,11 +68,12 @@ AR, BC, RD, BA, AG, RS, A2A, A2AL = 1, 2, 3, 4, 5, 6, 7, 8
 Fn = Callable[[Any, Any, Any], None]
 
 
-class Plan:
+class Plan(PlanCore):  # PlanCore: the compiled base or its Python twin (procgroup.groupcore)
     """One call shape of one group: op name, signature, fingerprint (bytes for the chain, and xor the
-    group's generation for the tag) and ``fn(comm, a, b)``, the call's work on its arrays ``a``, ``b``."""
+    group's generation for the tag) and ``fn(comm, a, b)``, the call's work on its arrays ``a``, ``b``.
+    (``fpb``, ``fpx``, ``fn`` and ``post`` live in the base :class:`~procgroup.groupcore.PlanCore`.)"""
 
-    __slots__ = ("op", "sig", "fpb", "fpx", "fn", "post", "done", "fail")
+    __slots__ = ("op", "sig", "done", "fail")
 
     def __init__(self, g: ProcessGroup, op: str, sig: tuple, fn: Fn) -> None:
         fp = fingerprint(sig)

@@ -55,6 +55,7 @@ from .errors import (
     describe,
 )
 from .flight import FLIGHT_RECORDS, FlightRecord, as_record, describe_signature
+from .groupcore import COMPILED, GroupCore
 from .tags import (  # noqa: F401 - re-exported: their home was this module
     FP_MASK,
     GID_LIMIT,
@@ -154,6 +155,8 @@ class World:
     broken: Optional[Failure] = None
     #: the process that formed this world: in a child forked after init it is not ``os.getpid()`` (see forked)
     pid: int = field(default_factory=os.getpid)
+    #: planned calls take the compiled bookkeeping (procgroup.groupcore) where it was built (``PROCGROUP_NATIVE``)
+    native: bool = True
 
     def forked(self) -> bool:
         """True in a child forked after init: the world (sockets, shared memory, store) is the parent's."""
@@ -178,8 +181,12 @@ _STOP = object()
 _UNSET = object()
 
 
-class ProcessGroup:
-    """An ordered set of global ranks that run collectives together."""
+class ProcessGroup(GroupCore):  # GroupCore: the compiled base or its Python twin (procgroup.groupcore)
+    """An ordered set of global ranks that run collectives together.
+
+    The per-call fields (sequence number, chain, flight, token, Comm) live in the base class
+    :class:`~procgroup.groupcore.GroupCore`, whose compiled ``run_plan`` takes planned calls where it was built.
+    """
 
     # Rarely set, so class defaults (set on the instance when they change): CPython keeps up to 29 instance
     # attributes inline, more cost ~3 ns per access, ~20 a planned call (tests/unit/test_plans.py counts them)
@@ -229,6 +236,7 @@ class ProcessGroup:
         self._comm: Optional[Comm] = None  # reused by blocking calls (one at a time: async ones get their own)
         self._plan_dl = Deadline(0.0, 0.0)  # run_plan's, reset per call
         self._comm_busy = False
+        self._fast = world.native  # run_plan's compiled path (where built): off with PROCGROUP_NATIVE=0
         self._lock = threading.Lock()
         #: a token that the thread inside a call of this group holds (see run): a second thread finds it gone and
         #: gets ConcurrentUseError.  A list (pop to take, append to give back: each one atomic) rather than a
@@ -498,7 +506,7 @@ class ProcessGroup:
             self.mark_broken(err, op, seq)
         return err
 
-    def run_plan(self, plan: Any, a: Any = None, b: Any = None) -> Any:
+    def _run_plan_py(self, plan: Any, a: Any = None, b: Any = None) -> Any:
         """Run a planned blocking collective (:class:`procgroup.plans.Plan`) with the call's arrays ``a``, ``b``.
 
         The lean twin of :meth:`run` + :meth:`_execute` for a call that the plan already resolved: the same
@@ -589,6 +597,19 @@ class ProcessGroup:
             if not home:
                 self._owner = 0
             self._busy.append(True)
+
+    if not COMPILED:
+        run_plan = _run_plan_py
+    else:  # GroupCore.run_plan (compiled) does the common case and hands every other to _run_plan_py
+
+        def _plan_failed(self, e: BaseException, entry: list, plan: Any, seq: int) -> BaseException:
+            """The compiled run_plan's error of call ``seq`` (``plan.fn`` raised ``e``): what _run_plan_py raises."""
+            if isinstance(e, ProcGroupError):
+                return self._failed(self._solid(entry), e, plan.op, seq, self._plan_dl, plan.sig)
+            solid = self._solid(entry)
+            solid.state, solid.end = "failed", _monotonic()
+            self.inflight = None
+            return e
 
     def _solid(self, entry: list) -> FlightRecord:
         """A planned call's compact flight entry as a FlightRecord, put in its place (to record a failure)."""

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import procgroup as dist
+from procgroup import groupcore
 from procgroup.algorithms import select
 from procgroup.errors import ClosedError, ConfigError, DistTimeoutError, GroupBrokenError
 from procgroup.ops import ReduceOp, reducer
@@ -22,6 +23,18 @@ from procgroup.process_group import ProcessGroup
 from ..conftest import run_ranks, thread_world
 
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def run_plan_path(request, monkeypatch):
+    """Every test on both paths of ProcessGroup.run_plan: the compiled one (procgroup.groupcore) and
+    _run_plan_py."""
+    if request.param == "python":
+        monkeypatch.setattr(ProcessGroup, "run_plan", ProcessGroup._run_plan_py)
+    elif not groupcore.COMPILED:
+        pytest.skip("the _groupcore extension was not built")
+    return request.param
+
 
 DTYPES = [
     np.bool_,

@@ -84,6 +84,7 @@ def build_world(spec: WorldSpec) -> World:
         node_rank=list(dict.fromkeys(hosts)).index(me.host_key) if measured else identity.node_rank,
         backend="cpu",
         timeout=spec.timeout,
+        native=cfg.shm.native,
     )
     world.on_close.append(transport.close)
     logger.info(
