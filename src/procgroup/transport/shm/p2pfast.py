@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import os
 import time
+import types
 from typing import Any
 
 from .._engine import RecvReq, SendReq
 from .ring import REC, REC_SIZE, RNDV_MIN
 
 #: ``self`` below is the ShmTransport (typed Any: importing it here would make an import cycle)
-__all__ = ["FAST_MAX", "STREAM_CHUNK", "send_fast", "recv_fast"]
+__all__ = ["FAST_MAX", "STREAM_CHUNK", "send_fast", "recv_fast", "compiled_core"]
 
 #: the largest message of the blocking fast path's whole-record copies (put/take in one piece; larger ones stream)
 FAST_MAX = 64 << 10
@@ -84,7 +85,7 @@ def send_fast(self: Any, dst: int, tag: int, view: Any) -> Any:
                 o.pending.append(s)
                 self._pending_out.append(o)
                 self.fast_handoffs += 1
-                self.fast_sends += 1
+                self._fsends += 1
                 self.bytes_sent += n
                 return s
         elif put is None:
@@ -104,7 +105,7 @@ def send_fast(self: Any, dst: int, tag: int, view: Any) -> Any:
             o.head = end
             self._ring(o.seg)
     self.bytes_sent += n
-    self.fast_sends += 1
+    self._fsends += 1
     return True
 
 
@@ -172,7 +173,7 @@ def recv_fast(self: Any, src: int, tag: int, out: Any) -> Any:
                     self._flow.moved += 1
                     if self._bell.sleepers or self._hooks:  # _notify_locked's cases, tested inline
                         self._notify_locked()
-                    self.fast_recvs += 1
+                    self._frecvs += 1
                     return n
                 if take is not None:
                     n = take(r.data, q, head_i, tail, tag, out)
@@ -196,7 +197,7 @@ def recv_fast(self: Any, src: int, tag: int, out: Any) -> Any:
                 self._flow.moved += 1
                 self._release(r, t + REC_SIZE + n)
                 self._notify_locked()
-                self.fast_recvs += 1
+                self._frecvs += 1
                 return n
             if self._pending_out or others:
                 self._progress_locked(r)
@@ -233,7 +234,7 @@ def _take_streaming(self: Any, r: Any, stream: Any, t: int, tag: int, out: Any) 
         n, off, want = stream(r.data, q, r.head_i, r.tail_i, r.want_i, t, tag, out, off, n, spin_ns, self._yield)
     r.tail = t + REC_SIZE + off  # (stream stored it in the ring)
     self._flow.moved += 1
-    self.fast_recvs += 1
+    self._frecvs += 1
     if self._bell.sleepers or self._hooks:  # _notify_locked's cases, tested inline
         self._notify_locked()
     if off == n:
@@ -245,3 +246,42 @@ def _take_streaming(self: Any, r: Any, stream: Any, t: int, tag: int, out: Any) 
     self._fast_spun = time.monotonic()  # its wait sleeps at once (no second spin)
     self.fast_handoffs += 1
     return req
+
+
+def compiled_core(self: Any, fast_c: Any) -> Any:
+    """The compiled send_fast/recv_fast of transport ``self`` (``_p2pwait.Core``), or None (not built, an older
+    build, PROCGROUP_NATIVE=0: ``fast_c`` None, or no compiled doorbell).
+
+    Made once the rings exist.  The instance's ``send_fast``/``recv_fast`` (what :mod:`procgroup.p2p` looks up)
+    become the Core's, which take the transport's lock (non-blocking), make this module's checks on the same
+    objects and write/read the record and ring the doorbell in one call; what they do not handle in C (the lock
+    held by another thread, a streamed size, an unusual buffer) they hand to this module's functions.
+    """
+    if fast_c is None or not self._c_bell or getattr(fast_c, "FAST_MAX", 0) != FAST_MAX:
+        return None
+    core_t = getattr(fast_c, "Core", None)
+    if core_t is None:
+        return None
+    core = core_t(
+        self,
+        self._lock,
+        self._posted,
+        self._unexpected,
+        self._failed,
+        self._hooks,
+        self._pending_out,
+        self._bell,
+        self._flow,
+        self._ring,
+        self._notify_locked,
+        self._progress_locked,
+        types.MethodType(send_fast, self),
+        types.MethodType(recv_fast, self),
+        self.world_size,
+        self._spin_ns,
+        self._yield,
+        [(p, o, o.data, o.seg.q, o.head_i, o.tail_i, o.pending) for p, o in self._out.items()],
+        [(p, r, r.data, r.seg.q, r.head_i, r.tail_i, r.want_i, r.peer_seg) for p, r in self._in.items()],
+    )
+    self.__dict__.update(send_fast=core.send, recv_fast=core.recv)  # (instance attributes shadow the methods)
+    return core
