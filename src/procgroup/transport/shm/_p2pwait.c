@@ -474,10 +474,11 @@ static PyObject *stream(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * transport's _closed/_aborted, the dicts _posted/_unexpected/_failed, the ring's pending deque and cur, the
  * doorbell's last/sleepers: the same objects, never copies) and writes back what the Python path writes
  * (OutRing.head, InRing.tail, Doorbell.last, Flow.moved, _fast_spun; the counters are the Core's own, summed by
- * the transport's fast_sends/fast_recvs/sent_bytes).  Whatever it does not handle in C -- the lock held by
- * another thread, a payload over FAST_MAX (streamed), a buffer that is not a simple C-contiguous one, a peer
- * without a ring -- it hands to py_send/py_recv (the Python functions) with the same arguments, so their
- * results and errors are the caller's.  Everything under the lock runs with the GIL held (no Python code that
+ * the transport's fast_sends/fast_recvs/sent_bytes).  A payload without a simple (C-contiguous; for recv
+ * writable) buffer gets False/-1 at once: the general path copies or refuses it (procgroup.p2p skips its own
+ * flags test for these two).  Whatever else it does not handle in C -- the lock held by another thread, a
+ * payload over FAST_MAX (streamed), a peer without a ring -- it hands to py_send/py_recv (the Python
+ * functions) with the same arguments, so their results and errors are the caller's.  Everything under the lock runs with the GIL held (no Python code that
  * could switch threads runs between the checks and the ring write/read except the callbacks notify/progress/
  * ring, which are the Python path's own, lock held). */
 
@@ -747,9 +748,9 @@ static PyObject *core_send(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     if (o == NULL || o->ring == NULL)
         return core_fallback(c->py_send, args);
     Py_buffer p;
-    if (PyObject_GetBuffer(args[2], &p, PyBUF_SIMPLE) < 0) {
+    if (PyObject_GetBuffer(args[2], &p, PyBUF_SIMPLE) < 0) { /* not C-contiguous (or no buffer): the general path */
         PyErr_Clear();
-        return core_fallback(c->py_send, args);
+        Py_RETURN_FALSE;
     }
     if (p.len > FAST_MAX_C) {
         PyBuffer_Release(&p);
@@ -917,9 +918,9 @@ static PyObject *core_recv(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     if (r == NULL || r->ring == NULL)
         return core_fallback(c->py_recv, args);
     Py_buffer o;
-    if (PyObject_GetBuffer(args[2], &o, PyBUF_WRITABLE) < 0) {
+    if (PyObject_GetBuffer(args[2], &o, PyBUF_WRITABLE) < 0) { /* not C-contiguous, read-only: the general path */
         PyErr_Clear();
-        return core_fallback(c->py_recv, args);
+        return PyLong_FromLong(-1);
     }
     if (o.len > FAST_MAX_C) {
         PyBuffer_Release(&o);

@@ -283,5 +283,6 @@ def compiled_core(self: Any, fast_c: Any) -> Any:
         [(p, o, o.data, o.seg.q, o.head_i, o.tail_i, o.pending) for p, o in self._out.items()],
         [(p, r, r.data, r.seg.q, r.head_i, r.tail_i, r.want_i, r.peer_seg) for p, r in self._in.items()],
     )
-    self.__dict__.update(send_fast=core.send, recv_fast=core.recv)  # (instance attributes shadow the methods)
+    # (instance attributes shadow the methods; fast_checks_buffers: procgroup.p2p may skip its flags test)
+    self.__dict__.update(send_fast=core.send, recv_fast=core.recv, fast_checks_buffers=True)
     return core
