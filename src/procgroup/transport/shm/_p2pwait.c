@@ -467,20 +467,26 @@ static PyObject *stream(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * Core(transport, lock, posted, unexpected, failed, hooks, pending_out, bell, flow, ring, notify, progress,
  *      py_send, py_recv, world_size, spin_ns, yield_cpu, outs, ins)
  * outs: [(peer, OutRing, data, q, head_i, tail_i, pending)], ins: [(peer, InRing, data, q, head_i, tail_i, want_i,
- * peer_seg)].  send(dst, tag, payload) and recv(src, tag, out) return what p2pfast.send_fast/recv_fast return,
- * and are the same checks in the same order, done under the transport's own lock: each call takes it with a
- * non-blocking acquire (lock.acquire(False)) and releases it before returning or releasing the GIL, exactly as
- * the Python functions' `with self._lock:` blocks.  It reads the very state the general path keeps (the
- * transport's _closed/_aborted, the dicts _posted/_unexpected/_failed, the ring's pending deque and cur, the
- * doorbell's last/sleepers: the same objects, never copies) and writes back what the Python path writes
- * (OutRing.head, InRing.tail, Doorbell.last, Flow.moved, _fast_spun; the counters are the Core's own, summed by
- * the transport's fast_sends/fast_recvs/sent_bytes).  A payload without a simple (C-contiguous; for recv
- * writable) buffer gets False/-1 at once: the general path copies or refuses it (procgroup.p2p skips its own
- * flags test for these two).  Whatever else it does not handle in C -- the lock held by another thread, a
- * payload over FAST_MAX (streamed), a peer without a ring -- it hands to py_send/py_recv (the Python
- * functions) with the same arguments, so their results and errors are the caller's.  Everything under the lock runs with the GIL held (no Python code that
- * could switch threads runs between the checks and the ring write/read except the callbacks notify/progress/
- * ring, which are the Python path's own, lock held). */
+ * peer_seg)].  send(dst, tag, payload) and recv(src, tag, out) return what p2pfast.send_fast/recv_fast return.
+ *
+ * Thread safety: they make p2pfast's checks in the same order under the transport's own lock, taken with
+ * lock.acquire() (waiting with the GIL released when another thread holds it, as `with self._lock:`) and
+ * released before returning or polling; so whatever the lock orders for the Python path (a progress thread,
+ * other groups, the liveness check, close/abort) it orders for these too.  They read the very state the
+ * general path keeps (the transport's _closed/_aborted, its _posted/_unexpected/_failed dicts, the OutRing's
+ * pending deque, the InRing's cur, the doorbell's last/sleepers: the same objects, never copies), write back
+ * what the Python path writes (OutRing.head, InRing.tail, Doorbell.last, Flow.moved, _fast_spun; the counters
+ * are the Core's own, which the transport's fast_sends/fast_recvs/sent_bytes add) and call the Python path's
+ * own callbacks (ring for a producer that waits for room, notify, progress), lock held as there.  OutRing.head
+ * and InRing.tail equal the published head/released tail in q whenever the lock is free (every writer of one
+ * writes the other under it), so the Core reads q.  The rings' data and q stay exported from construction
+ * until release() (the transport's release, lock held; send/recv refuse after it); the head poll, which runs
+ * with neither the lock nor the GIL, exports q for itself, so the segment cannot be unmapped under it.
+ *
+ * A payload without a simple (C-contiguous; for recv writable) buffer gets False/-1 at once: the general path
+ * copies or refuses it (procgroup.p2p skips its own flags test for these two).  A payload over FAST_MAX
+ * (streamed) or a peer without a ring goes to py_send/py_recv (p2pfast's functions) with the same arguments,
+ * so their results and errors are the caller's. */
 
 #define FAST_MAX_C (64 << 10)
 #define OTHERS_SLICE_NS 20000
@@ -491,6 +497,8 @@ typedef struct {
     Py_ssize_t head_i, tail_i, want_i;
     PyObject *pending; /* OutRing.pending (a deque) */
     PyObject *peer_seg; /* InRing.peer_seg: rung when the producer wants space */
+    Py_buffer d, qb;    /* data and q, exported while `held` (Core.release ends it: the transport's release) */
+    int held;
 } Link;
 
 typedef struct {
@@ -504,6 +512,14 @@ typedef struct {
 } Core;
 
 static PyObject *s_closed, *s_aborted, *s_cur, *s_head, *s_tail, *s_last, *s_sleepers, *s_moved, *s_fast_spun;
+
+/* the ring checks of put/take (a power-of-two size >= 32, aligned, indices inside q) */
+static int ring_ok(const Py_buffer *d, const Py_buffer *q, const Link *l) {
+    uint64_t cap = (uint64_t)d->len;
+    return cap >= 32 && !(cap & (cap - 1)) && !((uintptr_t)d->buf & 15) && !((uintptr_t)q->buf & 7) &&
+           (l->head_i + 1) * 8 <= q->len && (l->tail_i + 1) * 8 <= q->len && (l->want_i + 1) * 4 <= q->len &&
+           q->len >= OFF_SLEEP + 4;
+}
 
 static int core_traverse(Core *c, visitproc visit, void *arg) {
     Py_VISIT(c->transport);
@@ -530,11 +546,32 @@ static int core_traverse(Core *c, visitproc visit, void *arg) {
         Py_VISIT(c->in[i].data);
         Py_VISIT(c->in[i].q);
         Py_VISIT(c->in[i].peer_seg);
+        for (int k = 0; k < 2; k++) {
+            Link *l = k ? &c->in[i] : &c->out[i];
+            if (l->held) {
+                Py_VISIT(l->d.obj);
+                Py_VISIT(l->qb.obj);
+            }
+        }
     }
     return 0;
 }
 
+/* end the exports of the rings' buffers (lock held, or the Core unreachable) */
+static void core_release_all(Core *c) {
+    for (int i = 0; i < c->ws && c->out != NULL; i++)
+        for (int k = 0; k < 2; k++) {
+            Link *l = k ? &c->in[i] : &c->out[i];
+            if (l->held) {
+                l->held = 0;
+                PyBuffer_Release(&l->d);
+                PyBuffer_Release(&l->qb);
+            }
+        }
+}
+
 static int core_clear(Core *c) {
+    core_release_all(c);
     Py_CLEAR(c->transport);
     Py_CLEAR(c->acquire);
     Py_CLEAR(c->release);
@@ -598,6 +635,19 @@ static int core_link(Core *c, PyObject *item, int in) {
     l->head_i = hi;
     l->tail_i = ti;
     l->want_i = wi;
+    if (l->held)
+        return 0;
+    if (PyObject_GetBuffer(data, &l->d, PyBUF_WRITABLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(q, &l->qb, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&l->d);
+        return -1;
+    }
+    l->held = 1;
+    if (!ring_ok(&l->d, &l->qb, l)) {
+        PyErr_SetString(PyExc_ValueError, "Core: a ring of a power-of-two size >= 32 and indices inside q");
+        return -1;
+    }
     return 0;
 }
 
@@ -657,15 +707,15 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return (PyObject *)c;
 }
 
-/* lock.acquire(False): 1 taken, 0 held by another thread, -1 error */
+/* lock.acquire() as `with lock:` (waiting with the GIL released when another thread holds it): 1, or -1 error
+ * (a signal handler's exception) */
 static int core_trylock(Core *c) {
-    PyObject *a[1] = {Py_False};
-    PyObject *r = PyObject_Vectorcall(c->acquire, a, 1, NULL);
+    PyObject *r = PyObject_Vectorcall(c->acquire, NULL, 0, NULL);
     if (r == NULL)
         return -1;
     int got = r == Py_True;
     Py_DECREF(r);
-    return got;
+    return got ? 1 : -1;
 }
 
 /* lock.release(), keeping an error already set (the caller's) */
@@ -726,14 +776,6 @@ static unsigned long long get_u64(PyObject *obj, PyObject *name) {
     return v;
 }
 
-/* the ring checks of put/take (a power-of-two size >= 32, aligned, indices inside q) */
-static int ring_ok(const Py_buffer *d, const Py_buffer *q, const Link *l) {
-    uint64_t cap = (uint64_t)d->len;
-    return cap >= 32 && !(cap & (cap - 1)) && !((uintptr_t)d->buf & 15) && !((uintptr_t)q->buf & 7) &&
-           (l->head_i + 1) * 8 <= q->len && (l->tail_i + 1) * 8 <= q->len && (l->want_i + 1) * 4 <= q->len &&
-           q->len >= OFF_SLEEP + 4;
-}
-
 /* send(dst, tag, payload) -> True, False (the caller takes isend) or p2pfast.send_fast's result */
 static PyObject *core_send(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
@@ -757,54 +799,39 @@ static PyObject *core_send(Core *c, PyObject *const *args, Py_ssize_t nargs) {
         return core_fallback(c->py_send, args);
     }
     int got = core_trylock(c);
-    if (got <= 0) {
+    if (got < 0) {
         PyBuffer_Release(&p);
-        return got < 0 ? NULL : core_fallback(c->py_send, args);
+        return NULL;
     }
     PyObject *res = Py_False;
     int err = 0;
-    Py_buffer d, q;
-    int refused = core_refused(c, args[0]);
+    int refused = o->held ? core_refused(c, args[0]) : 1;
     Py_ssize_t queued = refused ? 0 : PyObject_Length(o->pending);
     if (refused < 0 || queued < 0) {
         err = 1;
     } else if (!refused && queued == 0) {
-        if (PyObject_GetBuffer(o->data, &d, PyBUF_WRITABLE) < 0) {
-            err = 1;
-        } else if (PyObject_GetBuffer(o->q, &q, PyBUF_WRITABLE) < 0) {
-            PyBuffer_Release(&d);
-            err = 1;
-        } else {
-            uint64_t n = (uint64_t)p.len, cap = (uint64_t)d.len;
-            if (!ring_ok(&d, &q, o)) {
-                PyErr_SetString(PyExc_ValueError, "Core.send: a ring of a power-of-two size >= 32, indices inside q");
+        uint64_t n = (uint64_t)p.len, cap = (uint64_t)o->d.len;
+        uint64_t *qq = (uint64_t *)o->qb.buf;
+        /* our own published head: OutRing.head equals it whenever the lock is free */
+        uint64_t head = __atomic_load_n(&qq[o->head_i], __ATOMIC_RELAXED);
+        uint64_t h = (head + 15) & ~(uint64_t)15, end = h + 16 + n;
+        uint64_t tail = __atomic_load_n(&qq[o->tail_i], __ATOMIC_ACQUIRE);
+        if (end - tail <= cap && n <= cap) {
+            unsigned long long last = get_u64(c->bell, s_last);
+            uint32_t v = (uint32_t)((last + (unsigned long long)c->ws) & 0xFFFFFFFFull);
+            if (PyErr_Occurred() || set_u64(c->bell, s_last, v) < 0 || set_u64(o->ring, s_head, end) < 0) {
                 err = 1;
             } else {
-                uint64_t *qq = (uint64_t *)q.buf;
-                /* our own published head: OutRing.head equals it whenever the lock is free */
-                uint64_t head = __atomic_load_n(&qq[o->head_i], __ATOMIC_RELAXED);
-                uint64_t h = (head + 15) & ~(uint64_t)15, end = h + 16 + n;
-                uint64_t tail = __atomic_load_n(&qq[o->tail_i], __ATOMIC_ACQUIRE);
-                if (end - tail <= cap && n <= cap) {
-                    unsigned long long last = get_u64(c->bell, s_last);
-                    uint32_t v = (uint32_t)((last + (unsigned long long)c->ws) & 0xFFFFFFFFull);
-                    if (PyErr_Occurred() || set_u64(c->bell, s_last, v) < 0 || set_u64(o->ring, s_head, end) < 0) {
-                        err = 1;
-                    } else {
-                        char *data = (char *)d.buf;
-                        uint64_t hdr[2] = {tag, n};
-                        memcpy(data + (h & (cap - 1)), hdr, 16);
-                        ring_copy_in(data, cap - 1, h + 16, (const char *)p.buf, n);
-                        __atomic_store_n(&qq[o->head_i], end, __ATOMIC_RELEASE);
-                        ring_bell((char *)q.buf, v);
-                        c->sends++;
-                        c->bytes += n;
-                        res = Py_True;
-                    }
-                }
+                char *data = (char *)o->d.buf;
+                uint64_t hdr[2] = {tag, n};
+                memcpy(data + (h & (cap - 1)), hdr, 16);
+                ring_copy_in(data, cap - 1, h + 16, (const char *)p.buf, n);
+                __atomic_store_n(&qq[o->head_i], end, __ATOMIC_RELEASE);
+                ring_bell((char *)o->qb.buf, v);
+                c->sends++;
+                c->bytes += n;
+                res = Py_True;
             }
-            PyBuffer_Release(&d);
-            PyBuffer_Release(&q);
         }
     }
     PyBuffer_Release(&p);
@@ -841,45 +868,33 @@ static int core_recv_step(Core *c, Link *r, PyObject *src, PyObject *tagobj, uns
         return busy < 0 ? -2 : -1;
     if (PyDict_GET_SIZE(c->unexpected) && (busy = PyDict_Contains(c->unexpected, tagobj)) != 0)
         return busy < 0 ? -2 : -1;
-    Py_buffer d, q;
-    if (PyObject_GetBuffer(r->data, &d, PyBUF_SIMPLE) < 0)
-        return -2;
-    if (PyObject_GetBuffer(r->q, &q, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&d);
-        return -2;
-    }
+    if (!r->held)
+        return -1;
     int rc = 0, want = 0;
     uint64_t n = 0;
-    if (!ring_ok(&d, &q, r)) {
-        PyErr_SetString(PyExc_ValueError, "Core.recv: a ring of a power-of-two size >= 32, indices inside q");
-        rc = -2;
-    } else {
-        uint64_t *qq = (uint64_t *)q.buf, cap = (uint64_t)d.len, mask = cap - 1;
-        uint64_t head = __atomic_load_n(&qq[r->head_i], __ATOMIC_ACQUIRE);
-        /* our own released tail: InRing.tail equals it whenever the lock is free */
-        uint64_t tail = __atomic_load_n(&qq[r->tail_i], __ATOMIC_RELAXED);
-        *tail_out = tail;
-        if (head != tail) {
-            uint64_t t = (tail + 15) & ~(uint64_t)15;
-            rc = -1; /* another message, a control record, too large or still streaming: the general path */
-            if (head >= t + 16) {
-                const char *data = (const char *)d.buf;
-                uint64_t pos = t & mask, hdr[2];
-                memcpy(hdr, data + pos, 16);
-                n = hdr[1];
-                if (hdr[0] == tag && n <= (uint64_t)o->len && n <= cap && head >= t + 16 + n) {
-                    ring_copy_out((char *)o->buf, data, mask, t + 16, n);
-                    __atomic_store_n(&qq[r->tail_i], t + 16 + n, __ATOMIC_RELEASE);
-                    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the tail before the want flag (Dekker) */
-                    want = __atomic_load_n(&((const uint32_t *)q.buf)[r->want_i], __ATOMIC_RELAXED) != 0;
-                    rc = 1;
-                    *tail_out = t + 16 + n;
-                }
+    uint64_t *qq = (uint64_t *)r->qb.buf, cap = (uint64_t)r->d.len, mask = cap - 1;
+    uint64_t head = __atomic_load_n(&qq[r->head_i], __ATOMIC_ACQUIRE);
+    /* our own released tail: InRing.tail equals it whenever the lock is free */
+    uint64_t tail = __atomic_load_n(&qq[r->tail_i], __ATOMIC_RELAXED);
+    *tail_out = tail;
+    if (head != tail) {
+        uint64_t t = (tail + 15) & ~(uint64_t)15;
+        rc = -1; /* another message, a control record, too large or still streaming: the general path */
+        if (head >= t + 16) {
+            const char *data = (const char *)r->d.buf;
+            uint64_t pos = t & mask, hdr[2];
+            memcpy(hdr, data + pos, 16);
+            n = hdr[1];
+            if (hdr[0] == tag && n <= (uint64_t)o->len && n <= cap && head >= t + 16 + n) {
+                ring_copy_out((char *)o->buf, data, mask, t + 16, n);
+                __atomic_store_n(&qq[r->tail_i], t + 16 + n, __ATOMIC_RELEASE);
+                __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the tail before the want flag (Dekker) */
+                want = __atomic_load_n(&((const uint32_t *)r->qb.buf)[r->want_i], __ATOMIC_RELAXED) != 0;
+                rc = 1;
+                *tail_out = t + 16 + n;
             }
         }
     }
-    PyBuffer_Release(&d);
-    PyBuffer_Release(&q);
     if (rc != 1)
         return rc;
     /* what recv_fast does after take: ring a producer waiting for room, r.tail, the flow, our sleepers */
@@ -930,9 +945,9 @@ static PyObject *core_recv(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     long long n = -1;
     for (;;) {
         int got = core_trylock(c);
-        if (got <= 0) {
+        if (got < 0) {
             PyBuffer_Release(&o);
-            return got < 0 ? NULL : core_fallback(c->py_recv, args);
+            return NULL;
         }
         uint64_t tail = 0;
         int rc = core_recv_step(c, r, args[0], args[1], tag, &o, &tail, &n);
@@ -988,6 +1003,12 @@ static PyObject *core_recv(Core *c, PyObject *const *args, Py_ssize_t nargs) {
     }
 }
 
+static PyObject *core_release(Core *c, PyObject *unused) {
+    (void)unused;
+    core_release_all(c);
+    Py_RETURN_NONE;
+}
+
 static PyObject *core_counts(Core *c, PyObject *unused) {
     (void)unused;
     return Py_BuildValue("(KKK)", c->sends, c->recvs, c->bytes);
@@ -999,6 +1020,8 @@ static PyMethodDef core_methods[] = {
     {"recv", (PyCFunction)(void (*)(void))core_recv, METH_FASTCALL,
      "recv(src, tag, out) -> the byte count, -1 or p2pfast.recv_fast's result (see the Core comment)"},
     {"counts", (PyCFunction)core_counts, METH_NOARGS, "counts() -> (sends, receives, bytes sent) taken in C"},
+    {"release", (PyCFunction)core_release, METH_NOARGS,
+     "release(): end the exports of the rings' buffers (the transport's release, lock held); send/recv then refuse"},
     {NULL, NULL, 0, NULL},
 };
 

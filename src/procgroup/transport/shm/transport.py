@@ -291,6 +291,8 @@ class ShmTransport(EngineTransport):
         return self._bell
 
     def _release_all(self) -> None:
+        if self._core is not None:
+            self._core.release()  # (its exports of the rings' buffers first: the memoryviews are released below)
         for a in self._arenas:
             a.release()
         self._arenas.clear()
