@@ -69,3 +69,12 @@ def test_blocked_ranks_sleep(native: str) -> None:
     assert 1.8 < b["send_s"] < 4 and b["send_cpu"] < 0.1 * b["send_s"], b
     if native == "1":  # the streamed send stalled on the full ring and was handed to the general wait
         assert b["fast_handoffs"] >= 1, b
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_abort_ends_a_blocked_recv(native: str) -> None:
+    results = _run(2, "aborted", native, timeout=60)
+    x = json_lines(results[0])[0]
+    _compiled(x, native)
+    assert x["err"] == "BrokenError" and "test abort" in x["msg"], x
+    assert 0.9 < x["s"] < 2.5 and x["cpu"] < 0.5 * x["s"], x

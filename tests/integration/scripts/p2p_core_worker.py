@@ -9,6 +9,7 @@ counters, and ranks blocked in send/recv asleep.  Each rank prints one JSON line
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -17,6 +18,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 import procgroup as dist
+from procgroup.errors import BrokenError
 
 #: payload sizes in bytes: 0, 1, odd, at the fast path's 64 KiB and just above (streamed), ~1 MiB
 SIZES = [0, 1, 7, 4, 1001, 65536, 65537, 65535, 1 << 20]
@@ -196,6 +198,38 @@ def asleep() -> None:
     dist.barrier()
     print(json.dumps({**out, **_state(_transport())}), flush=True)
     dist.destroy_process_group()
+
+
+def aborted() -> None:
+    """Rank 0 blocks in a recv from rank 1, which never sends; after 1 s a thread of rank 0 aborts the
+    transport (as the watchdog does when a peer gives up).  Rank 0 reports what its recv raised and when."""
+    dist.init_process_group()
+    r = dist.get_rank()
+    x = np.zeros(1, np.int64)
+    for _k in range(20):  # warm: the fast path is in use
+        if r == 0:
+            dist.send(x, dst=1)
+            dist.recv(x, src=1)
+        else:
+            dist.recv(x, src=0)
+            dist.send(x, dst=0)
+    dist.barrier()
+    t = _transport()
+    if r == 0:
+        threading.Timer(1.0, lambda: t.abort(BrokenError("test abort of rank 0's transport"))).start()
+        c0, t0 = time.process_time(), time.monotonic()
+        res: Dict[str, Any] = {"err": None, "msg": ""}
+        try:
+            dist.recv(x, src=1)
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            res = {"err": type(e).__name__, "msg": str(e)}
+        res.update(rank=r, s=time.monotonic() - t0, cpu=time.process_time() - c0, **_state(t))
+        print(json.dumps(res), flush=True)
+    else:
+        time.sleep(3.0)
+        print(json.dumps({"rank": r}), flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # the world is aborted: leave without the collective shutdown
 
 
 if __name__ == "__main__":
