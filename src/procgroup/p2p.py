@@ -21,6 +21,7 @@ from .process_group import ProcessGroup, Work
 from .state import _state
 from .tags import P2P_CODE_MASK, P2P_CODE_SHIFT, dtype_code, dtype_of_code, p2p_tag
 from .transport.base import ANY_SOURCE, as_bytes_view, as_writable_view
+from .transport.shm.p2pfast import compiled_front
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
 
@@ -224,12 +225,24 @@ def _route(g: Any, recv: bool, peer_arg: Optional[int], tag: int, dtype: Any) ->
     return hit
 
 
+#: the common case of send/recv (a numpy array, a live group, the compiled Core's fast op) in one C call
+_FRONT = compiled_front(_state, ProcessGroup, np.ndarray, _route, _check_count)
+_front_send = None if _FRONT is None else _FRONT.send
+_front_recv = None if _FRONT is None else _FRONT.recv
+
+
 def send(
     tensor: Any, dst: Optional[int] = None, group: Any = None, tag: int = 0, group_dst: Optional[int] = None
 ) -> None:
     """Send ``tensor`` to ``dst`` and wait until it has been handed over."""
     handed = None
-    if type(tensor) is np.ndarray and group_dst is None:  # the fast path: a numpy array
+    res = _front_send(tensor, dst, group, tag, group_dst) if _front_send is not None else None
+    if res is True:
+        return
+    if res is not None:  # the compiled front tried the fast op: False (the general path) or a request
+        if res is not False:
+            handed = res
+    elif type(tensor) is np.ndarray and group_dst is None:  # the fast path: a numpy array
         g = _state.default if group is None else group
         if type(g) is not ProcessGroup or g._halt is not None or g._rank < 0:  # member_group's cases, inlined
             g = _group(group, "isend")
@@ -255,7 +268,13 @@ def recv(
 ) -> int:
     """Receive into ``tensor``; returns the sender's global rank (-1 when not a member of ``group``)."""
     handed = None
-    if type(tensor) is np.ndarray and group_src is None and src is not None:  # the fast path (see send)
+    got = _front_recv(tensor, src, group, tag, group_src) if _front_recv is not None else None
+    if got is not None:  # the compiled front tried the fast op: the sender, -1 (the general path) or a request
+        if type(got) is not int:
+            handed = got
+        elif got >= 0:
+            return got
+    elif type(tensor) is np.ndarray and group_src is None and src is not None:  # the fast path (see send)
         g = _state.default if group is None else group
         if type(g) is not ProcessGroup or g._halt is not None or g._rank < 0:
             g = _group(group, "irecv")

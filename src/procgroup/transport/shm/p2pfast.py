@@ -32,7 +32,7 @@ from .._engine import RecvReq, SendReq
 from .ring import REC, REC_SIZE, RNDV_MIN
 
 #: ``self`` below is the ShmTransport (typed Any: importing it here would make an import cycle)
-__all__ = ["FAST_MAX", "STREAM_CHUNK", "send_fast", "recv_fast", "compiled_core"]
+__all__ = ["FAST_MAX", "STREAM_CHUNK", "send_fast", "recv_fast", "compiled_core", "compiled_front"]
 
 #: the largest message of the blocking fast path's whole-record copies (put/take in one piece; larger ones stream)
 FAST_MAX = 64 << 10
@@ -286,3 +286,14 @@ def compiled_core(self: Any, fast_c: Any) -> Any:
     # (instance attributes shadow the methods; fast_checks_buffers: procgroup.p2p may skip its flags test)
     self.__dict__.update(send_fast=core.send, recv_fast=core.recv, fast_checks_buffers=True)
     return core
+
+
+def compiled_front(state: Any, group_type: type, array_type: type, route: Any, check_count: Any) -> Any:
+    """``_p2pwait.Front``: the common case of :func:`procgroup.p2p.send`/``recv`` in one call (a numpy array,
+    a live group, a cached route whose fast op is the compiled Core's), or None when not built."""
+    try:
+        from . import _p2pwait
+    except ImportError:  # pragma: no cover - not built
+        return None
+    front_t = getattr(_p2pwait, "Front", None)
+    return None if front_t is None else front_t(state, group_type, array_type, route, check_count)
