@@ -7,6 +7,13 @@ when nothing queued could be overtaken.  The compiled helpers (:mod:`._p2pwait`,
 and ring the consumer's doorbell (with the fence of its sleep-flag handshake) in one call, and read the
 record and release the ring (with the fence of the producer's want-space handshake) in one call.
 
+Compiled, the whole of :func:`send_fast`/:func:`recv_fast` up to FAST_MAX is one C call: ``_p2pwait.Core``
+(:func:`compiled_core`) makes these checks in the same order on the same objects under the same lock, writes
+back what these functions write and polls the head with the GIL and the lock released; it hands streamed
+sizes to the functions here.  ``_p2pwait.Front`` (:func:`compiled_front`) does :func:`procgroup.p2p.send`/
+``recv``'s common case (array, group and route checks) and calls the Core's op in one call too.  A 4-byte
+ping-pong's one way at N=2 (issue 14): 3.0 us with the Python functions, 1.8 us with both (Open MPI: 0.9).
+
 Larger messages (over :data:`FAST_MAX`, under the rendezvous size RNDV_MIN, or any size without CMA), compiled
 only: the sender's put_stream writes the record in pieces of :data:`STREAM_CHUNK`, each when the ring has
 room for it (polling the consumer's tail), publishing the head and ringing after each; when the consumer
