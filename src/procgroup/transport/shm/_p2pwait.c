@@ -465,9 +465,11 @@ static PyObject *stream(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * Core: send_fast/recv_fast of one ShmTransport in one call each (issue 14: the 4-byte ping-pong's Python).
  *
  * Core(transport, lock, posted, unexpected, failed, hooks, pending_out, bell, flow, ring, notify, progress,
- *      py_send, py_recv, world_size, spin_ns, yield_cpu, outs, ins)
+ *      py_send, py_recv, world_size, spin_ns, yield_cpu, calm_ns, outs, ins)
  * outs: [(peer, OutRing, data, q, head_i, tail_i, pending)], ins: [(peer, InRing, data, q, head_i, tail_i, want_i,
  * peer_seg)].  send(dst, tag, payload) and recv(src, tag, out) return what p2pfast.send_fast/recv_fast return.
+ * recv's head poll yields the CPU (yield_cpu) only after its first calm_ns (p2pfast.CALM_NS; 0 on a host our
+ * ranks oversubscribe): each sched_yield is a syscall during which an arriving reply goes unseen.
  *
  * Thread safety: they make p2pfast's checks in the same order under the transport's own lock, taken with
  * lock.acquire() (waiting with the GIL released when another thread holds it, as `with self._lock:`) and
@@ -506,7 +508,7 @@ typedef struct {
     PyObject *transport, *acquire, *release, *posted, *unexpected, *failed, *hooks, *pending_out, *bell, *flow;
     PyObject *ring, *notify, *progress, *py_send, *py_recv;
     int ws, others, yield_cpu;
-    long long spin_ns;
+    long long spin_ns, calm_ns;
     Link *out, *in;
     unsigned long long sends, recvs, bytes;
 } Core;
@@ -656,10 +658,10 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *t, *lock, *posted, *unexpected, *failed, *hooks, *pending_out, *bell, *flow, *ring, *notify, *progress;
     PyObject *py_send, *py_recv, *outs, *ins;
     int ws, yield_cpu;
-    long long spin_ns;
-    if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!OOOOOOOiLpO!O!", &t, &lock, &PyDict_Type, &posted, &PyDict_Type,
+    long long spin_ns, calm_ns;
+    if (!PyArg_ParseTuple(args, "OOO!O!O!O!O!OOOOOOOiLpLO!O!", &t, &lock, &PyDict_Type, &posted, &PyDict_Type,
                           &unexpected, &PyDict_Type, &failed, &PyList_Type, &hooks, &PyList_Type, &pending_out, &bell,
-                          &flow, &ring, &notify, &progress, &py_send, &py_recv, &ws, &spin_ns, &yield_cpu,
+                          &flow, &ring, &notify, &progress, &py_send, &py_recv, &ws, &spin_ns, &yield_cpu, &calm_ns,
                           &PyList_Type, &outs, &PyList_Type, &ins))
         return NULL;
     if (ws < 1) {
@@ -693,6 +695,7 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     }
     c->spin_ns = spin_ns;
     c->yield_cpu = yield_cpu;
+    c->calm_ns = calm_ns > 0 ? calm_ns : 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outs); i++)
         if (core_link(c, PyList_GET_ITEM(outs, i), 0) < 0) {
             Py_DECREF(c);
@@ -990,11 +993,23 @@ static PyObject *core_recv(Core *c, PyObject *const *args, Py_ssize_t nargs) {
             if (c->others && spin > OTHERS_SLICE_NS)
                 spin = OTHERS_SLICE_NS;
             int yield_cpu = c->yield_cpu;
+            /* no sched_yield for the first calm_ns of the receive (a reply in flight is seen at once, not after
+             * a syscall), then every 16 polls as spin_over */
+            uint64_t calm = end - (uint64_t)(c->spin_ns > 0 ? c->spin_ns : 0) + (uint64_t)c->calm_ns;
             Py_BEGIN_ALLOW_THREADS
             uint64_t e = now + spin;
             unsigned k = 0;
-            while (__atomic_load_n(hp, __ATOMIC_ACQUIRE) == tail && !spin_over(&k, e, yield_cpu))
-                ;
+            while (__atomic_load_n(hp, __ATOMIC_ACQUIRE) == tail) {
+                if ((++k & 15) == 0) {
+                    uint64_t t = now_ns();
+                    if (t >= e)
+                        break;
+                    if (yield_cpu && t >= calm)
+                        sched_yield();
+                } else {
+                    CPU_RELAX();
+                }
+            }
             Py_END_ALLOW_THREADS
             PyBuffer_Release(&q);
         } else if (c->yield_cpu) {

@@ -47,6 +47,11 @@ FAST_MAX = 64 << 10
 STREAM_CHUNK = 64 << 10
 #: a receive with other rings to serve polls its head in C in slices this long (ns), serving them between
 OTHERS_SLICE_NS = 20_000
+#: the compiled receive (Core) polls without sched_yield for this long (ns) first, unless our ranks oversubscribe
+#: the host: each yield is a syscall (~0.5 us) in which a reply goes unseen (4 B ping-pong at N=2, quiet host:
+#: 1.75 us one way yielding every 16 polls from the start, 1.43 us without; a peer queued behind us on our CPU
+#: waits at most this long more)
+CALM_NS = 5_000
 
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 
@@ -287,6 +292,7 @@ def compiled_core(self: Any, fast_c: Any) -> Any:
         self.world_size,
         self._spin_ns,
         self._yield,
+        0 if self._oversubscribed else CALM_NS,
         [(p, o, o.data, o.seg.q, o.head_i, o.tail_i, o.pending) for p, o in self._out.items()],
         [(p, r, r.data, r.seg.q, r.head_i, r.tail_i, r.want_i, r.peer_seg) for p, r in self._in.items()],
     )
