@@ -12,7 +12,8 @@ Compiled, the whole of :func:`send_fast`/:func:`recv_fast` up to FAST_MAX is one
 back what these functions write and polls the head with the GIL and the lock released; it hands streamed
 sizes to the functions here.  ``_p2pwait.Front`` (:func:`compiled_front`) does :func:`procgroup.p2p.send`/
 ``recv``'s common case (array, group and route checks) and calls the Core's op in one call too.  A 4-byte
-ping-pong's one way at N=2 (issue 14): 3.0 us with the Python functions, 1.8 us with both (Open MPI: 0.9).
+ping-pong's one way at N=2 (issue 14, quiet host): 3.1 us with the Python functions, 1.4 us with both and
+the Core's calm poll (:data:`CALM_NS`; Open MPI: 0.9 us).
 
 Larger messages (over :data:`FAST_MAX`, under the rendezvous size RNDV_MIN, or any size without CMA), compiled
 only: the sender's put_stream writes the record in pieces of :data:`STREAM_CHUNK`, each when the ring has
