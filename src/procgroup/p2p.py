@@ -15,12 +15,13 @@ import numpy as np
 from .arguments import device_ops
 from .arguments import member_group as _group
 from .arguments import peer_rank as _peer
-from .data import PLAIN_DTYPES, as_flat, is_torch_tensor
+from .data import as_flat, is_torch_tensor
 from .errors import ConfigError, DeviceTensorError
 from .process_group import ProcessGroup, Work
 from .state import _state
 from .tags import P2P_CODE_MASK, P2P_CODE_SHIFT, dtype_code, dtype_of_code, p2p_tag
 from .transport.base import ANY_SOURCE, as_bytes_view, as_writable_view
+from .transport.shm.p2pfast import compiled_front
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
 
@@ -189,10 +190,15 @@ def _dtype_mismatch(g: Any, src: int, their_code: int, tag: int, f: Any) -> Conf
     )
 
 
-def _route(g: Any, recv: bool, peer_arg: Optional[int], tag: int, dtype: Any) -> Tuple[int, int, Any]:
-    """(global peer, transport tag, the transport's fast send/recv or None) of a blocking op, cached per group.
+def _route(g: Any, recv: bool, peer_arg: Optional[int], tag: int, dtype: Any) -> Tuple[int, int, Any, bool]:
+    """(global peer, transport tag, fast send/recv or None, whether it takes any ndarray) of a blocking op,
+    cached per group.
 
-    Raises what the general path raises for a bad peer or tag (nothing is cached then)."""
+    The fast op is the transport's send_fast/recv_fast (or the engine's p2p_fast hook), None for a dtype that
+    is not plain numeric (as_flat's test) or any source.  The last flag: the op checks the array's buffer
+    itself (the compiled shm Core: a non-contiguous or, for a receive, read-only array makes it return False/-1
+    and the general path handles it), so the caller skips its flags test.  Raises what the general path raises
+    for a bad peer or tag (nothing is cached then)."""
     routes = g.p2p_routes
     key = (recv, peer_arg, tag, dtype)
     hit = routes.get(key)
@@ -203,17 +209,26 @@ def _route(g: Any, recv: bool, peer_arg: Optional[int], tag: int, dtype: Any) ->
             peer = _peer(g, "send", peer_arg, None, "dst")
         ptag = p2p_tag(g.gid, tag, dtype_code(dtype), g.gen)
         fast = None
+        checks = False
         eng = g.world.engine
-        if peer != ANY_SOURCE:
+        if peer != ANY_SOURCE and not dtype.hasobject and dtype.fields is None:
             if eng is None:
-                fast = getattr(g.world.transport, "recv_fast" if recv else "send_fast", None)
+                t = g.world.transport
+                fast = getattr(t, "recv_fast" if recv else "send_fast", None)
+                checks = fast is not None and getattr(t, "fast_checks_buffers", False)
             elif (mk := getattr(eng, "p2p_fast", None)) is not None:  # backend="mpi": (peer, ptag, arr) too
                 fast = mk(g, recv, tag, dtype_code(dtype))
-        hit = (peer, ptag, fast)
+        hit = (peer, ptag, fast, checks)
         if len(routes) >= _ROUTES_MAX:
             routes.clear()
         routes[key] = hit
     return hit
+
+
+#: the common case of send/recv (a numpy array, a live group, the compiled Core's fast op) in one C call
+_FRONT = compiled_front(_state, ProcessGroup, np.ndarray, _route, _check_count)
+_front_send = None if _FRONT is None else _FRONT.send
+_front_recv = None if _FRONT is None else _FRONT.recv
 
 
 def send(
@@ -221,22 +236,27 @@ def send(
 ) -> None:
     """Send ``tensor`` to ``dst`` and wait until it has been handed over."""
     handed = None
-    if type(tensor) is np.ndarray and group_dst is None:  # the fast path: a contiguous numpy array
+    res = _front_send(tensor, dst, group, tag, group_dst) if _front_send is not None else None
+    if res is True:
+        return
+    if res is not None:  # the compiled front tried the fast op: False (the general path) or a request
+        if res is not False:
+            handed = res
+    elif type(tensor) is np.ndarray and group_dst is None:  # the fast path: a numpy array
         g = _state.default if group is None else group
         if type(g) is not ProcessGroup or g._halt is not None or g._rank < 0:  # member_group's cases, inlined
             g = _group(group, "isend")
             if g is None:
                 return
         dt = tensor.dtype
-        if dt in PLAIN_DTYPES and tensor.flags.c_contiguous:
-            hit = g.p2p_routes.get((False, dst, tag, dt))  # _route's cache, looked up inline
-            peer, ptag, fast = hit if hit is not None else _route(g, False, dst, tag, dt)
-            if fast is not None:
-                res = fast(peer, ptag, tensor)  # the array itself (C-contiguous): no view to make
-                if res is True:
-                    return
-                if res:  # its receiver stopped making room mid-stream: the transport's request finishes it
-                    handed = res
+        hit = g.p2p_routes.get((False, dst, tag, dt))  # _route's cache, looked up inline
+        peer, ptag, fast, checks = hit if hit is not None else _route(g, False, dst, tag, dt)
+        if fast is not None and (checks or tensor.flags.c_contiguous):
+            res = fast(peer, ptag, tensor)  # the array itself (C-contiguous, or checked by fast): no view to make
+            if res is True:
+                return
+            if res:  # its receiver stopped making room mid-stream: the transport's request finishes it
+                handed = res
     posted = _post_send(tensor, dst, group, tag, group_dst, blocking=True, handed=handed)
     if posted is not None and posted is not _SENT:
         g, req, ctx = posted
@@ -248,24 +268,30 @@ def recv(
 ) -> int:
     """Receive into ``tensor``; returns the sender's global rank (-1 when not a member of ``group``)."""
     handed = None
-    if type(tensor) is np.ndarray and group_src is None and src is not None:  # the fast path (see send)
+    got = _front_recv(tensor, src, group, tag, group_src) if _front_recv is not None else None
+    if got is not None:  # the compiled front tried the fast op: the sender, -1 (the general path) or a request
+        if type(got) is not int:
+            handed = got
+        elif got >= 0:
+            return got
+    elif type(tensor) is np.ndarray and group_src is None and src is not None:  # the fast path (see send)
         g = _state.default if group is None else group
         if type(g) is not ProcessGroup or g._halt is not None or g._rank < 0:
             g = _group(group, "irecv")
             if g is None:
                 return -1
         dt = tensor.dtype
-        fl = tensor.flags
-        if dt in PLAIN_DTYPES and fl.c_contiguous and fl.writeable:
-            hit = g.p2p_routes.get((True, src, tag, dt))
-            peer, ptag, fast = hit if hit is not None else _route(g, True, src, tag, dt)
-            if fast is not None:
-                n = fast(peer, ptag, tensor)  # the array itself (C-contiguous, writable)
-                if type(n) is not int:  # its sender stalled mid-stream: the transport's request finishes it
-                    handed = n
-                elif n >= 0:
-                    _check_count(n, peer, tensor.nbytes)
+        hit = g.p2p_routes.get((True, src, tag, dt))
+        peer, ptag, fast, checks = hit if hit is not None else _route(g, True, src, tag, dt)
+        if fast is not None and (checks or (tensor.flags.c_contiguous and tensor.flags.writeable)):
+            n = fast(peer, ptag, tensor)  # the array itself (C-contiguous and writable, or checked by fast)
+            if type(n) is int:
+                if n >= 0:
+                    if n != tensor.nbytes:
+                        _check_count(n, peer, tensor.nbytes)
                     return peer
+            else:  # its sender stalled mid-stream: the transport's request finishes it
+                handed = n
     posted = _post_recv(tensor, src, group, tag, group_src, blocking=True, handed=handed)
     if posted is None:
         return -1

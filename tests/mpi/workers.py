@@ -443,7 +443,7 @@ def p2p_blocking() -> None:
             assert (z == i).all(), z[:4]
     if r < 2:
         routes = _state.default.p2p_routes
-        kinds = {type(fast).__name__ for (_peer, _ptag, fast) in routes.values()}
+        kinds = {type(fast).__name__ for (_peer, _ptag, fast, _checks) in routes.values()}
         assert kinds == {"partial"}, (kinds, routes)
     if r == 1:
         assert late >= 2, late

@@ -40,6 +40,21 @@ class Doorbell:
     sets ``seg`` once formed (None after release) and ``closed`` when it closes (lock held).
     """
 
+    # slots: the compiled send_fast/recv_fast (_p2pwait.Core) read ``last`` and ``sleepers`` on every message
+    __slots__ = (
+        "_rank",
+        "_world_size",
+        "_lock",
+        "_slice",
+        "_kick",
+        "_check_peers",
+        "last",
+        "seg",
+        "closed",
+        "sleepers",
+        "idle",
+    )
+
     def __init__(
         self,
         rank: int,

@@ -150,8 +150,9 @@ class ShmTransport(EngineTransport):
         "_spin_ns",
         "_yield",
         "_fast_spun",
-        "fast_sends",
-        "fast_recvs",
+        "_core",
+        "_fsends",
+        "_frecvs",
         "fast_handoffs",
         "bytes_sent",
     )
@@ -224,9 +225,10 @@ class ShmTransport(EngineTransport):
         self._arenas: List[ShmArena] = []
         self._bigs: Dict[int, ShmBigArena] = {}  # group key -> its big slots (one object per key: its turn persists)
         self._slice = slice_s
-        #: blocking sends and receives that took the fast path (send_fast/recv_fast; for tests and `top`)
-        self.fast_sends = 0
-        self.fast_recvs = 0
+        #: blocking sends and receives that took the fast path in Python (see fast_sends/fast_recvs)
+        self._fsends = 0
+        self._frecvs = 0
+        self._core: Any = None  # send_fast/recv_fast in C (_p2pwait.Core; set once the rings exist)
         self.fast_handoffs = 0  # streamed records whose peer stalled mid-record: the general path finished them
         self._fast_spun = 0.0  # when recv_fast last gave up after its spin (see _wait_req)
         self._flow = Flow()  # bumped whenever bytes move through a ring: a waiter keeps spinning while they do
@@ -263,6 +265,21 @@ class ShmTransport(EngineTransport):
             self._in[p] = InRing(p, seg, seg.slot_of(p), pseg)
             self._out[p] = OutRing(p, pseg, pseg.slot_of(rank), self._bell, self._flow)
         self._in_list = [self._in[p] for p in peers]
+        self._core = _p2pfast.compiled_core(self, fast_c)  # send_fast/recv_fast in C (None: Python)
+
+    @property
+    def fast_sends(self) -> int:
+        """Blocking sends that took the fast path (send_fast; for tests and `top`)."""
+        return self._fsends + (self._core.counts()[0] if self._core is not None else 0)
+
+    @property
+    def fast_recvs(self) -> int:
+        """Blocking receives that took the fast path (recv_fast; for tests and `top`)."""
+        return self._frecvs + (self._core.counts()[1] if self._core is not None else 0)
+
+    def sent_bytes(self) -> int:
+        """Payload bytes sent to other ranks so far (bytes_sent plus the compiled fast path's)."""
+        return self.bytes_sent + (self._core.counts()[2] if self._core is not None else 0)
 
     @property
     def doorbell(self) -> Doorbell:
@@ -274,6 +291,8 @@ class ShmTransport(EngineTransport):
         return self._bell
 
     def _release_all(self) -> None:
+        if self._core is not None:
+            self._core.release()  # (its exports of the rings' buffers first: the memoryviews are released below)
         for a in self._arenas:
             a.release()
         self._arenas.clear()
