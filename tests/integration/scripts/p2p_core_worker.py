@@ -54,6 +54,17 @@ def _state(t: Any) -> Dict[str, Any]:
     }
 
 
+def _warm(x: np.ndarray, r: int) -> None:
+    """20 ping-pongs of ``x`` between ranks 0 and 1: the fast path is in use afterwards."""
+    for _k in range(20):
+        if r == 0:
+            dist.send(x, dst=1)
+            dist.recv(x, src=1)
+        else:
+            dist.recv(x, src=0)
+            dist.send(x, dst=0)
+
+
 def threads(rounds: str = "150") -> None:
     """Ranks 0 and 1 run three threads, each on a group of its own over ranks 0 and 1: two ping-pong blocking
     messages of every dtype and size (one thread starts on each rank, so both directions run at once); the third
@@ -171,13 +182,7 @@ def asleep() -> None:
     r = dist.get_rank()
     x = np.zeros(1, np.float32)
     big = _payload("float64", 3 * _transport()._out[1 - r].cap, 3)
-    for _k in range(20):  # warm: the fast path is in use
-        if r == 0:
-            dist.send(x, dst=1)
-            dist.recv(x, src=1)
-        else:
-            dist.recv(x, src=0)
-            dist.send(x, dst=0)
+    _warm(x, r)
     dist.barrier()
     out: Dict[str, Any] = {"rank": r}
     if r == 0:
@@ -206,13 +211,7 @@ def aborted() -> None:
     dist.init_process_group()
     r = dist.get_rank()
     x = np.zeros(1, np.int64)
-    for _k in range(20):  # warm: the fast path is in use
-        if r == 0:
-            dist.send(x, dst=1)
-            dist.recv(x, src=1)
-        else:
-            dist.recv(x, src=0)
-            dist.send(x, dst=0)
+    _warm(x, r)
     dist.barrier()
     t = _transport()
     if r == 0:
