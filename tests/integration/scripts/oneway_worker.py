@@ -177,6 +177,30 @@ def stress(iters: str = "2000") -> int:
             dist.reduce(z, dst=root)
             check(z, np.full(n, float(ws * i + ws * (ws - 1) // 2) if r == root else float(r + i)), f"burst {i} reduce")
         n_checks += 1
+    # several groups at once: the world, a copy of it and a subgroup (all but the last rank), one-way calls of
+    # each interleaved (each group has its own queue), past the queue's depth, with the world's all_reduce now and
+    # then; then both destroyed
+    both = dist.new_group(list(range(ws)))
+    sub = dist.new_group(list(range(max(1, ws - 1))))
+    for i in range(3 * QUEUE_DEPTH):
+        for g, size in ((None, ws), (both, ws), (sub, max(1, ws - 1))):
+            if r >= size:
+                continue
+            root = (i + (g is both)) % size
+            want = pattern("float32", 3 + i % 5, root, i)
+            x = want.copy() if r == root else stale("float32", want.size)
+            dist.broadcast(x, src=root, group=g)
+            check(x, want, f"groups {i} broadcast root={root}")
+            z = np.full(2, float(r), np.float64)
+            dist.reduce(z, dst=root, group=g)
+            check(z, np.full(2, size * (size - 1) / 2 if r == root else float(r)), f"groups {i} reduce")
+            n_checks += 2
+        if i % 17 == 16:
+            y = np.ones(2, np.int64)
+            dist.all_reduce(y)
+            check(y, np.full(2, ws, np.int64), f"groups {i} all_reduce")
+    dist.destroy_process_group(sub)
+    dist.destroy_process_group(both)
     # a new group over the same ranks, destroyed after a broadcast that returned early on its root
     for _ in range(3):
         g = dist.new_group(list(range(ws)))
