@@ -324,6 +324,11 @@ class Watchdog:
                     self._broke.add(g.gid)
                     self.abort(GroupBrokenError(f"another member of group {g.name} gave up on it: {broke}"))
                     return
+            if waiting and rec is not None and self._hist.get(g.gid) != rec.seq:
+                # once per stuck call: this rank's history, for a peer whose divergence search needs it (a peer
+                # ahead or behind: one-way broadcasts and reduces let members be at different calls while stuck)
+                self._hist[g.gid] = rec.seq
+                self._publish_history(g)
             if waiting or changed:
                 self._check(g, rec)
 
@@ -341,11 +346,6 @@ class Watchdog:
             if r == self.rank or not ch:
                 continue
             if int(ch[0]) not in mine:
-                # the peer is out of this rank's window (far ahead: a one-way broadcast's root runs up to the
-                # queue's depth ahead): it may compare our chain with its own and then needs our history
-                if rec is not None and self._hist.get(g.gid) != rec.seq:
-                    self._hist[g.gid] = rec.seq
-                    self._publish_history(g)
                 continue
             q, h = int(ch[0]), int(ch[1])
             if mine[q] != h:
