@@ -34,8 +34,11 @@ from .algorithms.arena import (
     allreduce_arena,
     barrier_arena,
     bcast_arena,
+    bcast_queue,
     fits,
+    queue_for,
     reduce_arena,
+    reduce_queue,
 )
 from .algorithms.comm import STEP_BITS, Comm
 from .algorithms.select import BIG_LIMIT, choose_all_reduce
@@ -185,9 +188,12 @@ def all_reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, kern:
 def broadcast(g: ProcessGroup, dt: Any, n: int, root: int, dname: str, fast: Any) -> Plan:
     """The plan of ``broadcast`` of ``n`` elements of ``dt`` from group rank ``root``."""
     algo = fast or (bcast_arena if _arena_fits(g, n * _itemsize(dt)) else alg.broadcast)
+    qu = queue_for(g.arena(), n * _itemsize(dt)) if algo is bcast_arena else None
     ar = _compiled(g) if algo is bcast_arena else None
     fn: Fn
-    if ar is not None:
+    if qu is not None:
+        fn = _bcast_queue_fn(qu, g.rank(), root)
+    elif ar is not None:
         xc = ar.exchange_copy
         if g.rank() == root:
 
@@ -222,7 +228,12 @@ def reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, root: int, dname: str
             algo(c, a, kern, r)
 
     fn: Fn
-    if fast is None and not avg and algo is reduce_arena and (ar := _compiled(g)) and (codes := _fused_codes(kern, dt)):
+    qu = queue_for(g.arena(), n * _itemsize(dt)) if fast is None and algo is reduce_arena else None
+    if qu is not None:
+        fn = _reduce_queue_fn(qu, g.rank(), root, kern, dt, op)
+    elif (
+        fast is None and not avg and algo is reduce_arena and (ar := _compiled(g)) and (codes := _fused_codes(kern, dt))
+    ):
         xr, rop, rty, here = ar.exchange_reduce, codes[0], codes[1], g.rank() == root
 
         def fn(c: Any, a: Any, b: Any) -> None:
@@ -238,6 +249,76 @@ def reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, root: int, dname: str
 
     plan = Plan(g, "reduce", ("reduce", dname, n, op.name, f"root={root}"), fn)
     return plan.split(g, "reduce", n * _itemsize(dt), dt, op, root) if fast is not None else plan
+
+
+def _bcast_queue_fn(qu: Any, me: int, root: int) -> Fn:
+    """A planned one-way broadcast through the group's queue (``algorithms.arena.bcast_queue``): on the compiled
+    path the C call straight, Python only to sleep (its ``*_wait``) or to raise for a closed/aborted transport."""
+    if not qu.native:
+
+        def fn_py(c: Any, a: Any, b: Any) -> None:
+            bcast_queue(qu, a, me, root, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline)
+
+        return fn_py
+    t, enter = qu.t, qu.enter
+    if me == root:
+        post, post_wait = qu.nat.q_post, qu.post_wait
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            if t._aborted is not None or t._closed:
+                enter()  # raises
+            cw = (c.tag >> _CW_SHIFT) & _CW_MASK
+            if post(a, cw, root):
+                post_wait(a, cw, root, c.deadline)
+
+        return fn
+    read, read_wait = qu.nat.q_read, qu.read_wait
+
+    def fn_read(c: Any, a: Any, b: Any) -> None:
+        if t._aborted is not None or t._closed:
+            enter()  # raises
+        cw = (c.tag >> _CW_SHIFT) & _CW_MASK
+        if read(a, cw, root):
+            read_wait(a, cw, root, c.deadline)
+
+    return fn_read
+
+
+def _reduce_queue_fn(qu: Any, me: int, root: int, kern: Any, dt: Any, op: ReduceOp) -> Fn:
+    """A planned one-way reduce through the group's queue (``algorithms.arena.reduce_queue``); compiled: the C
+    call straight (a non-root's post, the root's fused gather-and-reduce), else the general queue path."""
+    avg = op is ReduceOp.AVG
+    codes = _fused_codes(kern, dt)
+    t, enter = qu.t, qu.enter
+    if qu.native and me != root:
+        post, post_wait = qu.nat.q_post, qu.post_wait
+
+        def fn_post(c: Any, a: Any, b: Any) -> None:
+            if t._aborted is not None or t._closed:
+                enter()  # raises
+            cw = (c.tag >> _CW_SHIFT) & _CW_MASK
+            if post(a, cw, root):
+                post_wait(a, cw, root, c.deadline)
+
+        return fn_post
+    if qu.native and not avg and codes is not None:
+        gather, rop, rty = qu.nat.q_gather, codes[0], codes[1]
+
+        def fn_root(c: Any, a: Any, b: Any) -> None:
+            if t._aborted is not None or t._closed:
+                enter()  # raises
+            cw = (c.tag >> _CW_SHIFT) & _CW_MASK
+            if gather(a, cw, rop, rty, True):  # not yet (nothing done) or not aligned: the general queue path
+                reduce_queue(qu, a, kern, me, root, cw, c.deadline)
+
+        return fn_root
+
+    def fn(c: Any, a: Any, b: Any) -> None:
+        reduce_queue(qu, a, kern, me, root, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline)
+        if avg and me == root:
+            finalize(op, a, c.size, dt)
+
+    return fn
 
 
 def barrier(g: ProcessGroup, fast: Any) -> Plan:

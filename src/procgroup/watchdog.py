@@ -266,6 +266,7 @@ class Watchdog:
         self._published: Dict[int, Dict[str, Any]] = {}
         self._beat: Dict[int, float] = {}  # gid -> when this rank last published it (monotonic)
         self._broke: set = set()  # gids whose recorded break this rank has acted on
+        self._hist: Dict[int, int] = {}  # gid -> the in-flight seq at which this rank last published its history
         self._failed = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="procgroup-watchdog", daemon=True)
@@ -323,6 +324,11 @@ class Watchdog:
                     self._broke.add(g.gid)
                     self.abort(GroupBrokenError(f"another member of group {g.name} gave up on it: {broke}"))
                     return
+            if waiting and rec is not None and self._hist.get(g.gid) != rec.seq:
+                # once per stuck call: this rank's history, for a peer whose divergence search needs it (a peer
+                # ahead or behind: one-way broadcasts and reduces let members be at different calls while stuck)
+                self._hist[g.gid] = rec.seq
+                self._publish_history(g)
             if waiting or changed:
                 self._check(g, rec)
 
@@ -337,7 +343,9 @@ class Watchdog:
         mine = dict(g.chain)
         for r, st in states.items():
             ch = st.get("chain")
-            if r == self.rank or not ch or int(ch[0]) not in mine:
+            if r == self.rank or not ch:
+                continue
+            if int(ch[0]) not in mine:
                 continue
             q, h = int(ch[0]), int(ch[1])
             if mine[q] != h:
@@ -346,9 +354,7 @@ class Watchdog:
 
     def _divergence(self, g: GroupStatus, peer: int, upto: int) -> str:
         """Find the first differing call with ``peer`` from both flight recorders (exchanged through the store)."""
-        hk = f"wd/hist/{g.gid}/{self.rank}"
-        mine = {r.seq: tuple(r.signature) for r in list(g.flight)}
-        self.store.set(hk, json.dumps([[q, list(sig)] for q, sig in mine.items()]).encode())
+        mine = self._publish_history(g)
         theirs: Dict[int, tuple] = {}
         try:
             raw = self.store.get(f"wd/hist/{g.gid}/{peer}", timeout=3.0)
@@ -363,6 +369,14 @@ class Watchdog:
             f"before seq {upto} (beyond the last {len(mine)} calls each rank remembers). Every member of a group must "
             "call the same collectives in the same order, with the same dtype, element count, root and reduce op"
         )
+
+    def _publish_history(self, g: GroupStatus) -> Dict[int, tuple]:
+        """Write this rank's remembered calls of ``g`` (seq -> signature) to the store, for a peer's divergence
+        search; returns them."""
+        mine = {r.seq: tuple(r.signature) for r in list(g.flight)}
+        hk = f"wd/hist/{g.gid}/{self.rank}"
+        self.store.set(hk, json.dumps([[q, list(sig)] for q, sig in mine.items()]).encode())
+        return mine
 
     def _fail(self, g: GroupStatus, seq: int, msg: str) -> None:
         # recorded first, so a member that sees this rank leave reports the mismatch, not a dead peer

@@ -15,6 +15,11 @@ The check word published with each exchange is the call's sequence number
 and fingerprint (the low 32 bits of the group tag), so members that disagree
 about the call never complete it together; the watchdog then names the
 mismatch.
+
+Broadcast and reduce of 1 to ``queue.max_bytes`` bytes are one-directional where the arena has a queue
+(``Arena.queue``, see ``procgroup.transport.shm.queue``; issue 14): a broadcast's root writes and returns, its
+non-roots wait for the root alone; a reduce's non-roots write and return, its root waits for them.  The
+choice depends only on the byte count and the transport, which every member shares.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ __all__ = [
     "reduce_scatter_arena",
     "barrier_arena",
     "fits",
+    "queue_for",
+    "bcast_queue",
+    "reduce_queue",
 ]
 
 Reducer = Callable[[np.ndarray, np.ndarray], None]
@@ -95,9 +103,51 @@ def allreduce_arena(comm: Any, buf: np.ndarray, reduce: Reducer) -> None:
     _reduce_into(buf, views, reduce)
 
 
+def queue_for(a: Any, nbytes: int) -> Any:
+    """The arena ``a``'s one-way queue where a call of ``nbytes`` bytes takes it (1 to its ``max_bytes``), else
+    None."""
+    q = getattr(a, "queue", None)
+    return q if q is not None and 0 < nbytes <= q.max_bytes else None
+
+
+def reduce_queue(q: Any, buf: np.ndarray, reduce: Reducer, me: int, root: int, check: int, deadline: Any) -> None:
+    """One-way reduce through queue ``q``: a non-root writes ``buf`` and returns; the root reduces every member's
+    data (its own: ``buf``) in member order into ``buf`` (compiled where it can, else numpy)."""
+    src = buf if buf.flags.c_contiguous else np.ascontiguousarray(buf)
+    if me != root:
+        q.post(_bytes(src), check, root, deadline)
+        return
+    codes = _FUSED.get((getattr(reduce, "ufunc", None), buf.dtype))
+    if codes is not None and src is buf and q.gather_reduce(buf, codes[0], codes[1], check, deadline):
+        return
+    views = q.gather(check, deadline)
+    try:
+        views[root] = _bytes(src.copy())
+        _reduce_into(buf, views, reduce)
+    finally:
+        q.ack()
+
+
+def bcast_queue(q: Any, buf: np.ndarray, me: int, root: int, check: int, deadline: Any) -> None:
+    """One-way broadcast through queue ``q``: the root writes ``buf`` and returns; the others copy it."""
+    if me == root:
+        q.post(_bytes(buf if buf.flags.c_contiguous else np.ascontiguousarray(buf)), check, root, deadline)
+    elif buf.flags.c_contiguous:
+        q.read(_bytes(buf), check, root, deadline)
+    else:
+        tmp = np.empty_like(buf, order="C")
+        q.read(_bytes(tmp), check, root, deadline)
+        buf[...] = tmp
+
+
 def reduce_arena(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> None:
-    """Everyone publishes ``buf``; the root reduces all slots in member order."""
+    """Everyone publishes ``buf``; the root reduces all slots in member order (one-way through the queue where
+    it fits)."""
     a = _arena(comm)
+    q = queue_for(a, buf.nbytes)
+    if q is not None:
+        reduce_queue(q, buf, reduce, comm.rank, root, comm.check_word(), comm.deadline)
+        return
     if _fused(a, comm, buf, reduce, comm.rank == root):
         return
     views = a.exchange(_bytes(buf), comm.check_word(), comm.deadline)
@@ -106,9 +156,14 @@ def reduce_arena(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> None
 
 
 def bcast_arena(comm: Any, buf: np.ndarray, root: int) -> None:
-    """The root publishes ``buf``, the others publish nothing and copy the root's slot."""
+    """The root publishes ``buf``, the others publish nothing and copy the root's slot (one-way through the
+    queue where it fits)."""
     me = comm.rank
     a = _arena(comm)
+    q = queue_for(a, buf.nbytes)
+    if q is not None:
+        bcast_queue(q, buf, me, root, comm.check_word(), comm.deadline)
+        return
     xc = getattr(a, "exchange_copy", None)  # the compiled path: publish, wait and copy in one call
     if xc is not None and buf.flags.c_contiguous:
         if (

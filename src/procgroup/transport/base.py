@@ -217,6 +217,8 @@ class Arena(abc.ABC):
     max_bytes: int
     #: the group's big slots (see the module docstring), or None
     big: Optional["BigArena"] = None
+    #: the group's one-way queue for small broadcasts and reduces (``transport.shm.queue.ShmQueue``), or None
+    queue: Any = None
 
     @abc.abstractmethod
     def exchange(self, data: Optional[Buffer], check: int, deadline: Optional[Deadline]) -> Sequence[memoryview]:

@@ -186,6 +186,8 @@ class ShmArena(Arena):
         self._others = [seg for seg in segs if seg is not own]
         self._segs = segs
         self.count = 0
+        #: the group's one-way queue (:mod:`.queue`; the transport sets it), whose chain every exchange folds in
+        self.queue: Any = None
         self._nat: Any = None
         if native:
             if native_available():
@@ -214,6 +216,8 @@ class ShmArena(Arena):
 
     def release(self) -> None:
         """Drop the views into the segments (before they are unmapped)."""
+        if self.queue is not None:
+            self.queue.release()
         if self._nat is not None:
             self._nat.release()  # its exports end once no call of ours is inside it
         for views in self._data:
@@ -253,6 +257,8 @@ class ShmArena(Arena):
         n = 0 if data is None else data.nbytes
         if n > ARENA_BYTES:  # before counting the call: a refused call must not shift this member's count
             raise ConfigError(f"arena exchange of {n} bytes exceeds the slot size {ARENA_BYTES}")
+        if self.queue is not None:
+            check ^= self.queue.chain  # the group's one-way calls so far (the compiled call folds its own in)
         k = self.count & 1
         self.count += 1
         val = (self.count - 1) % 0xFFFFFFFF + 1  # never 0 (0: "never published")

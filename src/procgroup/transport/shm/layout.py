@@ -32,6 +32,15 @@ skipping the owner)::
       +0   4  published count (u32, 0: never; written last)
       +4   4  check word
       +64  B  payload (B = ``ARENA_BYTES``)
+    Q = A + 16 * 2 * (64 + B)  G * (64 + K * E)  one-way queues (:mod:`.queue`): group g at
+                                       Q + g * (64 + K * E); control line
+      +0   8  done: one-way calls of the group this rank completed (u64)
+      +8   8  want: nonzero while this rank waits for the others' done words
+      then K = ``QUEUE_DEPTH`` entries of E = 64 + P bytes (P = ``QUEUE_BYTES``),
+      one-way call n in entry n % K; per entry
+      +0   4  seq: n (u32, mod 2**32 - 1 + 1, never 0; written last)
+      +4   4  check word: the writer's chain folded with the call's check word
+      +64  P  payload
     Z                    BIG_GROUPS * (64 + 2 * L)  big slots (:mod:`.bigarena`): group g at
                                        Z + g * (64 + 2L); per slot
       +0   8  published count (u64, 0: never; written last)
@@ -87,6 +96,10 @@ __all__ = [
     "choose_ring_size",
     "fence",
     "ARENA_GROUPS",
+    "QUEUE_DEPTH",
+    "QUEUE_BYTES",
+    "QUEUE_ENTRY",
+    "QUEUE_GROUP",
     "BIG_GROUPS",
     "DEFAULT_BIG_SLOT",
     "choose_big_slot",
@@ -100,7 +113,7 @@ logger = logging.getLogger("procgroup.transport")
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if platform.system() == "Linux" else 0)
 
 MAGIC = b"PGSHM\x00\x01\x00"
-VERSION = 3
+VERSION = 4
 ST_INIT, ST_READY, ST_CLOSED = 0, 1, 2
 HDR_SIZE = 4096
 OFF_VERSION, OFF_STATE, OFF_WS, OFF_OWNER, OFF_PID, OFF_CAP, OFF_NSLOTS, OFF_ADDR = 8, 12, 16, 20, 24, 32, 40, 48
@@ -116,6 +129,13 @@ C_HEAD, C_WANT, C_CMA, C_TAIL = 0, 8, 16, 64
 ARENA_GROUPS = 16
 ARENA_HDR = 64
 ARENA_SLOT = ARENA_HDR + ARENA_BYTES
+#: one-way queue (:mod:`.queue`) of every arena group: entries per member (a root runs at most this many one-way
+#: calls ahead of the slowest member), payload bytes per entry (larger broadcasts/reduces take the arena slots)
+QUEUE_DEPTH = 32
+QUEUE_BYTES = 2048
+QUEUE_CTL = 64
+QUEUE_ENTRY = ARENA_HDR + QUEUE_BYTES
+QUEUE_GROUP = QUEUE_CTL + QUEUE_DEPTH * QUEUE_ENTRY
 #: groups with an id below this get big slots too (two buffers of the chosen size per member)
 BIG_GROUPS = 4
 #: default size of one big-slot buffer (``ShmOptions.big_slot`` / PROCGROUP_SHM_BIG_SLOT), and the least
@@ -196,7 +216,21 @@ class Segment:
     ``layout()`` reads the ring geometry from the header (after the owner wrote it).
     """
 
-    __slots__ = ("name", "mm", "q", "i", "addr", "cap", "nslots", "data_off", "size", "arena_off", "big", "big_off")
+    __slots__ = (
+        "name",
+        "mm",
+        "q",
+        "i",
+        "addr",
+        "cap",
+        "nslots",
+        "data_off",
+        "size",
+        "arena_off",
+        "queue_off",
+        "big",
+        "big_off",
+    )
 
     def __init__(self, name: str, mm: mmap.mmap) -> None:
         self.name = name
@@ -211,6 +245,7 @@ class Segment:
         self.nslots = 0
         self.data_off = 0
         self.arena_off = 0
+        self.queue_off = 0
         self.big = 0
         self.big_off = 0
 
@@ -220,6 +255,7 @@ class Segment:
         self.nslots = self.i[OFF_NSLOTS // 4]
         self.data_off = HDR_SIZE + _align(self.nslots * CTRL, 4096)
         self.arena_off = self.q[OFF_ARENA // 8]
+        self.queue_off = self.arena_off + ARENA_GROUPS * 2 * ARENA_SLOT
         self.big = self.q[OFF_BIG // 8]
         self.big_off = self.q[OFF_BIG_REGION // 8]
 
@@ -274,8 +310,9 @@ def big_region_size(big: int) -> int:
 
 
 def segment_size(nslots: int, cap: int, big: int = 0) -> int:
-    """Total size of a segment: its rings, the arena slots and the big slots (buffers of ``big`` bytes)."""
-    return rings_size(nslots, cap) + ARENA_GROUPS * 2 * ARENA_SLOT + big_region_size(big)
+    """Total size of a segment: its rings, the arena slots, the one-way queues and the big slots (buffers of
+    ``big`` bytes)."""
+    return rings_size(nslots, cap) + ARENA_GROUPS * (2 * ARENA_SLOT + QUEUE_GROUP) + big_region_size(big)
 
 
 def choose_big_slot(nlocal: int, big_slot: Optional[int]) -> int:

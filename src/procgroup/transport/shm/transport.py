@@ -75,6 +75,7 @@ from .layout import (
     shm_supported,
 )
 from .peers import PeerWatch
+from .queue import ShmQueue
 from .ring import (
     ACK,
     CHUNK,
@@ -341,6 +342,7 @@ class ShmTransport(EngineTransport):
                 slice_s=self._slice,
                 native=self._native,
             )
+            a.queue = ShmQueue(a, key, segs)
             self._arenas.append(a)
             if key < BIG_GROUPS:
                 b = self._bigs.get(key)
