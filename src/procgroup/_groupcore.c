@@ -45,6 +45,7 @@ typedef struct {
     PyObject *fn;   /* fn(comm, a, b): the call's work */
     PyObject *post; /* the engine's post(a, b), or None */
     unsigned long long fpx; /* the fingerprint xor the group's generation, for the tag */
+    char direct;            /* fn takes (a, check word, deadline) instead of (comm, a, b) */
 } PlanCore;
 
 /* the tag layout of procgroup.tags / algorithms.comm, set once by procgroup.groupcore (set_layout) */
@@ -260,18 +261,28 @@ static PyObject *run_plan(GroupCore *s, PyObject *const *args, Py_ssize_t nargs)
     Py_DECREF(r);
     Py_INCREF(rec);
     Py_SETREF(s->inflight, rec);
-    unsigned long long tag = (((unsigned long long)s->gid << 32) | (((unsigned long long)seq & seq_mask) << 16) | fpx)
-                             << step_bits;
-    PyObject *tago = PyLong_FromUnsignedLongLong(tag);
-    if (tago == NULL) goto fail_release;
-    int bad = PyObject_SetAttr(s->comm, s_tag, tago);
-    Py_DECREF(tago);
-    if (bad < 0 || PyObject_SetAttr(s->comm, s_deadline, s->plan_dl) < 0) goto fail_release;
-    PyObject *comm = s->comm;
-    Py_INCREF(comm);
-    PyObject *cargs[3] = {comm, a, b};
-    res = PyObject_Vectorcall(fn, cargs, 3, NULL);
-    Py_DECREF(comm);
+    unsigned long long tag = ((unsigned long long)s->gid << 32) | (((unsigned long long)seq & seq_mask) << 16) | fpx;
+    if (p->direct) { /* fn(a, check word, deadline): the check word is the tag's low 32 bits (Comm.check_word) */
+        PyObject *cw = PyLong_FromUnsignedLong((unsigned long)(tag & 0xFFFFFFFFull));
+        if (cw == NULL) goto fail_release;
+        PyObject *dl = s->plan_dl;
+        Py_INCREF(dl);
+        PyObject *dargs[3] = {a, cw, dl};
+        res = PyObject_Vectorcall(fn, dargs, 3, NULL);
+        Py_DECREF(cw);
+        Py_DECREF(dl);
+    } else {
+        PyObject *tago = PyLong_FromUnsignedLongLong(tag << step_bits);
+        if (tago == NULL) goto fail_release;
+        int bad = PyObject_SetAttr(s->comm, s_tag, tago);
+        Py_DECREF(tago);
+        if (bad < 0 || PyObject_SetAttr(s->comm, s_deadline, s->plan_dl) < 0) goto fail_release;
+        PyObject *comm = s->comm;
+        Py_INCREF(comm);
+        PyObject *cargs[3] = {comm, a, b};
+        res = PyObject_Vectorcall(fn, cargs, 3, NULL);
+        Py_DECREF(comm);
+    }
     if (res == NULL) {
         failed(s, rec, plan, seq);
         goto fail_release;
@@ -378,6 +389,7 @@ static PyMemberDef plan_members[] = {
     {"fn", T_OBJECT, offsetof(PlanCore, fn), 0, "fn(comm, a, b): the call's work"},
     {"post", T_OBJECT, offsetof(PlanCore, post), 0, "the engine's post(a, b), or None"},
     {"fpx", T_ULONGLONG, offsetof(PlanCore, fpx), 0, "the fingerprint xor the group's generation, for the tag"},
+    {"direct", T_BOOL, offsetof(PlanCore, direct), 0, "fn takes (a, check word, deadline), not (comm, a, b)"},
     {NULL, 0, 0, 0, NULL},
 };
 

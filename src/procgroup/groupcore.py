@@ -51,7 +51,7 @@ class PyGroupCore:
 class PyPlanCore:
     """The pure-Python PlanCore: the fields of a plan that run_plan reads (procgroup.plans.Plan's base)."""
 
-    __slots__ = ("fpb", "fpx", "fn", "post")
+    __slots__ = ("fpb", "fpx", "fn", "post", "direct")
 
 
 COMPILED: bool

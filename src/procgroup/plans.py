@@ -92,6 +92,9 @@ class Plan(PlanCore):  # PlanCore: the compiled base or its Python twin (procgro
         self.post: Any = None
         self.done: Any = None
         self.fail: Any = None
+        #: ``fn`` takes ``(a, check word, deadline)`` instead of ``(comm, a, b)`` (no Comm to set up: run_plan
+        #: passes the call's check word, ``Comm.check_word()`` of the Comm it would have made)
+        self.direct = False
 
     def split(
         self, g: ProcessGroup, kind: str, nbytes: int, dtype: Any = None, reduce_op: Any = None, root: int = -1
@@ -324,17 +327,13 @@ def _reduce_queue_fn(qu: Any, me: int, root: int, kern: Any, dt: Any, op: Reduce
 def barrier(g: ProcessGroup, fast: Any) -> Plan:
     """The plan of ``barrier`` (``fast``: the engine's)."""
     algo = fast or (barrier_arena if g.size() > 1 and g.arena() is not None else alg.barrier)
-    fn: Fn
-    if algo is barrier_arena and (ar := _compiled(g)) is not None:
-        ex = ar.exchange
+    if algo is barrier_arena and (ar := _compiled(g)) is not None:  # the arena's exchange, called with no Comm
+        plan = Plan(g, "barrier", ("barrier",), ar.bind_barrier())
+        plan.direct = True
+        return plan
 
-        def fn(c: Any, a: Any, b: Any) -> None:
-            ex(None, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline)
-
-    else:
-
-        def fn(c: Any, a: Any, b: Any) -> None:
-            algo(c)
+    def fn(c: Any, a: Any, b: Any) -> None:
+        algo(c)
 
     plan = Plan(g, "barrier", ("barrier",), fn)
     return plan.split(g, "barrier", 0) if fast is not None else plan

@@ -22,6 +22,7 @@ from procgroup.errors import DistTimeoutError, GroupBrokenError, PeerFailureErro
 from procgroup.flight import as_record
 from procgroup.plans import Plan
 from procgroup.process_group import SLOW, ProcessGroup
+from procgroup.tags import fingerprint
 
 from ..conftest import run_ranks, thread_world
 
@@ -213,6 +214,29 @@ def test_the_call_sees_its_tag_and_deadline(fast):
     want = [collective_tag(g.gid, s, fp) << 16 for s in (1, 2, 3)]
     assert [t for t, _ in seen] == want
     assert all(abs(d - 7.0) < 1e-6 for _, d in seen)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_direct_plan_gets_the_check_word_a_comm_would_give(fast):
+    """A plan with ``direct`` set gets (a, check word, deadline), the check word being Comm.check_word() of the
+    call's Comm: a direct and a Comm plan of the same signature see the same words for the same seq."""
+    pgs = thread_world(1, timeout=5.0)
+    g = pgs[0]
+    g._fast = fast
+    g.set_home_thread()
+    dist.barrier(group=g)  # through run(): makes the group's Comm
+    seen = []
+    via_comm = Plan(g, "barrier", ("barrier", "x"), lambda c, a, b: seen.append(("comm", a, c.check_word())))
+    direct = Plan(g, "barrier", ("barrier", "x"), lambda a, cw, dl: seen.append(("direct", a, cw, dl.at - dl.start)))
+    direct.direct = True
+    marker = object()
+    for p in (via_comm, direct, via_comm, direct):
+        g.run_plan(p, marker)
+    assert [s[0] for s in seen] == ["comm", "direct", "comm", "direct"] and all(s[1] is marker for s in seen)
+    fp = fingerprint(("barrier", "x"))
+    assert [s[2] for s in seen] == [((seq << 16) | fp) & 0xFFFFFFFF for seq in (1, 2, 3, 4)]
+    assert all(abs(s[3] - 5.0) < 1e-6 for s in seen if s[0] == "direct")
+    assert as_record(g.flight[-1]).state == "completed" and g.seq == 5
 
 
 def test_a_group_is_freed_once_dropped():

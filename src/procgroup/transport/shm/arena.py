@@ -93,6 +93,10 @@ class ArenaHost(Protocol):
         """The transport's doorbell."""
 
 
+def _no_bytes() -> int:
+    return 0
+
+
 def poll(ready: Callable[[], bool], spin: float, yld: bool) -> bool:
     """Poll ``ready()`` for ``spin`` seconds (``yld``: yielding the CPU at every poll, for the member we wait
     for may be queued behind us); True once it is, False when the spin ends or the views were released."""
@@ -276,6 +280,23 @@ class ShmArena(Arena):
             return views
         self._wait(k, val, check, deadline)
         return views
+
+    def bind_barrier(self) -> Callable[[Any, int, Optional[Deadline]], None]:
+        """:meth:`exchange` of no data, for a plan's repeated barriers (compiled path only): ``fn(_, check,
+        deadline)`` publishes and polls in one C call and sleeps (:meth:`_settle`) only when its spin ended."""
+        nat = self._nat
+        assert nat is not None
+        nex = nat.exchange
+        t = self.t
+
+        def fn(_: Any, check: int, deadline: Optional[Deadline]) -> None:
+            if t._aborted is not None or t._closed:
+                self._enter()  # raises
+            r = nex(None, check)
+            if r:
+                self._settle(r, deadline, _no_bytes)
+
+        return fn
 
     def exchange_reduce(
         self, buf: Any, op: int, dtype: int, check: int, deadline: Optional[Deadline], reduce: bool = True
