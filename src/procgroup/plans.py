@@ -40,6 +40,7 @@ from .algorithms.arena import (
     reduce_arena,
     reduce_queue,
 )
+from .algorithms.bigarena import bind_allgather
 from .algorithms.comm import STEP_BITS, Comm
 from .algorithms.select import BIG_LIMIT, choose_all_reduce
 from .deadline import Deadline
@@ -344,7 +345,9 @@ def all_gather(g: ProcessGroup, dt: Any, n: int, dname: str, fast: Any) -> Plan:
     algo = fast or (allgather_arena if _arena_fits(g, n * _itemsize(dt)) else alg.all_gather)
     ar = _compiled(g) if algo is allgather_arena else None
     fn: Fn
-    if ar is not None:
+    if algo is alg.all_gather and (big_fn := _allgather_big(g, n * _itemsize(dt), dt)) is not None:
+        fn = big_fn  # the big slots' one-step all_gather (algorithms.select picks allgather_big for this size)
+    elif ar is not None:
         xc = ar.exchange_copy
 
         def fn(c: Any, a: Any, b: Any) -> None:
@@ -358,6 +361,16 @@ def all_gather(g: ProcessGroup, dt: Any, n: int, dname: str, fast: Any) -> Plan:
 
     plan = Plan(g, "all_gather_into_tensor", ("all_gather", dname, n), fn)
     return plan.split(g, "all_gather", n * _itemsize(dt)) if fast is not None else plan
+
+
+def _allgather_big(g: ProcessGroup, nbytes: int, dt: Any) -> Any:
+    """bigarena.bind_allgather for a part of ``nbytes`` a member, where algorithms.select takes the big slots for
+    it (above the arena's slot, within BIG_LIMIT); else None."""
+    a = g.arena()
+    big = None if a is None else a.big
+    if big is None or not a.max_bytes < nbytes <= BIG_LIMIT["all_gather"] or isinstance(dt, str):
+        return None
+    return bind_allgather(big, nbytes, dt)
 
 
 def reduce_scatter(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, kern: Any, fast: Any) -> Plan:

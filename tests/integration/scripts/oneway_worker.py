@@ -132,10 +132,11 @@ def stress(iters: str = "2000") -> int:
             check(y, np.full(5, ws * (ws + 1) // 2, np.int64), f"iteration {i} all_reduce")
         elif k == 1:
             dist.barrier()
-        elif k == 2:
-            out = np.zeros(3 * ws, np.int32)
-            dist.all_gather_into_tensor(out, np.full(3, i + r, np.int32))
-            check(out, np.repeat(np.arange(ws, dtype=np.int32) + i, 3), f"iteration {i} all_gather")
+        elif k == 2:  # small (the arena) or above the arena's slot (the big slots' one-step all_gather)
+            na = 3 if i % 2 else 9000 + i % 3
+            out = np.zeros(na * ws, np.int32)
+            dist.all_gather_into_tensor(out, np.full(na, i + r, np.int32))
+            check(out, np.repeat(np.arange(ws, dtype=np.int32) + i, na), f"iteration {i} all_gather of {na}")
         elif k == 3:
             z = np.full(4, r + 1.0, np.float64)
             dst = int(rng.integers(ws))
