@@ -195,9 +195,11 @@ def broadcast(g: ProcessGroup, dt: Any, n: int, root: int, dname: str, fast: Any
     qu = queue_for(g.arena(), n * _itemsize(dt)) if algo is bcast_arena else None
     ar = _compiled(g) if algo is bcast_arena else None
     fn: Fn
-    if qu is not None:
-        fn = _bcast_queue_fn(qu, g.rank(), root)
-    elif ar is not None:
+    if qu is not None:  # one-way, direct (no Comm)
+        plan = Plan(g, "broadcast", ("broadcast", dname, n, f"root={root}"), _bcast_queue_fn(qu, g.rank(), root))
+        plan.direct = True
+        return plan
+    if ar is not None:
         xc = ar.exchange_copy
         if g.rank() == root:
 
@@ -233,11 +235,12 @@ def reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, root: int, dname: str
 
     fn: Fn
     qu = queue_for(g.arena(), n * _itemsize(dt)) if fast is None and algo is reduce_arena else None
-    if qu is not None:
-        fn = _reduce_queue_fn(qu, g.rank(), root, kern, dt, op)
-    elif (
-        fast is None and not avg and algo is reduce_arena and (ar := _compiled(g)) and (codes := _fused_codes(kern, dt))
-    ):
+    if qu is not None:  # one-way, direct (no Comm)
+        qfn = _reduce_queue_fn(qu, g.rank(), root, kern, dt, op, g.size())
+        plan = Plan(g, "reduce", ("reduce", dname, n, op.name, f"root={root}"), qfn)
+        plan.direct = True
+        return plan
+    if fast is None and not avg and algo is reduce_arena and (ar := _compiled(g)) and (codes := _fused_codes(kern, dt)):
         xr, rop, rty, here = ar.exchange_reduce, codes[0], codes[1], g.rank() == root
 
         def fn(c: Any, a: Any, b: Any) -> None:
@@ -255,72 +258,60 @@ def reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, root: int, dname: str
     return plan.split(g, "reduce", n * _itemsize(dt), dt, op, root) if fast is not None else plan
 
 
-def _bcast_queue_fn(qu: Any, me: int, root: int) -> Fn:
-    """A planned one-way broadcast through the group's queue (``algorithms.arena.bcast_queue``): on the compiled
-    path the C call straight, Python only to sleep (its ``*_wait``) or to raise for a closed/aborted transport."""
-    if not qu.native:
+#: a direct plan's function (``Plan.direct``): ``fn(a, check word, deadline)``
+DirectFn = Callable[[Any, int, Any], None]
 
-        def fn_py(c: Any, a: Any, b: Any) -> None:
-            bcast_queue(qu, a, me, root, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline)
 
-        return fn_py
+def _queue_step(qu: Any, call: Any, wait: Any, root: int) -> DirectFn:
+    """A compiled one-way call (``q_post``/``q_read`` and its ``*_wait``): the C call straight, Python only to
+    sleep (``wait``) or to raise for a closed/aborted transport."""
     t, enter = qu.t, qu.enter
-    if me == root:
-        post, post_wait = qu.nat.q_post, qu.post_wait
 
-        def fn(c: Any, a: Any, b: Any) -> None:
-            if t._aborted is not None or t._closed:
-                enter()  # raises
-            cw = (c.tag >> _CW_SHIFT) & _CW_MASK
-            if post(a, cw, root):
-                post_wait(a, cw, root, c.deadline)
-
-        return fn
-    read, read_wait = qu.nat.q_read, qu.read_wait
-
-    def fn_read(c: Any, a: Any, b: Any) -> None:
+    def fn(a: Any, cw: int, dl: Any) -> None:
         if t._aborted is not None or t._closed:
             enter()  # raises
-        cw = (c.tag >> _CW_SHIFT) & _CW_MASK
-        if read(a, cw, root):
-            read_wait(a, cw, root, c.deadline)
+        if call(a, cw, root):
+            wait(a, cw, root, dl)
 
-    return fn_read
+    return fn
 
 
-def _reduce_queue_fn(qu: Any, me: int, root: int, kern: Any, dt: Any, op: ReduceOp) -> Fn:
-    """A planned one-way reduce through the group's queue (``algorithms.arena.reduce_queue``); compiled: the C
-    call straight (a non-root's post, the root's fused gather-and-reduce), else the general queue path."""
+def _bcast_queue_fn(qu: Any, me: int, root: int) -> DirectFn:
+    """A planned one-way broadcast through the group's queue (``algorithms.arena.bcast_queue``), direct."""
+    if not qu.native:
+
+        def fn_py(a: Any, cw: int, dl: Any) -> None:
+            bcast_queue(qu, a, me, root, cw, dl)
+
+        return fn_py
+    if me == root:
+        return _queue_step(qu, qu.nat.q_post, qu.post_wait, root)
+    return _queue_step(qu, qu.nat.q_read, qu.read_wait, root)
+
+
+def _reduce_queue_fn(qu: Any, me: int, root: int, kern: Any, dt: Any, op: ReduceOp, size: int) -> DirectFn:
+    """A planned one-way reduce through the group's queue (``algorithms.arena.reduce_queue``), direct; compiled:
+    the C call straight (a non-root's post, the root's fused gather-and-reduce), else the general queue path."""
     avg = op is ReduceOp.AVG
     codes = _fused_codes(kern, dt)
-    t, enter = qu.t, qu.enter
     if qu.native and me != root:
-        post, post_wait = qu.nat.q_post, qu.post_wait
-
-        def fn_post(c: Any, a: Any, b: Any) -> None:
-            if t._aborted is not None or t._closed:
-                enter()  # raises
-            cw = (c.tag >> _CW_SHIFT) & _CW_MASK
-            if post(a, cw, root):
-                post_wait(a, cw, root, c.deadline)
-
-        return fn_post
+        return _queue_step(qu, qu.nat.q_post, qu.post_wait, root)
     if qu.native and not avg and codes is not None:
+        t, enter = qu.t, qu.enter
         gather, rop, rty = qu.nat.q_gather, codes[0], codes[1]
 
-        def fn_root(c: Any, a: Any, b: Any) -> None:
+        def fn_root(a: Any, cw: int, dl: Any) -> None:
             if t._aborted is not None or t._closed:
                 enter()  # raises
-            cw = (c.tag >> _CW_SHIFT) & _CW_MASK
             if gather(a, cw, rop, rty, True):  # not yet (nothing done) or not aligned: the general queue path
-                reduce_queue(qu, a, kern, me, root, cw, c.deadline)
+                reduce_queue(qu, a, kern, me, root, cw, dl)
 
         return fn_root
 
-    def fn(c: Any, a: Any, b: Any) -> None:
-        reduce_queue(qu, a, kern, me, root, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline)
+    def fn(a: Any, cw: int, dl: Any) -> None:
+        reduce_queue(qu, a, kern, me, root, cw, dl)
         if avg and me == root:
-            finalize(op, a, c.size, dt)
+            finalize(op, a, size, dt)
 
     return fn
 
