@@ -143,25 +143,23 @@ class ShmQueue:
         nat, members = self.nat, self.members
         self._sleep(nat.q_ready, lambda: [members[i] for i in nat.q_missing()], deadline)
 
-    def post_wait(self, data: Any, check: int, target: int, deadline: Optional[Deadline]) -> None:
-        """Finish a compiled ``q_post`` that returned nonzero (see :meth:`post`)."""
+    def _until_done(self, call: Any, buf: Any, check: int, peer: int, deadline: Optional[Deadline]) -> None:
+        """Call the compiled ``call(buf, check, peer)`` (q_post / q_read) until it returns 0, sleeping between."""
         while True:
-            r = self.nat.q_post(data, check, target)
+            r = call(buf, check, peer)
             if r == 0:
                 return
             if r == -2:
-                raise ConfigError(f"one-way call of {memoryview(data).nbytes} bytes exceeds the queue's {QUEUE_BYTES}")
+                raise ConfigError(f"one-way call of {memoryview(buf).nbytes} bytes exceeds the queue's {QUEUE_BYTES}")
             self._sleep_nat(deadline)
+
+    def post_wait(self, data: Any, check: int, target: int, deadline: Optional[Deadline]) -> None:
+        """Finish a compiled ``q_post`` that returned nonzero (see :meth:`post`)."""
+        self._until_done(self.nat.q_post, data, check, target, deadline)
 
     def read_wait(self, out: Any, check: int, src: int, deadline: Optional[Deadline]) -> None:
         """Finish a compiled ``q_read`` that returned nonzero (see :meth:`read`)."""
-        while True:
-            r = self.nat.q_read(out, check, src)
-            if r == 0:
-                return
-            if r == -2:
-                raise ConfigError(f"one-way call of {memoryview(out).nbytes} bytes exceeds the queue's {QUEUE_BYTES}")
-            self._sleep_nat(deadline)
+        self._until_done(self.nat.q_read, out, check, src, deadline)
 
     def _gather_nat(self, buf: Any, check: int, op: int, dtype: int, reduce: bool, deadline: Optional[Deadline]) -> int:
         while True:
