@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -34,7 +36,9 @@ MIXED = pytest.param("mixed", id="mixed", marks=needs_native)
 
 def _run(ws: int, mode: str, args: List[str], native: str, timeout: float, env: Optional[Dict[str, str]] = None):
     job = f"oneway-{uuid.uuid4().hex[:10]}"
+    done = tempfile.mkdtemp(prefix=f"{job}-")  # where ranks that found their error say so (worker's _linger)
     extra = {
+        "ONEWAY_DONE_DIR": done,
         "PROCGROUP_TRANSPORT": "shm",
         "PROCGROUP_NATIVE": native if native != "mixed" else "1",
         "ONEWAY_MIXED": "1" if native == "mixed" else "",
@@ -42,7 +46,10 @@ def _run(ws: int, mode: str, args: List[str], native: str, timeout: float, env: 
         "PROCGROUP_RUN_ID": job,
         **(env or {}),
     }
-    results: List[Result] = collect(spawn_world(ws, mode, args, env=extra, script=SCRIPT), timeout)
+    try:
+        results: List[Result] = collect(spawn_world(ws, mode, args, env=extra, script=SCRIPT), timeout)
+    finally:
+        shutil.rmtree(done, ignore_errors=True)
     leaked = [x for x in os.listdir("/dev/shm") if job in x]
     assert not leaked, f"/dev/shm segments left behind: {leaked}\n{report(results)}"
     for r in results:

@@ -246,10 +246,24 @@ def mismatch(kind: str) -> None:
         dist.barrier()
     except dist.CollectiveMismatchError as e:
         print(f"rank {r}: mismatch after {time.monotonic() - t0:.1f}s: {e}", flush=True)
-        time.sleep(5)  # the store lives on rank 0: the others read the finding from it before it goes
+        _linger(r, ws)  # the store lives on rank 0: the others read the finding from it before it goes
         os._exit(3)
     print(f"rank {r}: no error", flush=True)
     os._exit(1)
+
+
+def _linger(r: int, n: int, limit: float = 5.0) -> None:
+    """Stay until ``n`` ranks (this one included) have reported their error, at most ``limit`` s: each leaves a
+    file in ONEWAY_DONE_DIR (set by the test), so no rank exits (taking the store on rank 0 with it, or looking
+    dead to a rank that still waits) before every rank found what it must report."""
+    d = os.environ.get("ONEWAY_DONE_DIR", "")
+    if not d:
+        time.sleep(limit)
+        return
+    open(os.path.join(d, str(r)), "w").close()
+    end = time.monotonic() + limit
+    while time.monotonic() < end and len(os.listdir(d)) < n:
+        time.sleep(0.02)
 
 
 def kill(who: str, op: str = "broadcast") -> None:
@@ -278,7 +292,7 @@ def kill(who: str, op: str = "broadcast") -> None:
         print(f"rank {r}: PeerFailureError after {time.monotonic() - t0:.2f}s: {e}", flush=True)
         # stay a while: a one-way call's survivors do not all wait for the dead rank (a reader waits for its root
         # alone), so they learn of it from the first finder (the store, on rank 0) rather than its own exit
-        time.sleep(3)
+        _linger(r, dist.get_world_size() - 1)
         os._exit(0)
     print(f"rank {r}: no error", flush=True)
     os._exit(1)
