@@ -586,13 +586,8 @@ class ProcessGroup(GroupCore):  # GroupCore: the compiled base or its Python twi
                         comm.deadline = dl
                     plan.fn(comm, a, b)
                     rec[3] = _monotonic()  # completed
-            except ProcGroupError as e:
-                raise self._failed(self._solid(rec), e, plan.op, seq, dl, plan.sig)  # noqa: B904 - _context: cause
-            except BaseException:
-                solid = self._solid(rec)
-                solid.state, solid.end = "failed", _monotonic()
-                self.inflight = None
-                raise
+            except BaseException as e:
+                raise self._plan_failed(e, rec, plan, seq)  # noqa: B904 - _context sets __cause__; others: e itself
             self.last_completed = seq
             self.inflight = None
             return None
@@ -601,18 +596,18 @@ class ProcessGroup(GroupCore):  # GroupCore: the compiled base or its Python twi
                 self._owner = 0
             self._busy.append(True)
 
-    if not COMPILED:
+    if not COMPILED:  # else GroupCore.run_plan (compiled) does the common case and hands every other to _run_plan_py
         run_plan = _run_plan_py
-    else:  # GroupCore.run_plan (compiled) does the common case and hands every other to _run_plan_py
 
-        def _plan_failed(self, e: BaseException, entry: list, plan: Any, seq: int) -> BaseException:
-            """The compiled run_plan's error of call ``seq`` (``plan.fn`` raised ``e``): what _run_plan_py raises."""
-            if isinstance(e, ProcGroupError):
-                return self._failed(self._solid(entry), e, plan.op, seq, self._plan_dl, plan.sig)
-            solid = self._solid(entry)
-            solid.state, solid.end = "failed", _monotonic()
-            self.inflight = None
-            return e
+    def _plan_failed(self, e: BaseException, entry: list, plan: Any, seq: int) -> BaseException:
+        """What a planned call ``seq`` raises when its work raised ``e`` (both run_plan paths): a procgroup error in
+        the op's context (breaking the group where it must), any other ``e`` itself; its flight entry failed."""
+        if isinstance(e, ProcGroupError):
+            return self._failed(self._solid(entry), e, plan.op, seq, self._plan_dl, plan.sig)
+        solid = self._solid(entry)
+        solid.state, solid.end = "failed", _monotonic()
+        self.inflight = None
+        return e
 
     def _solid(self, entry: list) -> FlightRecord:
         """A planned call's compact flight entry as a FlightRecord, put in its place (to record a failure)."""
