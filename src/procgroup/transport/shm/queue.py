@@ -77,6 +77,11 @@ __all__ = ["ShmQueue", "mix"]
 _MASK = 0xFFFFFFFF
 
 
+def _too_large(nbytes: int) -> ConfigError:
+    """The error of a one-way call of ``nbytes``, more than an entry holds (the plans never make one)."""
+    return ConfigError(f"one-way call of {nbytes} bytes exceeds the queue's {QUEUE_BYTES}")
+
+
 def mix(chain: int, check: int) -> int:
     """The chain after a one-way call with check word ``check`` (the compiled path's ``q_mix``)."""
     return ((chain ^ check) * 16777619) & _MASK
@@ -150,7 +155,7 @@ class ShmQueue:
             if r == 0:
                 return
             if r == -2:
-                raise ConfigError(f"one-way call of {memoryview(buf).nbytes} bytes exceeds the queue's {QUEUE_BYTES}")
+                raise _too_large(memoryview(buf).nbytes)
             self._sleep_nat(deadline)
 
     def post_wait(self, data: Any, check: int, target: int, deadline: Optional[Deadline]) -> None:
@@ -166,7 +171,7 @@ class ShmQueue:
             r = int(self.nat.q_gather(buf, check, op, dtype, reduce))
             if r != -1:
                 if r == -2:
-                    raise ConfigError(f"one-way reduce of {memoryview(buf).nbytes} bytes exceeds {QUEUE_BYTES}")
+                    raise _too_large(memoryview(buf).nbytes)
                 return r
             self._sleep_nat(deadline)
 
@@ -181,7 +186,7 @@ class ShmQueue:
             return
         view = memoryview(data).cast("B")
         if view.nbytes > QUEUE_BYTES:
-            raise ConfigError(f"one-way call of {view.nbytes} bytes exceeds the queue's {QUEUE_BYTES}")
+            raise _too_large(view.nbytes)
         n = self.n + 1
         me = self.index
         q, c = self._ctl[me]
@@ -221,7 +226,7 @@ class ShmQueue:
             return
         dst = memoryview(out).cast("B")
         if dst.nbytes > QUEUE_BYTES:
-            raise ConfigError(f"one-way call of {dst.nbytes} bytes exceeds the queue's {QUEUE_BYTES}")
+            raise _too_large(dst.nbytes)
         n = self.n + 1
         e = n % QUEUE_DEPTH
         c2, val = mix(self.chain, check), _seq(n)
