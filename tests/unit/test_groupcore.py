@@ -73,6 +73,18 @@ def test_crc32_is_zlibs(data, value):
     assert groupcore.crc32(data, value) == zlib.crc32(data, value)
 
 
+@compiled
+def test_the_python_twins_have_the_compiled_types_fields():
+    """Without the extension, PyGroupCore/PyPlanCore stand in: they must hold the same fields as the C types."""
+    import procgroup._groupcore as c
+
+    def members(t):
+        return {k for k, v in vars(t).items() if type(v).__name__ == "member_descriptor"}
+
+    assert members(c.GroupCore) == set(groupcore.PyGroupCore.__slots__)
+    assert members(c.PlanCore) == set(groupcore.PyPlanCore.__slots__)
+
+
 def test_both_paths_leave_the_same_state():
     """The same calls on a compiled world and a Python one: seq, chain, window, flight, tag, token alike."""
     worlds = {fast: thread_world(2) for fast in (True, False)}
