@@ -651,7 +651,7 @@ class ProcessGroup(GroupCore):  # GroupCore: the compiled base or its Python twi
                         mine = self._hosts[self._rank]
                         local = [g for g, h in zip(self.ranks, self._hosts) if h == mine]
                         if len(local) > 1:
-                            self._host_arena = self.world.transport.arena(self.gid, local)
+                            self._host_arena = self.world.transport.arena(self.gid, local, spanning=True)
         return a
 
     def _submit(self, work: Work, fn: Callable[[], Any]) -> None:

@@ -395,3 +395,35 @@ def test_fused_calls_wake_on_abort_close_and_a_dead_peer(native: bool, which: st
         for t in ts:
             t.close()
     assert _segments(job) == []
+
+
+@pytest.mark.parametrize("native", PATHS)
+@pytest.mark.parametrize("spin_us", [None, 40.0], ids=["default", "spin-set"])
+def test_a_spanning_groups_host_slots_sleep_without_spinning(native: bool, spin_us: Any) -> None:
+    """One host's members of a group spanning hosts wait for the stage between hosts: their slots sleep at once,
+    unless PROCGROUP_SHM_SPIN_US (ShmOptions.spin_us) says how long every wait spins; exchanges and big syncs
+    still complete through the sleep path, and results are right."""
+    job = f"span-{uuid.uuid4().hex[:10]}"
+    ts = _form("shm", 2, job, shm_options=ShmOptions(native=native, spin_us=spin_us))
+    try:
+        own = [t.arena(1, [0, 1]) for t in ts]
+        host = [t.arena(2, [0, 1], spanning=True) for t in ts]
+        for a, h in zip(own, host):
+            assert a is not None and h is not None and h.big is not None
+            want = 40e-6 if spin_us is not None else 0.0
+            assert h._spin == pytest.approx(want) and h.big._spin == pytest.approx(want)
+            assert a._spin > 0 and a.big._spin > 0
+
+        def body(t: Any) -> None:
+            h = host[t.rank]
+            for k in range(20):
+                if t.rank == 1:
+                    time.sleep(0.002)  # rank 0 arrives first and must sleep, then be woken
+                got = h.exchange(memoryview(bytes([t.rank, k])), 100 + k, Deadline.after(10))
+                assert [bytes(x[:2]) for x in got] == [bytes([0, k]), bytes([1, k])]
+
+        run_ranks(ts, body)
+    finally:
+        for t in ts:
+            t.close()
+    assert _segments(job) == [], "shared memory segments leaked"

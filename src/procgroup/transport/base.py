@@ -188,11 +188,13 @@ class Transport(abc.ABC):
         """
         return None
 
-    def arena(self, key: int, members: Sequence[int]) -> Optional["Arena"]:
+    def arena(self, key: int, members: Sequence[int], *, spanning: bool = False) -> Optional["Arena"]:
         """Shared slots for the group ``key`` of global ranks ``members`` (this rank among them), or None.
 
         Every member gets an arena or every member gets None (the answer depends only on
-        values all members share), so algorithms may choose by it.
+        values all members share), so algorithms may choose by it.  ``spanning``: ``members`` are one
+        host's members of a group that spans hosts, so their waits are mostly for a stage between hosts
+        (hundreds of microseconds and more): a transport that spins before it sleeps may sleep at once.
         """
         return None
 

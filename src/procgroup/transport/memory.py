@@ -320,7 +320,8 @@ class MemoryTransport(Transport):
                             return s, t
         return None
 
-    def arena(self, key: int, members: Sequence[int]) -> Optional[Arena]:
+    def arena(self, key: int, members: Sequence[int], *, spanning: bool = False) -> Optional[Arena]:
+        """Arena and big slots among threads of one hub (``spanning`` changes nothing here: waits block)."""
         if self.rank not in members or len(members) < 2:
             return None
         a = _MemoryArena(self, key, members)

@@ -269,13 +269,13 @@ class RouterTransport(Transport):
                 return hit
         return None
 
-    def arena(self, key: int, members: Sequence[int]) -> Optional[Arena]:
+    def arena(self, key: int, members: Sequence[int], *, spanning: bool = False) -> Optional[Arena]:
         """The arena of the sub-transport that reaches every other member (the shm one of this host), if any."""
         others = [int(m) for m in members if int(m) != self.rank]
         t = self._per_peer.get(others[0]) if others else None
         if t is None or any(self._per_peer.get(m) is not t for m in others):
             return None
-        return t.arena(key, members)
+        return t.arena(key, members, spanning=spanning)
 
     def sent_bytes(self) -> int:
         """Payload bytes sent to other ranks so far, over every sub-transport."""
