@@ -660,7 +660,8 @@ def test_multileader_all_reduce(hosts):
     p = len(hosts)
     mk = Comm(None, range(p), 0, 0, Deadline.after(1), hosts)
     assert select.choose_all_reduce(mk, 4, 1) is AR.allreduce_hierarchical  # small: one leader per host
-    assert select.choose_all_reduce(mk, 1 << 20, 1 << 18) is AR.allreduce_multileader
+    assert select.choose_all_reduce(mk, 1 << 20, 1 << 18) is AR.allreduce_hierarchical
+    assert select.choose_all_reduce(mk, 64 << 20, 16 << 20) is AR.allreduce_multileader
     m = select.MULTILEADER_MIN
     assert select.choose_all_reduce(mk, m - 4, m // 4 - 1) is AR.allreduce_hierarchical
     assert select.choose_all_reduce(mk, m, m // 4) is AR.allreduce_multileader
@@ -668,8 +669,8 @@ def test_multileader_all_reduce(hosts):
         ("float32", ReduceOp.SUM, 100_003),
         ("float64", ReduceOp.MAX, 100_003),
         ("int32", ReduceOp.SUM, 2),
-        ("float32", ReduceOp.SUM, select.MULTILEADER_MIN // 4),  # exactly the threshold
-        ("float64", ReduceOp.MIN, select.MULTILEADER_MIN // 8 + 1),  # odd, just above
+        ("float32", ReduceOp.SUM, 1 << 18),  # 1 MiB
+        ("float64", ReduceOp.MIN, (1 << 17) + 1),  # odd, just above
     ]
     log = reduce_everywhere(AR.allreduce_multileader, hosts, cases)
     crossing = {s for s, d in log if hosts[s] != hosts[d]}
