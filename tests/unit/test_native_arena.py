@@ -400,9 +400,9 @@ def test_fused_calls_wake_on_abort_close_and_a_dead_peer(native: bool, which: st
 @pytest.mark.parametrize("native", PATHS)
 @pytest.mark.parametrize("spin_us", [None, 40.0], ids=["default", "spin-set"])
 def test_a_spanning_groups_host_slots_sleep_without_spinning(native: bool, spin_us: Any) -> None:
-    """One host's members of a group spanning hosts wait for the stage between hosts: their slots sleep at once,
-    unless PROCGROUP_SHM_SPIN_US (ShmOptions.spin_us) says how long every wait spins; exchanges and big syncs
-    still complete through the sleep path, and results are right."""
+    """One host's members of a group spanning hosts wait for the stage between hosts: their slots spin only
+    ARENA_SPIN_SPANNING before they sleep, unless PROCGROUP_SHM_SPIN_US (ShmOptions.spin_us) says how long every
+    wait spins; exchanges still complete through the sleep path, and results are right."""
     job = f"span-{uuid.uuid4().hex[:10]}"
     ts = _form("shm", 2, job, shm_options=ShmOptions(native=native, spin_us=spin_us))
     try:
@@ -410,9 +410,10 @@ def test_a_spanning_groups_host_slots_sleep_without_spinning(native: bool, spin_
         host = [t.arena(2, [0, 1], spanning=True) for t in ts]
         for a, h in zip(own, host):
             assert a is not None and h is not None and h.big is not None
-            want = 40e-6 if spin_us is not None else 0.0
+            want = 40e-6 if spin_us is not None else shm_arena.ARENA_SPIN_SPANNING
             assert h._spin == pytest.approx(want) and h.big._spin == pytest.approx(want)
-            assert a._spin > 0 and a.big._spin > 0
+            if spin_us is None:
+                assert a._spin > want and a.big._spin > want
 
         def body(t: Any) -> None:
             h = host[t.rank]

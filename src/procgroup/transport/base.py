@@ -194,7 +194,7 @@ class Transport(abc.ABC):
         Every member gets an arena or every member gets None (the answer depends only on
         values all members share), so algorithms may choose by it.  ``spanning``: ``members`` are one
         host's members of a group that spans hosts, so their waits are mostly for a stage between hosts
-        (hundreds of microseconds and more): a transport that spins before it sleeps may sleep at once.
+        (hundreds of microseconds and more): a transport that spins before it sleeps may sleep sooner.
         """
         return None
 

@@ -58,7 +58,7 @@ from .. import _cma, _futex
 from .._engine import EngineTransport, RecvReq, SendReq, Unexpected, timeout_error
 from ..base import Arena, CompletedRequest, Request, Status
 from . import p2pfast as _p2pfast
-from .arena import ARENA_SPIN, ARENA_SPIN_OVERSUBSCRIBED, ShmArena
+from .arena import ARENA_SPIN, ARENA_SPIN_OVERSUBSCRIBED, ARENA_SPIN_SPANNING, ShmArena
 from .bigarena import ShmBigArena, big_arena_for
 from .doorbell import Doorbell
 from .formation import form_segments
@@ -320,10 +320,11 @@ class ShmTransport(EngineTransport):
     def arena(self, key: int, members: Sequence[int], *, spanning: bool = False) -> Optional[Arena]:
         """Shared slots for group ``key`` among ``members`` (all on this host), or None where there are none.
 
-        ``spanning`` (one host's members of a group spanning hosts): the slots' waits sleep at once, without
-        the spin, unless ``PROCGROUP_SHM_SPIN_US`` was set.  Those members wait for the stage between hosts, and
-        a spin that cannot pay off takes the CPU from the ranks doing that stage: 3 hosts x 2 ranks on 2 CPUs,
-        64 KiB all_reduce 1.39 -> 1.16 ms, 256 KiB 2.12 -> 1.68 ms (slowest rank per call, median).
+        ``spanning`` (one host's members of a group spanning hosts): the slots' waits spin only
+        ``ARENA_SPIN_SPANNING`` before they sleep, unless ``PROCGROUP_SHM_SPIN_US`` was set.  Those members wait
+        for the stage between hosts, and a spin that cannot pay off takes the CPU from the ranks doing that stage:
+        3 hosts x 2 ranks on 2 CPUs, 64 KiB all_reduce 1.39 -> 1.16 ms, 256 KiB 2.12 -> 1.68 ms (slowest rank per
+        call, median).
 
         None when the arena is off (``ShmOptions.arena``), ``key`` >= ARENA_GROUPS, fewer than two members,
         this rank not a member, a member on another host, or the transport closed.
@@ -338,7 +339,7 @@ class ShmTransport(EngineTransport):
             if self._closed or seg is None:
                 return None
             segs = [seg if m == self.rank else self._peer_segs[m] for m in ms]
-            spin = 0.0 if spanning and not self._spin_set else self._arena_spin
+            spin = ARENA_SPIN_SPANNING if spanning and not self._spin_set else self._arena_spin
             a = ShmArena(
                 self,
                 key,
