@@ -175,8 +175,9 @@ _TABLE = (
     EnvVar(ENV.SHM_CMA, "0 turns off the single-copy (process_vm_readv) path for shm messages >= 4-8 MiB", "user"),
     EnvVar(
         ENV.SHM_SPIN_US,
-        "microseconds a shm wait spins before it sleeps on a futex (default 50; "
-        "shared-slot waits do not spin when the host has fewer CPUs than local ranks)",
+        "microseconds every shm wait spins before it sleeps on a futex (default 50; shared-slot waits 200, "
+        "300 yielding the CPU at every poll when the host has fewer CPUs than local ranks, 20 for one host's "
+        "members of a group spanning hosts)",
         "user",
     ),
     EnvVar(
