@@ -193,11 +193,12 @@ BIG_LIMIT: Dict[str, int] = {
 #: from here.  3 netns hosts x 2 ranks on the 2-CPU host (same-process A/B, variants alternating per
 #: iteration, direct stages between hosts): hierarchical 0.78-0.94x multileader's time at 64-512 KiB with
 #: 0.7-0.9x its CPU (half the messages: the per-message Python cost dominates there), multileader
-#: ahead from 1 MiB (hierarchical 1.03-1.23x at 1-4 MiB).  Since the host's members sleep at once in the
-#: host's slots (``Transport.arena(spanning=True)``), hierarchical leads up to 4 MiB: slowest rank per call,
-#: median, rounds alternating, 1 MiB 6.2-6.9 ms against multileader's 8.8-9.3, 4 MiB 17.3-18.1 against
-#: 18.6-20.2; 8 MiB even (31.4-31.9 / 28.8-32.4); multileader ahead at 16 MiB (49.9-53.5 / 54.0-58.8)
-MULTILEADER_MIN = 8 << 20
+#: ahead from 1 MiB (hierarchical 1.03-1.23x at 1-4 MiB).  Since the host's members barely spin in the
+#: host's slots (``Transport.arena(spanning=True)``), hierarchical leads at 1 MiB: slowest rank per call,
+#: median, rounds alternating, 6.2-6.9 ms against multileader's 8.8-9.3 (3.9 against 5.4-5.7 on a quieter
+#: machine); at 4 MiB the medians are even (12.8-13.2 / 13.1-13.7 ms) and multileader's mean per call 2-7 %
+#: lower; 8 MiB even; multileader ahead at 16 MiB (49.9-53.5 / 54.0-58.8 ms)
+MULTILEADER_MIN = 4 << 20
 #: the all_reduce between hosts (a stage of the two above) uses the direct algorithms up to this many hosts
 INTER_DIRECT_MAX_P = 8
 #: ... and between them: direct (one hop, (p-1)n bytes out per rank) up to here, direct reduce-scatter +
