@@ -195,8 +195,8 @@ BIG_LIMIT: Dict[str, int] = {
 #: 0.7-0.9x its CPU (half the messages: the per-message Python cost dominates there), multileader
 #: ahead from 1 MiB (hierarchical 1.03-1.23x at 1-4 MiB).  Since the host's members barely spin in the
 #: host's slots (``Transport.arena(spanning=True)``), hierarchical leads at 1 MiB: slowest rank per call,
-#: median, rounds alternating, 6.2-6.9 ms against multileader's 8.8-9.3 (3.9 against 5.4-5.7 on a quieter
-#: machine); at 4 MiB the medians are even (12.8-13.2 / 13.1-13.7 ms) and multileader's mean per call 2-7 %
+#: median, rounds alternating, 6.2-6.9 ms against multileader's 8.8-9.3 (3.9 against 5.6-5.7 on a quieter
+#: machine); at 4 MiB the medians are even (12.8-13.2 / 13.1-13.7 ms) and multileader's mean per call 3-9 %
 #: lower; 8 MiB even; multileader ahead at 16 MiB (49.9-53.5 / 54.0-58.8 ms)
 MULTILEADER_MIN = 4 << 20
 #: the all_reduce between hosts (a stage of the two above) uses the direct algorithms up to this many hosts
