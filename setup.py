@@ -13,7 +13,15 @@ setup(
     ext_modules=[
         Extension(
             "procgroup.transport.shm._native",
-            sources=["src/procgroup/transport/shm/_native.c"],
+            sources=[  # one module from several files (_native.h says which holds what)
+                "src/procgroup/transport/shm/_native.c",
+                "src/procgroup/transport/shm/_native_slots.c",
+                "src/procgroup/transport/shm/_native_reduce.c",
+                "src/procgroup/transport/shm/_native_queue.c",
+                "src/procgroup/transport/shm/_native_big.c",
+                "src/procgroup/transport/shm/_native_a2a.c",
+            ],
+            depends=["src/procgroup/transport/shm/_native.h"],
             optional=True,
         ),
         Extension(  # the blocking p2p fast receive's poll (transport.shm.transport.recv_fast); optional too
