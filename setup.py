@@ -26,7 +26,13 @@ setup(
         ),
         Extension(  # the blocking p2p fast receive's poll (transport.shm.transport.recv_fast); optional too
             "procgroup.transport.shm._p2pwait",
-            sources=["src/procgroup/transport/shm/_p2pwait.c"],
+            sources=[  # one module from several files (_p2pwait.h says which holds what)
+                "src/procgroup/transport/shm/_p2pwait.c",
+                "src/procgroup/transport/shm/_p2pwait_ring.c",
+                "src/procgroup/transport/shm/_p2pwait_core.c",
+                "src/procgroup/transport/shm/_p2pwait_front.c",
+            ],
+            depends=["src/procgroup/transport/shm/_p2pwait.h"],
             optional=True,
         ),
         Extension(  # a planned collective's bookkeeping (procgroup.groupcore.GroupCore.run_plan); optional too
