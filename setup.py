@@ -13,12 +13,26 @@ setup(
     ext_modules=[
         Extension(
             "procgroup.transport.shm._native",
-            sources=["src/procgroup/transport/shm/_native.c"],
+            sources=[  # one module from several files (_native.h says which holds what)
+                "src/procgroup/transport/shm/_native.c",
+                "src/procgroup/transport/shm/_native_slots.c",
+                "src/procgroup/transport/shm/_native_reduce.c",
+                "src/procgroup/transport/shm/_native_queue.c",
+                "src/procgroup/transport/shm/_native_big.c",
+                "src/procgroup/transport/shm/_native_a2a.c",
+            ],
+            depends=["src/procgroup/transport/shm/_native.h"],
             optional=True,
         ),
         Extension(  # the blocking p2p fast receive's poll (transport.shm.transport.recv_fast); optional too
             "procgroup.transport.shm._p2pwait",
-            sources=["src/procgroup/transport/shm/_p2pwait.c"],
+            sources=[  # one module from several files (_p2pwait.h says which holds what)
+                "src/procgroup/transport/shm/_p2pwait.c",
+                "src/procgroup/transport/shm/_p2pwait_ring.c",
+                "src/procgroup/transport/shm/_p2pwait_core.c",
+                "src/procgroup/transport/shm/_p2pwait_front.c",
+            ],
+            depends=["src/procgroup/transport/shm/_p2pwait.h"],
             optional=True,
         ),
         Extension(  # a planned collective's bookkeeping (procgroup.groupcore.GroupCore.run_plan); optional too

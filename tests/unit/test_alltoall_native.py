@@ -1,4 +1,4 @@
-"""The compiled all_to_all (``ShmArena.exchange_a2a``, _native.c), ranks as threads, closed-form values.
+"""The compiled all_to_all (``ShmArena.exchange_a2a``, _native_a2a.c), ranks as threads, closed-form values.
 
 The compiled call takes a stream that fits behind the header in the arena slot (flag 0) or, longer, one that
 fits one big-slot window (flag 2); a stream of several windows or above the limit is left to Python before

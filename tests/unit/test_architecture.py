@@ -131,6 +131,15 @@ def long_modules(src: Path, limit: int = MAX_MODULE_LINES) -> List[str]:
     ]
 
 
+def long_c_sources(src: Path, limit: int = MAX_MODULE_LINES) -> List[str]:
+    """The C sources and headers (the optional extensions) over ``limit`` lines: the same house rule as modules."""
+    return [
+        f"{p.relative_to(src)} ({n} lines)"
+        for p in sorted(q for q in src.rglob("*") if q.suffix in (".c", ".h"))
+        if (n := len(p.read_text().splitlines())) > limit
+    ]
+
+
 def long_lines(src: Path, limit: int = MAX_LINE) -> List[str]:
     out = []
     for p in sorted(src.rglob("*.py")):
@@ -236,6 +245,15 @@ def test_no_module_over_800_lines():
     assert not found, f"modules over {MAX_MODULE_LINES} lines: split them along their seams:\n" + "\n".join(found)
 
 
+def test_no_c_source_over_800_lines():
+    found = long_c_sources(SRC)
+    assert not found, (
+        f"C sources over {MAX_MODULE_LINES} lines: split them by topic (one extension may build from several files "
+        "sharing a private header, as transport/shm/_native*.c and _native.h; list them in setup.py):\n"
+        + "\n".join(found)
+    )
+
+
 def test_only_config_and_identity_read_the_environment():
     found = environment_reads(SRC)
     assert not found, (
@@ -283,6 +301,8 @@ def test_checks_find_what_is_planted(tmp_path):
             "launcher/__init__.py": "",
             "launcher/cli.py": "from ..a import x\n",
             "e.py": "from .launcher import cli\n" + "y = 1\n" * 801 + "# " + "x" * 130 + "\n",
+            "ext/_big.c": "int x;\n" * 801,
+            "ext/_big.h": "int y;\n" * 800,  # at the limit: allowed
         },
     )
     assert cycles(import_graph(src)) == [["procgroup.a", "procgroup.b", "procgroup.c"]]
@@ -298,6 +318,7 @@ def test_checks_find_what_is_planted(tmp_path):
     assert proc_reads(src) == ["procgroup/f.py:2 '/proc/self/status'"]
     assert long_modules(src) == ["procgroup/e.py (803 lines)"]
     assert long_lines(src) == ["procgroup/e.py:803 (132 characters)"]
+    assert long_c_sources(src) == ["procgroup/ext/_big.c (801 lines)"]
 
 
 def test_checks_pass_a_clean_tree(tmp_path):
@@ -308,10 +329,12 @@ def test_checks_pass_a_clean_tree(tmp_path):
             "a.py": "from .b import y\nx = y\n",
             "b.py": "y = 1\n",
             "launcher/cli.py": "from ..a import x\n",
+            "_small.c": "int x;\n" * 800,
         },
     )
     assert cycles(import_graph(src)) == []
     assert environment_reads(src) == launcher_imports(src) == long_modules(src) == long_lines(src) == []
+    assert long_c_sources(src) == []
     assert proc_reads(src) == []
 
 

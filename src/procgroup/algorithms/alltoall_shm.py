@@ -136,7 +136,7 @@ class Prep:
         f = [0] + [ro[i + 1] - (own_r if i >= me else 0) for i in range(p)]
         self.header = struct.pack(f"<{2 * p + 2}Q", *e, *f)
         self.hb = _header_bytes(p)
-        #: the same layout for the compiled path (``ShmArena.exchange_a2a``: see _native.c), int64 words; one send
+        #: the same layout for the compiled path (``ShmArena.exchange_a2a``: see _native_a2a.c), int64 words; one send
         #: and one recv buffer (index 0)
         own = (0, self.own[2], 0, self.own[0], self.own[1]) if self.own is not None else (-1, 0, 0, 0, 0)
         words = [p, me, self.hb, self.stream, len(self.segs), len(self.others), *own]

@@ -1,4 +1,4 @@
-# Type stub of the optional compiled arena fast path (_native.c); see arena.py.
+# Type stub of the optional compiled arena fast path (_native*.c, map in _native.h); see arena.py.
 from typing import Any, List, Sequence
 
 SLOT_HDR: int
