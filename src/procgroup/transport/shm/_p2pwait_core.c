@@ -1,4 +1,4 @@
-/* The Core type of procgroup.transport.shm._p2pwait (see _p2pwait.c). */
+/* The Core type of procgroup.transport.shm._p2pwait (module init in _p2pwait.c; the comment below describes it). */
 
 #include "_p2pwait.h"
 
@@ -583,7 +583,7 @@ PyTypeObject CoreType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "procgroup.transport.shm._p2pwait.Core",
     .tp_basicsize = sizeof(Core),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "One ShmTransport's send_fast/recv_fast in C (see the comment in _p2pwait.c)",
+    .tp_doc = "One ShmTransport's send_fast/recv_fast in C (see the comment in _p2pwait_core.c)",
     .tp_new = core_new,
     .tp_dealloc = (destructor)core_dealloc,
     .tp_traverse = (traverseproc)core_traverse,

@@ -1,4 +1,4 @@
-/* The Front type of procgroup.transport.shm._p2pwait (see _p2pwait.c). */
+/* The Front type of procgroup.transport.shm._p2pwait (module init in _p2pwait.c; the comment below describes it). */
 
 #include "_p2pwait.h"
 
@@ -178,7 +178,7 @@ PyTypeObject FrontType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "procgroup.transport.shm._p2pwait.Front",
     .tp_basicsize = sizeof(Front),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "procgroup.p2p.send/recv's common case in one call (see the comment in _p2pwait.c)",
+    .tp_doc = "procgroup.p2p.send/recv's common case in one call (see the comment in _p2pwait_front.c)",
     .tp_new = front_new,
     .tp_dealloc = (destructor)front_dealloc,
     .tp_traverse = (traverseproc)front_traverse,

@@ -1,5 +1,5 @@
-/* The module functions of procgroup.transport.shm._p2pwait (see _p2pwait.c): wait_head, and the ring's record
- * writes and reads put, take, put_stream and stream. */
+/* The module functions of procgroup.transport.shm._p2pwait (module init in _p2pwait.c): wait_head, and the ring's
+ * record writes and reads put, take, put_stream and stream. */
 
 #include "_p2pwait.h"
 
