@@ -9,6 +9,8 @@ peer death, and no segment left in /dev/shm.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 import uuid
 from typing import Any, Callable, List
@@ -359,3 +361,60 @@ def test_two_groups_run_big_slot_collectives_at_once_from_two_threads(world: Any
             raise errs[0]
 
     run_ranks(ts, rank, 90)
+
+
+def _burn_on(cpu: int, stop: threading.Event) -> None:
+    """Keep ``cpu`` busy (numpy releases the GIL) until ``stop``: a compute thread beside the collective."""
+    os.sched_setaffinity(0, {cpu})  # this thread only
+    a = np.ones(1 << 16, np.float64)
+    while not stop.is_set():
+        a *= 1.0000001
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs per-thread CPU affinity (Linux)")
+def test_a_long_yield_ends_the_spin_beside_a_busy_thread() -> None:
+    """A waiter whose yield let another thread have its CPU for a time slice stops spinning and sleeps.
+
+    Before, the spin yielded for its whole length (here 3 s), handing the busy thread one slice per yield: a big
+    all_reduce beside DDP's compute thread took 20x longer.  Now the first long yield ends the spin, and the
+    missing member's deadline error comes at the deadline (1 s), not after the spin.
+    """
+    job = f"big-{uuid.uuid4().hex[:10]}"
+    ts = _form("shm", 2, job, shm_options=ShmOptions(big_slot=SLOT, spin_us=3_000_000))
+    stop = threading.Event()
+    cpu = min(os.sched_getaffinity(0))
+    burner = threading.Thread(target=_burn_on, args=(cpu, stop), daemon=True)
+    old = os.sched_getaffinity(0)
+    try:
+        a = ts[0].arena(0, [0, 1])
+        assert a is not None and a.big is not None
+        burner.start()
+        os.sched_setaffinity(0, {cpu})  # the waiter shares the busy thread's CPU
+        c = Comm(ts[0], [0, 1], 0, 1, Deadline.after(1.0), arena=a)
+        t0 = time.monotonic()
+        with pytest.raises(DistTimeoutError):
+            BIG.allreduce_big(c, np.ones(50000, np.float32), kernel(ReduceOp.SUM, "float32"))  # rank 1 never comes
+        took = time.monotonic() - t0
+    finally:
+        os.sched_setaffinity(0, old)
+        stop.set()
+        burner.join(10)
+        for t in ts:
+            t.close()
+    assert _segments(job) == [], "shared memory segments leaked"
+    assert took < 2.5, f"the waiter spun for {took:.2f}s beside a busy thread (its deadline was 1 s)"
+
+
+def test_poll_stops_after_a_long_yield(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pure-Python path's poll: a yield that kept it off the CPU past LONG_YIELD ends the poll."""
+    from procgroup.transport.shm import arena as A
+
+    yields: List[float] = []
+    monkeypatch.setattr(A, "_sched_yield", lambda: (yields.append(1.0), time.sleep(2 * A.LONG_YIELD)))
+    t0 = time.monotonic()
+    assert A.poll(lambda: False, 5.0, True) is False
+    assert time.monotonic() - t0 < 1.0 and len(yields) == 1
+    # short yields (nobody else wanted the CPU) keep polling until ready
+    calls = iter(range(1000))
+    monkeypatch.setattr(A, "_sched_yield", lambda: None)
+    assert A.poll(lambda: next(calls) >= 50, 5.0, True) is True

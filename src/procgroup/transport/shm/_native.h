@@ -134,6 +134,7 @@ typedef struct {
 #define BIG_NOGIL (64 << 10) /* copies and reductions from this many bytes on run with the GIL released */
 
 #define PURE_SPIN_NS 20000LL /* a spin's first polls without a syscall (see spin in _native_slots.c) */
+#define LONG_YIELD_NS 50000LL /* a yield that kept the spinner off its CPU this long ends the spin (ibid.) */
 
 static inline long long now_ns(void) {
     struct timespec t;

@@ -114,10 +114,13 @@ static int big_spin(Big *b) {
         int yld = now >= pure;
         for (int j = 0; j < (yld ? 1 : 64); j++) {
             if (big_arrived(b)) return 1;
-            if (yld)
+            if (yld) {
+                long long y0 = now_ns();
                 sched_yield();
-            else
+                if (now_ns() - y0 > LONG_YIELD_NS) return big_arrived(b); /* see spin in _native_slots.c */
+            } else {
                 CPU_RELAX();
+            }
         }
         if (__atomic_load_n(&b->released, __ATOMIC_RELAXED) || now >= end) return 0;
     }

@@ -22,7 +22,13 @@ static inline int sleepers_up(const Slots *s) {
 /* poll until every member arrived (1) or the spin ended or the slots were released (0); GIL released.
  * On an oversubscribed host every poll yields the CPU (the member we wait for may be queued behind us); else the
  * first PURE_SPIN_NS poll without a syscall, and then each poll yields too: a host busy with other work
- * behaves as an oversubscribed one, and an idle CPU returns from sched_yield at once. */
+ * behaves as an oversubscribed one, and an idle CPU returns from sched_yield at once.
+ * A yield that kept us off the CPU for more than LONG_YIELD_NS, with the members still missing, ends the spin:
+ * another thread (not the member we wait for, who would have arrived) had our CPU for a time slice, and each
+ * further yield would hand it another one (EEVDF pushes a yielding task's deadline back by a slice: a big
+ * all_reduce beside a busy compute thread, as DDP runs it, took 160 ms instead of 8; 4 ranks on 2 CPUs, 64 KiB
+ * all_reduce 283 against 534 us, three rounds summed).  The caller then sleeps on its doorbell, and the last
+ * member to arrive wakes it at once. */
 static int spin(Slots *s, int k, uint32_t val, uint32_t check) {
     long long start = now_ns(), end = start + s->spin_ns, pure = s->yield ? start : start + PURE_SPIN_NS;
     for (;;) {
@@ -30,10 +36,13 @@ static int spin(Slots *s, int k, uint32_t val, uint32_t check) {
         int yld = now >= pure;
         for (int j = 0; j < (yld ? 1 : 64); j++) {
             if (all_arrived(s, k, val, check)) return 1;
-            if (yld)
+            if (yld) {
+                long long y0 = now_ns();
                 sched_yield();
-            else
+                if (now_ns() - y0 > LONG_YIELD_NS) return all_arrived(s, k, val, check);
+            } else {
                 CPU_RELAX();
+            }
         }
         if (__atomic_load_n(&s->released, __ATOMIC_RELAXED) || now >= end) return 0;
     }

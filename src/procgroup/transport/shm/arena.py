@@ -110,16 +110,32 @@ def _no_bytes() -> int:
     return 0
 
 
+#: a yield that kept the poller off the CPU this long (seconds) ends the poll (see :func:`poll`)
+LONG_YIELD = 50e-6
+
+
 def poll(ready: Callable[[], bool], spin: float, yld: bool) -> bool:
     """Poll ``ready()`` for ``spin`` seconds (``yld``: yielding the CPU at every poll, for the member we wait
-    for may be queued behind us); True once it is, False when the spin ends or the views were released."""
-    end = time.monotonic() + spin
+    for may be queued behind us); True once it is, False when the spin ends or the views were released.
+
+    A yield that kept us off the CPU for more than :data:`LONG_YIELD` with ``ready()`` still false ends the
+    poll: another thread had our CPU for a time slice, and each further yield would hand it another (the
+    caller then sleeps on its doorbell, and the member it waits for wakes it), as the compiled spin does.
+    """
+    now = time.monotonic()
+    end = now + spin
     try:
-        while time.monotonic() < end:
+        while now < end:
             if ready():
                 return True
             if yld:
                 _sched_yield()
+                t = time.monotonic()
+                if t - now > LONG_YIELD:
+                    return bool(ready())
+                now = t
+            else:
+                now = time.monotonic()
     except ValueError:  # the views were released: the transport closed (the sleep loop says so)
         pass
     return False
