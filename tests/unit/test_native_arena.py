@@ -399,7 +399,7 @@ def test_fused_calls_wake_on_abort_close_and_a_dead_peer(native: bool, which: st
 
 @pytest.mark.parametrize("native", PATHS)
 @pytest.mark.parametrize("spin_us", [None, 40.0], ids=["default", "spin-set"])
-def test_a_spanning_groups_host_slots_sleep_without_spinning(native: bool, spin_us: Any) -> None:
+def test_a_spanning_groups_host_slots_barely_spin(native: bool, spin_us: Any) -> None:
     """One host's members of a group spanning hosts wait for the stage between hosts: their slots spin only
     ARENA_SPIN_SPANNING before they sleep, unless PROCGROUP_SHM_SPIN_US (ShmOptions.spin_us) says how long every
     wait spins; exchanges still complete through the sleep path, and results are right."""
