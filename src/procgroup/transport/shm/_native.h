@@ -142,6 +142,13 @@ static inline long long now_ns(void) {
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
+/* a spin's yield: sched_yield, and whether it kept us off the CPU past LONG_YIELD_NS (the spin then ends) */
+static inline int yield_was_long(void) {
+    long long y0 = now_ns();
+    sched_yield();
+    return now_ns() - y0 > LONG_YIELD_NS;
+}
+
 static inline int check_live(Slots *s) {
     if (s->released || !s->bufs) {
         PyErr_SetString(PyExc_ValueError, "arena slots were released");

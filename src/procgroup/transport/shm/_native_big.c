@@ -115,9 +115,7 @@ static int big_spin(Big *b) {
         for (int j = 0; j < (yld ? 1 : 64); j++) {
             if (big_arrived(b)) return 1;
             if (yld) {
-                long long y0 = now_ns();
-                sched_yield();
-                if (now_ns() - y0 > LONG_YIELD_NS) return big_arrived(b); /* see spin in _native_slots.c */
+                if (yield_was_long()) return big_arrived(b); /* see spin in _native_slots.c */
             } else {
                 CPU_RELAX();
             }

@@ -37,9 +37,7 @@ static int spin(Slots *s, int k, uint32_t val, uint32_t check) {
         for (int j = 0; j < (yld ? 1 : 64); j++) {
             if (all_arrived(s, k, val, check)) return 1;
             if (yld) {
-                long long y0 = now_ns();
-                sched_yield();
-                if (now_ns() - y0 > LONG_YIELD_NS) return all_arrived(s, k, val, check);
+                if (yield_was_long()) return all_arrived(s, k, val, check);
             } else {
                 CPU_RELAX();
             }
