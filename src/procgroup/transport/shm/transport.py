@@ -185,7 +185,6 @@ class ShmTransport(EngineTransport):
         opts = options if options is not None else ShmOptions()
         self._deadline = as_deadline(deadline)
         self._spin = spin if opts.spin_us is None else max(0.0, opts.spin_us * 1e-6)
-        self._spin_set = opts.spin_us is not None  # PROCGROUP_SHM_SPIN_US: every wait spins that long
         # sched_yield while spinning: when the host is oversubscribed -- by our ranks or by anything else -- the
         # peer we wait for may be queued behind us; without the yield it waits for our whole time slice (~0.75 ms)
         self._yield = True
@@ -204,6 +203,8 @@ class ShmTransport(EngineTransport):
             if self._oversubscribed
             else ARENA_SPIN
         )
+        # ... and a spanning group's host slots (arena(spanning=True)), whose members wait for a stage between hosts
+        self._spanning_spin = self._spin if opts.spin_us is not None else ARENA_SPIN_SPANNING
         # a large single-copy read in two threads (the GIL is released in the syscall) when a core is likely
         # idle: not on an oversubscribed host, and (see _rndv_read_locked) not while a peer reads from us
         self._split_reads = ncpu > 1 and not self._oversubscribed and opts.split
@@ -339,7 +340,7 @@ class ShmTransport(EngineTransport):
             if self._closed or seg is None:
                 return None
             segs = [seg if m == self.rank else self._peer_segs[m] for m in ms]
-            spin = ARENA_SPIN_SPANNING if spanning and not self._spin_set else self._arena_spin
+            spin = self._spanning_spin if spanning else self._arena_spin
             a = ShmArena(
                 self,
                 key,
