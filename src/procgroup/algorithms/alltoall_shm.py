@@ -262,6 +262,8 @@ def alltoall_shm(
     ):
         _validate(comm, sendbuf, recvbuf, send_counts, recv_counts)  # raises the message algorithms' error
     big = a.big
+    if big is not None:
+        big.settle(comm.deadline)  # a one-way step of ours (a reduce) is past before a big buffer is written
     xa = getattr(a, "exchange_a2a", None)
     if xa is not None:  # compiled: write, exchange and copy out in one call, where it takes this layout
         f = xa(prep.spec, prep.header, sendbuf, recvbuf, comm.check_word() ^ SALT, comm.deadline, big, limit)
@@ -399,7 +401,7 @@ def _rounds(
     wins = [(r, lo, hi, _window(n, L)) for r, lo, hi, n in pieces]
     rounds = max([-(-n // _window(n, L)) for _, _, _, n in pieces] + [-(-mine // wme)])
     if rounds > 1:
-        big.begin(_check_word(comm, rounds, dt), rounds - 1)
+        big.begin(_check_word(comm, rounds, dt), dl)
     for t in range(rounds):
         bufs = big.arrays[big.turn & 1]
         big.turn += 1

@@ -52,10 +52,12 @@ names the mismatch); waits honour the deadline, peer death, ``abort`` and
 Big slots (optional, issue 14 item 1).  An arena may carry a :class:`BigArena`
 (``arena.big``, else None): two large buffers per member (``arrays[k][i]``,
 writable only by member ``i``) and a counter per member.  A collective above
-the arena size announces how often it will synchronise (``begin(check,
-nsync)``), then alternates writing into its own buffer and ``sync(deadline)``
-(publish the counter, wait until every member's is there) with reading the
-others' buffers.  The rules that make double buffering safe (see
+the arena size announces its check word (``begin(check, deadline)``), then
+alternates writing into its own buffer and ``sync(deadline)`` (publish the
+counter, wait until every member's is there) with reading the others'
+buffers.  A step may be one-way (``sync(deadline, WAIT_NONE)``: publish and
+go on; a reduce's non-root), and the member then *settles* it (waits until
+every member reached it) before it writes a buffer again.  The rules that make double buffering safe (see
 ``algorithms.bigarena``): step ``t`` uses buffers ``t & 1`` (``turn`` counts
 the steps, across calls), every step syncs at least once after its writes,
 and a member reads a step's buffers only before its next step's first sync.
@@ -76,6 +78,8 @@ __all__ = [
     "ARENA_BYTES",
     "Arena",
     "BigArena",
+    "WAIT_ALL",
+    "WAIT_NONE",
     "Status",
     "Request",
     "Transport",
@@ -236,6 +240,11 @@ class Arena(abc.ABC):
         return None
 
 
+#: ``wait`` of :meth:`BigArena.sync`: every member (a full synchronisation), or none (a one-way step)
+WAIT_ALL = -1
+WAIT_NONE = -2
+
+
 class BigArena(abc.ABC):
     """Two big buffers per member plus a published counter (see the module docstring)."""
 
@@ -250,16 +259,26 @@ class BigArena(abc.ABC):
     turn: int = 0
 
     @abc.abstractmethod
-    def begin(self, check: int, nsync: int) -> None:
-        """Start a call that will :meth:`sync` exactly ``nsync`` times; ``check`` (u32) equal on every member."""
+    def begin(self, check: int, deadline: Optional[Deadline] = None) -> None:
+        """Start a call whose syncs carry ``check`` (u32, equal on every member); settles a one-way step of this
+        member first (:meth:`settle`), so the call may write its buffers."""
 
     @abc.abstractmethod
-    def sync(self, deadline: Optional[Deadline]) -> None:
-        """Publish this member's next count and wait until every member has published it (for this call).
+    def sync(self, deadline: Optional[Deadline], wait: int = WAIT_ALL) -> None:
+        """Publish this member's next count and wait until every member has reached it (for this call).
+
+        ``wait`` WAIT_NONE makes the step one-way (a reduce's non-root: publish and go on); a transport may treat
+        every step as WAIT_ALL.  A member whose last step was one-way waits before it writes its buffers again or
+        publishes (:meth:`settle`; :meth:`begin` and :meth:`sync` do it).
 
         Raises like :meth:`Arena.exchange` waits do: ClosedError, the abort error, PeerFailureError,
         DistTimeoutError past ``deadline``.
         """
+
+    def settle(self, deadline: Optional[Deadline]) -> None:
+        """Wait until every member has reached this member's last one-way step; nothing to do after a full sync
+        (the default: a transport that takes no one-way steps)."""
+        return None
 
 
 def raise_if_stuck(

@@ -22,6 +22,7 @@ from .base import (
     ANY_SOURCE,
     ARENA_BYTES,
     TAG_LIMIT,
+    WAIT_ALL,
     Arena,
     BigArena,
     Buffer,
@@ -216,18 +217,17 @@ class _MemoryBigArena(BigArena):
         self.arrays = self._shared[2]
         self.count = self._shared[0][self.index]
         self.turn = 0
-        self._end = self.count
         self._check = 0
 
-    def begin(self, check: int, nsync: int) -> None:
+    def begin(self, check: int, deadline: Optional[Deadline] = None) -> None:
         self._check = check & 0xFFFFFFFF
-        self._end = self.count + nsync
 
-    def sync(self, deadline: Optional[Deadline]) -> None:
+    def sync(self, deadline: Optional[Deadline], wait: int = WAIT_ALL) -> None:
+        """A full synchronisation whatever ``wait`` says (the reference transport takes no one-way steps)."""
         hub, me = self.t.hub, self.t.rank
         counts, checks = self._shared[0], self._shared[1]
         self.count += 1
-        val, end, check = self.count, self._end, self._check
+        val, check = self.count, self._check
         with hub.cond:
             self.t._check(me, "big-slot collective")
             checks[self.index] = check
@@ -237,7 +237,7 @@ class _MemoryBigArena(BigArena):
                 missing = [
                     m
                     for i, m in enumerate(self.members)
-                    if counts[i] <= end and (counts[i] < val or checks[i] != check)
+                    if counts[i] < val or (counts[i] == val and checks[i] != check)
                 ]
                 if not missing:
                     return

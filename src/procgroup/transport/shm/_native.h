@@ -126,7 +126,8 @@ typedef struct {
     char **seg;
     long long spin_ns;
     int yield, busy, released;
-    unsigned long long val, end; /* the last sync */
+    unsigned long long val; /* the last sync or settle: its count, whom it waits for (BIG_ALL, BIG_NONE), check */
+    long long wait;
     uint32_t check;
     int synced;
 } Big;

@@ -3,11 +3,15 @@
 #include "_native.h"
 
 /* ---- big slots (procgroup.transport.shm.bigarena): a header (u64 count, u32 check word) and two buffers per
- * member.  sync(val, end, check) publishes the check word and then the count `val` (release), fences, and polls
- * until every member's count is in [val, end] with this call's check word, or past `end` (that member finished
- * this call); sync_reduce also copies the caller's buffer in first and reduces every member's buffer into it
- * after.  The counts are kept by the Python object (ShmBigArena), which passes them in; the sleep loop stays
- * in Python as for Slots. */
+ * member.  sync(val, wait, check) publishes the check word and then the count `val` (release), fences, and with
+ * `wait` BIG_ALL polls until every member's count is `val` with this call's check word, or past `val` (that member
+ * passed this step, which it only does after seeing ours agree); with BIG_NONE (a one-way step: a reduce's
+ * non-root) it returns at once.  settle(val, check) polls as a BIG_ALL sync of `val` without publishing (a one-way
+ * step's member before it writes its buffers again).  sync_reduce also copies the caller's buffer in first and
+ * reduces every member's buffer into it after.  The counts are kept by the Python object (ShmBigArena), which
+ * passes them in; the sleep loop stays in Python as for Slots. */
+#define BIG_ALL (-1)
+#define BIG_NONE (-2)
 /* (struct Big and BIG_NOGIL are in _native.h) */
 
 void big_free(Big *b) {
@@ -93,9 +97,10 @@ out:
 }
 
 static inline int big_arrived(const Big *b) {
+    if (b->wait == BIG_NONE) return 1;
     for (Py_ssize_t i = 0; i < b->n; i++) {
         unsigned long long c = __atomic_load_n((unsigned long long *)b->hdr[i], __ATOMIC_ACQUIRE);
-        if (c > b->end) continue;
+        if (c > b->val) continue;
         if (c < b->val || __atomic_load_n((uint32_t *)(b->hdr[i] + 8), __ATOMIC_RELAXED) != b->check) return 0;
     }
     return 1;
@@ -124,14 +129,10 @@ static int big_spin(Big *b) {
     }
 }
 
-/* publish (check word, then the count), fence, check; spin with the GIL released: R_RING / R_DONE / R_WAIT */
-static int big_sync(Big *b, unsigned long long val, unsigned long long end, uint32_t check) {
-    char *h = b->hdr[b->me];
-    __atomic_store_n((uint32_t *)(h + 8), check, __ATOMIC_RELAXED);
-    __atomic_store_n((unsigned long long *)h, val, __ATOMIC_RELEASE); /* our buffer and check before the count */
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);                           /* before their counts and sleep flags */
+/* poll for step `val` (b->wait); spin with the GIL released: R_RING / R_DONE / R_WAIT */
+static int big_poll(Big *b, unsigned long long val, long long wait, uint32_t check) {
     b->val = val;
-    b->end = end;
+    b->wait = wait;
     b->check = check;
     b->synced = 1;
     if (big_arrived(b)) return big_sleepers_up(b) ? R_RING : R_DONE;
@@ -144,6 +145,15 @@ static int big_sync(Big *b, unsigned long long val, unsigned long long end, uint
     return ok && !b->released ? R_DONE : R_WAIT;
 }
 
+/* publish (check word, then the count), fence, then poll as big_poll */
+static int big_sync(Big *b, unsigned long long val, long long wait, uint32_t check) {
+    char *h = b->hdr[b->me];
+    __atomic_store_n((uint32_t *)(h + 8), check, __ATOMIC_RELAXED);
+    __atomic_store_n((unsigned long long *)h, val, __ATOMIC_RELEASE); /* our buffer and check before the count */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);                           /* before their counts and sleep flags */
+    return big_poll(b, val, wait, check);
+}
+
 static int big_live(Big *b) {
     if (b->released || !b->bufs) {
         PyErr_SetString(PyExc_ValueError, "big slots were released");
@@ -152,25 +162,43 @@ static int big_live(Big *b) {
     return 0;
 }
 
-static int big_counts(PyObject *const *args, unsigned long long *val, unsigned long long *end, uint32_t *check) {
+static int big_counts(PyObject *const *args, unsigned long long *val, long long *wait, uint32_t *check) {
     *val = PyLong_AsUnsignedLongLong(args[0]);
-    *end = PyLong_AsUnsignedLongLong(args[1]);
+    *wait = PyLong_AsLongLong(args[1]);
     unsigned long c = PyLong_AsUnsignedLongMask(args[2]);
     if (PyErr_Occurred()) return -1;
+    if (*wait != BIG_ALL && *wait != BIG_NONE) {
+        PyErr_SetString(PyExc_ValueError, "big slots: wait must be -1 (every member) or -2 (none)");
+        return -1;
+    }
     *check = (uint32_t)c;
     return 0;
 }
 
-/* sync(val, end, check) -> R_RING / R_DONE / R_WAIT */
+/* sync(val, wait, check) -> R_RING / R_DONE / R_WAIT */
 static PyObject *Big_sync(Big *b, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "sync(val, end, check)");
+        PyErr_SetString(PyExc_TypeError, "sync(val, wait, check)");
         return NULL;
     }
-    unsigned long long val, end;
+    unsigned long long val;
+    long long wait;
     uint32_t check;
-    if (big_live(b) || big_counts(args, &val, &end, &check)) return NULL;
-    return PyLong_FromLong(big_sync(b, val, end, check));
+    if (big_live(b) || big_counts(args, &val, &wait, &check)) return NULL;
+    return PyLong_FromLong(big_sync(b, val, wait, check));
+}
+
+/* settle(val, check) -> R_RING / R_DONE / R_WAIT: as a sync of every member at `val`, without publishing */
+static PyObject *Big_settle(Big *b, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "settle(val, check)");
+        return NULL;
+    }
+    unsigned long long val = PyLong_AsUnsignedLongLong(args[0]);
+    unsigned long c = PyLong_AsUnsignedLongMask(args[1]);
+    if (big_live(b) || PyErr_Occurred()) return NULL;
+    int r = big_poll(b, val, BIG_ALL, (uint32_t)c);
+    return PyLong_FromLong(r == R_RING ? R_DONE : r); /* a settle publishes nothing: nobody to ring */
 }
 
 /* out = every member's buffer k from byte off on (this member's from `own` instead, where not NULL; it may be
@@ -196,18 +224,19 @@ static int big_reduce(Big *b, int k, Py_ssize_t off, char *out, Py_ssize_t nbyte
     return 0;
 }
 
-/* sync_reduce(buf, k, val, end, check, op, type, reduce) -> -3 (buf not aligned to its element size, or larger
+/* sync_reduce(buf, k, val, wait, check, op, type, reduce) -> -3 (buf not aligned to its element size, or larger
  * than a buffer: nothing done), else as sync; copies buf into this member's buffer k first and, when the sync
  * completed and `reduce`, reduces every member's buffer k into buf (member order) */
 static PyObject *Big_sync_reduce(Big *b, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "sync_reduce(buf, k, val, end, check, op, type, reduce)");
+        PyErr_SetString(PyExc_TypeError, "sync_reduce(buf, k, val, wait, check, op, type, reduce)");
         return NULL;
     }
-    unsigned long long val, end;
+    unsigned long long val;
+    long long wait;
     uint32_t check;
     int op, type;
-    if (big_live(b) || big_counts(args + 2, &val, &end, &check) || parse_op(args[5], args[6], &op, &type))
+    if (big_live(b) || big_counts(args + 2, &val, &wait, &check) || parse_op(args[5], args[6], &op, &type))
         return NULL;
     long k = PyLong_AsLong(args[1]);
     int red = PyObject_IsTrue(args[7]);
@@ -226,7 +255,7 @@ static PyObject *Big_sync_reduce(Big *b, PyObject *const *args, Py_ssize_t nargs
         } else {
             copy_bytes(mine, v.buf, (size_t)v.len);
         }
-        r = b->released ? R_WAIT : big_sync(b, val, end, check);
+        r = b->released ? R_WAIT : big_sync(b, val, wait, check);
         if (r >= 0 && red && !b->released && big_reduce(b, (int)k, 0, v.buf, v.len, op, type, NULL) < 0) r = -4;
         if (b->released && !b->busy) big_free(b);
     }
@@ -299,18 +328,19 @@ static int big_copy_args(Big *b, PyObject *const *args, Py_buffer *o, Py_ssize_t
     return last > o->len ? 1 : 0;
 }
 
-/* sync_copy(data, k, val, end, check, out, src, off, stride, chunk) -> -3 (bad sizes: nothing done), else as sync.
+/* sync_copy(data, k, val, wait, check, out, src, off, stride, chunk) -> -3 (bad sizes: nothing done), else as sync.
  * Copies data (None: nothing) into this member's buffer k, syncs, and when complete copies into out (None:
  * nothing) the first `chunk` bytes of member src's buffer k at byte `off`, or with src -1 every member m's at
  * `off + m * stride` */
 static PyObject *Big_sync_copy(Big *b, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "sync_copy(data, k, val, end, check, out, src, off, stride, chunk)");
+        PyErr_SetString(PyExc_TypeError, "sync_copy(data, k, val, wait, check, out, src, off, stride, chunk)");
         return NULL;
     }
-    unsigned long long val, end;
+    unsigned long long val;
+    long long wait;
     uint32_t check;
-    if (big_live(b) || big_counts(args + 2, &val, &end, &check)) return NULL;
+    if (big_live(b) || big_counts(args + 2, &val, &wait, &check)) return NULL;
     long k = PyLong_AsLong(args[1]);
     if (k == -1 && PyErr_Occurred()) return NULL;
     Py_buffer d, o;
@@ -338,7 +368,7 @@ static PyObject *Big_sync_copy(Big *b, PyObject *const *args, Py_ssize_t nargs) 
                 copy_bytes(mine, d.buf, (size_t)d.len);
             }
         }
-        r = b->released ? R_WAIT : big_sync(b, val, end, check);
+        r = b->released ? R_WAIT : big_sync(b, val, wait, check);
         if (r >= 0 && ho && !b->released) big_copy_out(b, (int)k, o.buf, src, off, stride, chunk);
         if (b->released && !b->busy) big_free(b);
     }
@@ -387,18 +417,20 @@ static PyObject *Big_release(Big *b, PyObject *unused) {
 
 static PyMethodDef Big_methods[] = {
     {"sync", (PyCFunction)(void (*)(void))Big_sync, METH_FASTCALL,
-     "sync(val, end, check) -> -1 not complete, 0 complete, 1 complete and a member sleeps"},
+     "sync(val, wait, check) -> -1 not complete, 0 complete, 1 complete and a member sleeps"},
+    {"settle", (PyCFunction)(void (*)(void))Big_settle, METH_FASTCALL,
+     "settle(val, check) -> -1 not yet, 0 every member passed step val (with check)"},
     {"sync_reduce", (PyCFunction)(void (*)(void))Big_sync_reduce, METH_FASTCALL,
-     "sync_reduce(buf, k, val, end, check, op, type, reduce) -> as sync, or -3 (nothing done); copies buf into "
+     "sync_reduce(buf, k, val, wait, check, op, type, reduce) -> as sync, or -3 (nothing done); copies buf into "
      "buffer k first, reduces every member's buffer k into buf when complete and reduce"},
     {"reduce", (PyCFunction)(void (*)(void))Big_reduce, METH_FASTCALL,
      "reduce(out, k, off, op, type): every member's buffer k from byte off, reduced into out"},
     {"sync_copy", (PyCFunction)(void (*)(void))Big_sync_copy, METH_FASTCALL,
-     "sync_copy(data, k, val, end, check, out, src, off, stride, chunk) -> as sync, or -3 (nothing done); copies "
+     "sync_copy(data, k, val, wait, check, out, src, off, stride, chunk) -> as sync, or -3 (nothing done); copies "
      "data into buffer k first, and member src's buffer k (src -1: every member's) into out when complete"},
     {"copy", (PyCFunction)(void (*)(void))Big_copy, METH_FASTCALL,
      "copy(out, k, src, off, stride, chunk): sync_copy's copy out"},
-    {"arrived", (PyCFunction)Big_arrived, METH_NOARGS, "True when every member passed the last sync"},
+    {"arrived", (PyCFunction)Big_arrived, METH_NOARGS, "True when the last sync or settle is complete"},
     {"release", (PyCFunction)Big_release, METH_NOARGS, "drop the exports of the mappings"},
     {NULL, NULL, 0, NULL},
 };

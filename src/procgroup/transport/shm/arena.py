@@ -445,6 +445,8 @@ class ShmArena(Arena):
         def fn(send: Any, recv: Any, check: int, deadline: Optional[Deadline], lim: int) -> int:
             if t._aborted is not None or t._closed:
                 self._enter()  # raises
+            if big is not None and big.pending is not None:
+                big.settle(deadline)  # our one-way step (a reduce) is past before a big buffer is written
             bk = big.turn & 1 if bn is not None else 0
             r = xa(spec, head, send, recv, check, bn, bk, lim if bn is not None else 0)
             if r <= 0:

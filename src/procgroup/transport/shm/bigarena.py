@@ -16,15 +16,32 @@ only the first ``BIG_GROUPS`` groups get them.
 
 A sync publishes ``count + 1`` (check word first, then the count: TSO keeps
 the order), fences, and waits until every member's count reaches it.  A
-member's count inside this call's range must come with this call's check
-word; a count past the range means the member finished this call, which it
-can only do after seeing ours with its own check, so it agreed.  Members
-whose calls differ (another op, size, sequence number: the check word) never
-pass a sync together, and the watchdog names the mismatch.  Waits poll
-(yielding the CPU at every poll on an oversubscribed host), then sleep on
-the doorbell like the arena's, checking abort, close, peer death and the
-deadline at every slice; whoever completes a sync rings the members whose
-sleep flag is up.
+member's count equal to it must come with this call's check word; a count
+past it means the member passed this step, which it can only do after
+seeing ours with its own check (in a sync or a settle, below), so it agreed.
+Members whose calls differ (another op, size, sequence number: the check
+word) never pass a sync together, and the watchdog names the mismatch.
+Waits poll (yielding the CPU at every poll on an oversubscribed host), then
+sleep on the doorbell like the arena's, checking abort, close, peer death
+and the deadline at every slice; whoever publishes a step that completes its
+own wait rings the members whose sleep flag is up (the last member to
+publish a step always does).
+
+**One-way steps.**  A reduce's non-root only writes: it publishes its part
+(``sync(wait=WAIT_NONE)``) and goes on, and the root alone waits for every
+member.  Such a member has not seen the others at that step (``pending``),
+so before it writes a buffer or publishes again it *settles*: it waits, as a
+full sync would have, until every count has reached that step with its check
+word or passed it.  That keeps the two rules a full sync gives: a member
+writes buffer ``t & 1`` at step t only once everyone published step t - 1,
+i.e. finished reading step t - 2, the last use of that buffer; and the single
+check word a member overwrites at step t + 1 was seen by everyone at step t
+(a member past step t agreed with it).  The non-roots of a reduce thus never
+wait for the root's reduction, and the root waits for nobody's return.  A
+mismatch that no wait of its step saw (every member a non-root: each named
+another root) stops the group at any member's next big-slot call, whose
+settle never completes and the watchdog names it; a mismatch with a root
+stops at that root's wait.
 
 Compiled path (``_native.Big``, where the arena's extension was built and
 ``PROCGROUP_NATIVE`` is not 0): a sync publishes, fences and polls in one C
@@ -38,13 +55,13 @@ loop stays in Python on both paths.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ...deadline import Deadline
 from ...errors import ClosedError
-from ..base import BigArena
+from ..base import WAIT_ALL, WAIT_NONE, BigArena
 from .arena import ArenaHost, native_available, poll, sleep_until
 from .layout import ARENA_HDR, OFF_SLEEP, Segment, fence
 
@@ -95,8 +112,9 @@ class ShmBigArena(BigArena):
         self._others = [seg for i, seg in enumerate(segs) if i != self.index]
         self.turn = 0
         self.count = self._count_at[self.index][0][self._count_at[self.index][1]]  # 0 in a fresh segment
-        self._end = self.count
         self._check = 0
+        #: our last one-way step that not every member was seen to reach: (its count, its check word), or None
+        self.pending: Optional[Tuple[int, int]] = None
         self._nat: Any = None
         if native and native_available():
             self._nat = _native.Big(
@@ -126,27 +144,25 @@ class ShmBigArena(BigArena):
         self._others = []
         self._segs = []
 
-    def begin(self, check: int, nsync: int) -> None:
-        """Start a call of ``nsync`` syncs with ``check``."""
+    def begin(self, check: int, deadline: Optional[Deadline] = None) -> None:
+        """Start a call whose syncs carry ``check``: first :meth:`settle` a one-way step of ours."""
+        if self.pending is not None:
+            self.settle(deadline)
         self._check = check & 0xFFFFFFFF
-        self._end = self.count + nsync
 
-    def _arrived(self, val: int) -> bool:
-        end, check = self._end, self._check
+    def _arrived(self, val: int, check: int) -> bool:
+        """Every member's count is ``val`` with ``check``, or past ``val``."""
         for (q, c), (w, k) in zip(self._count_at, self._check_at):
             n = q[c]
-            if n > end:
-                continue
-            if n < val or w[k] != check:
+            if n < val or (n == val and w[k] != check):
                 return False
         return True
 
-    def _missing(self, val: int) -> List[int]:
-        end, check = self._end, self._check
+    def _missing(self, val: int, check: int) -> List[int]:
         return [
             m
             for m, (q, c), (w, k) in zip(self.members, self._count_at, self._check_at)
-            if q[c] <= end and (q[c] < val or w[k] != check)
+            if q[c] < val or (q[c] == val and w[k] != check)
         ]
 
     def _enter(self) -> None:
@@ -162,33 +178,67 @@ class ShmBigArena(BigArena):
             if seg.i[OFF_SLEEP // 4]:
                 ring(seg, force=True)  # its flag is up: a new doorbell value, then FUTEX_WAKE
 
-    def sync(self, deadline: Optional[Deadline]) -> None:
-        """Publish the next count and wait for every member's (see the module docstring)."""
+    def settle(self, deadline: Optional[Deadline]) -> None:
+        """Wait until every member has reached or passed our last one-way step with its check word (see the
+        module docstring); nothing to do after a full sync.  :meth:`begin` and the syncs call it first."""
+        pend = self.pending
+        if pend is None:
+            return
+        self._enter()
+        val, check = pend
+        nat = self._nat
+        if nat is not None:
+            if nat.settle(val, check) < 0:
+                self._wait(val, check, deadline, nat.arrived)
+        elif not self._arrived(val, check):
+            self._wait(val, check, deadline)
+        self.pending = None
+
+    def sync(self, deadline: Optional[Deadline], wait: int = WAIT_ALL) -> None:
+        """Publish the next count and wait for every member's (``wait`` WAIT_ALL), or for nobody's (WAIT_NONE, a
+        one-way step; see the module docstring)."""
+        if self.pending is not None:
+            self.settle(deadline)
         self._enter()
         self.count += 1
-        val = self.count
+        val, check = self.count, self._check
         nat = self._nat
         if nat is not None:  # publish, fence, check and spin in one C call (GIL released)
-            r = nat.sync(val, self._end, self._check)
+            r = nat.sync(val, wait, check)
             if r < 0:
-                self._wait(val, deadline, nat.arrived)
+                self._wait(val, check, deadline, nat.arrived)
             elif r:
                 self._ring_sleepers()
+            self._done(val, wait)
             return
         w, k = self._check_at[self.index]
         q, c = self._count_at[self.index]
-        w[k] = self._check
+        w[k] = check
         q[c] = val  # last: publishes what we wrote into our buffer, and the check word
         fence()  # our count before their counts and sleep flags (Dekker, as in ShmArena.exchange)
-        if self._arrived(val):
+        if wait == WAIT_NONE or self._arrived(val, check):
             self._ring_sleepers()
-            return
-        self._wait(val, deadline)
+        else:
+            self._wait(val, check, deadline)
+        self._done(val, wait)
 
-    def sync_reduce(self, buf: Any, k: int, op: int, dtype: int, reduce: bool, deadline: Optional[Deadline]) -> bool:
-        """Copy ``buf`` into this member's buffer ``k``, :meth:`sync`, and (``reduce``) reduce every member's
-        buffer ``k`` into ``buf`` in member order, in one compiled call (``op``/``dtype``: the codes of
-        :data:`~.arena.REDUCE_OPS`/:data:`~.arena.REDUCE_TYPES`).
+    def _done(self, val: int, wait: int) -> None:
+        """Step ``val`` of ours completed: a one-way one stays pending until settled."""
+        self.pending = None if wait == WAIT_ALL else (val, self._check)
+
+    def sync_reduce(
+        self,
+        buf: Any,
+        k: int,
+        op: int,
+        dtype: int,
+        reduce: bool,
+        deadline: Optional[Deadline],
+        wait: int = WAIT_ALL,
+    ) -> bool:
+        """Copy ``buf`` into this member's buffer ``k``, :meth:`sync` (``wait`` as there), and (``reduce``)
+        reduce every member's buffer ``k`` into ``buf`` in member order, in one compiled call (``op``/``dtype``:
+        the codes of :data:`~.arena.REDUCE_OPS`/:data:`~.arena.REDUCE_TYPES`).
 
         Returns False, having done nothing, where the compiled path is off or ``buf`` is not aligned to its
         element size or larger than a buffer: the caller then copies, syncs and reduces itself.
@@ -196,18 +246,21 @@ class ShmBigArena(BigArena):
         nat = self._nat
         if nat is None:
             return False
+        if self.pending is not None:
+            self.settle(deadline)
         self._enter()
         val = self.count + 1
-        r = nat.sync_reduce(buf, k, val, self._end, self._check, op, dtype, reduce)
+        r = nat.sync_reduce(buf, k, val, wait, self._check, op, dtype, reduce)
         if r == -3:
             return False
         self.count = val
         if r < 0:
-            self._wait(val, deadline, nat.arrived)
+            self._wait(val, self._check, deadline, nat.arrived)
             if reduce:
                 nat.reduce(buf, k, 0, op, dtype)
         elif r:
             self._ring_sleepers()
+        self._done(val, wait)
         return True
 
     def reduce_into(self, out: Any, k: int, off: int, op: int, dtype: int, own: Any = None) -> bool:
@@ -239,25 +292,29 @@ class ShmBigArena(BigArena):
         nat = self._nat
         if nat is None:
             return False
+        if self.pending is not None:
+            self.settle(deadline)
         self._enter()
         val = self.count + 1
-        r = nat.sync_copy(data, k, val, self._end, self._check, out, src, off, stride, chunk)
+        r = nat.sync_copy(data, k, val, WAIT_ALL, self._check, out, src, off, stride, chunk)
         if r == -3:
             return False
         self.count = val
         if r < 0:
-            self._wait(val, deadline, nat.arrived)
+            self._wait(val, self._check, deadline, nat.arrived)
             if out is not None:
                 nat.copy(out, k, src, off, stride, chunk)
         elif r:
             self._ring_sleepers()
         return True
 
-    def _wait(self, val: int, deadline: Optional[Deadline], ready: Optional[Callable[[], bool]] = None) -> None:
+    def _wait(
+        self, val: int, check: int, deadline: Optional[Deadline], ready: Optional[Callable[[], bool]] = None
+    ) -> None:
         if ready is None:
 
             def ready() -> bool:
-                return self._arrived(val)
+                return self._arrived(val, check)
 
             # poll, yielding the CPU at every poll on an oversubscribed host (as the rings' waits do): a big-slot
             # step is long enough that the member we wait for is often descheduled on a loaded host, and the
@@ -267,7 +324,7 @@ class ShmBigArena(BigArena):
         sleep_until(
             self.t,
             ready,
-            lambda: self._missing(val),
+            lambda: self._missing(val, check),
             deadline,
             self._slice,
             "big-slot collective",

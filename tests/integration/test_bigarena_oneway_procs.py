@@ -1,0 +1,208 @@
+"""One-way big-slot reduce (issue 14) with real processes on one host, on the compiled path, the pure-Python path
+and both mixed in one job (``PROCGROUP_NATIVE`` per rank).
+
+A reduce's non-roots return without waiting for the root (the root here only calls once the store says every
+non-root returned); long sequences of reduces with every root, among every other big-slot collective and a
+rank that lags, give the closed-form values; a root that dies before it takes its part is named at a non-root's
+next call; a reduce in which every rank names another root is stopped at the next call and the watchdog names
+both calls.  Nothing is left in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from procgroup.config import SHM_DIR
+from procgroup.netutil import free_port
+from procgroup.transport.shm import arena as shm_arena
+
+from .harness import ROOT, Result, collect, kill_all, report, worker_env
+
+pytestmark = pytest.mark.timeout(180)
+
+needs_native = pytest.mark.skipif(
+    not shm_arena.native_available(), reason="the compiled arena extension was not built (no C compiler?)"
+)
+#: PROCGROUP_NATIVE of rank r: PATHS[...][r % 2]
+PATHS = [
+    pytest.param("11", id="native", marks=needs_native),
+    pytest.param("00", id="python"),
+    pytest.param("10", id="mixed", marks=needs_native),
+]
+SLOT = 65536
+
+WORKER = """
+import os, sys, time, numpy as np, procgroup as dist
+from procgroup.state import default_group
+mode = sys.argv[1]
+dist.init_process_group("cpu")
+r, p = dist.get_rank(), dist.get_world_size()
+big = default_group().arena().big
+assert big is not None and big.slot_bytes == int(os.environ["PROCGROUP_SHM_BIG_SLOT"]), "no big slots"
+print(f"rank {r}: native={big.native}", flush=True)
+
+def vals(q, n, dt="int64"):
+    return ((np.arange(n) * (q + 3)) % 13 - 6 + q).astype(dt)
+
+def total(n, dt="int64", k=0):
+    return sum(vals(q + k, n, dt) for q in range(p))
+
+if mode == "oneway":
+    store = default_group().world.store
+    for k, n in enumerate((5000, 2, 8192)):  # above the arena, within one buffer: one direct step
+        x = vals(r, n)
+        if r == 0:
+            store.wait([f"gone{k}"])  # only once every non-root's reduce returned
+        dist.reduce(x, dst=0)
+        if r:
+            assert np.array_equal(x, vals(r, n)), k
+            if store.add(f"n{k}", 1) == p - 1:
+                store.set(f"gone{k}", b"1")
+        else:
+            assert np.array_equal(x, total(n)), k
+    y = vals(r, 9000)
+    dist.all_reduce(y)
+    assert np.array_equal(y, total(9000))
+    print(f"rank {r} ok", flush=True)
+elif mode == "mix":
+    for k in range(30):
+        if r == (k // 2) % p:
+            time.sleep(0.002)
+        root = k % p
+        for dt in ("int64", "float32") if k % 5 == 0 else ("int64",):
+            n = (5000, 3 * 16384 + 5)[k % 2] + k  # direct; reduce-scatter + gather steps
+            x = vals(r + k, n, dt)
+            dist.reduce(x, dst=root)
+            want = total(n, dt, k)
+            assert x.tobytes() == (want if r == root else vals(r + k, n, dt)).tobytes(), (k, dt)
+        kind = k % 6
+        n = 9000 + k
+        if kind == 0:
+            y = vals(r, n)
+            dist.all_reduce(y)
+            assert np.array_equal(y, total(n)), k
+        elif kind == 1:
+            y = vals(root, n) if r == root else np.zeros(n, np.int64)
+            dist.broadcast(y, src=root)
+            assert np.array_equal(y, vals(root, n)), k
+        elif kind == 2:
+            out = np.empty(p * n, np.int64)
+            dist.all_gather_into_tensor(out, vals(r, n))
+            assert np.array_equal(out, np.concatenate([vals(q, n) for q in range(p)])), k
+        elif kind == 3:
+            out = np.empty(n, np.int64)
+            dist.reduce_scatter_tensor(out, np.tile(vals(r, n), p))
+            assert np.array_equal(out, total(n)), k
+        elif kind == 4:
+            send = np.concatenate([np.full(n, 100 * r + j, np.int64) for j in range(p)])
+            recv = np.empty(p * n, np.int64)
+            dist.all_to_all_single(recv, send)
+            assert np.array_equal(recv, np.repeat(100 * np.arange(p) + r, n)), k
+        else:
+            dist.barrier()
+    print(f"rank {r} ok", flush=True)
+elif mode == "die":
+    x = vals(r, 5000)
+    dist.all_reduce(x)
+    if r == 0:
+        os._exit(7)  # the root dies before it takes the parts
+    dist.reduce(x, dst=0)  # one-way: returns
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(x)
+    except Exception as e:
+        print(f"rank {r} {type(e).__name__} after {time.monotonic() - t0:.2f}s: {e}", flush=True)
+        sys.exit(3)
+    print(f"rank {r}: all_reduce returned", flush=True)
+elif mode == "noroot":
+    x = vals(r, 5000)
+    dist.reduce(x, dst=(r + 1) % p)  # every rank names another root
+    assert np.array_equal(x, vals(r, 5000))
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(x)
+    except Exception as e:
+        print(f"rank {r} {type(e).__name__} after {time.monotonic() - t0:.2f}s: {e}", flush=True)
+        sys.exit(3)
+    print(f"rank {r}: all_reduce returned", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _run(tmp_path: Path, mode: str, n: int, paths: str, timeout_s: str = "30") -> List[Result]:
+    f = tmp_path / "oneway_worker.py"
+    f.write_text(WORKER)
+    port = free_port()
+    job = f"bigow-{os.getpid()}-{port}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(f), mode],
+            env=worker_env(
+                r,
+                n,
+                port,
+                "oneway-secret",
+                {
+                    "PROCGROUP_TRANSPORT": "shm",
+                    "PROCGROUP_SHM_BIG_SLOT": str(SLOT),
+                    "PROCGROUP_NATIVE": paths[r % 2],
+                    "PROCGROUP_TIMEOUT": timeout_s,
+                    "PROCGROUP_RUN_ID": job,
+                },
+            ),
+            cwd=str(ROOT),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for r in range(n)
+    ]
+    try:
+        res = collect(procs, 150)
+    finally:
+        kill_all(procs)
+    for r in res:
+        if "native=" in r.stdout:  # each rank ran the path asked for
+            assert f"native={paths[r.rank % 2] == '1'}" in r.stdout, report(res)
+    leaked = [x for x in os.listdir(SHM_DIR) if job in x]
+    assert not leaked, f"/dev/shm segments left behind: {leaked}"
+    return res
+
+
+@pytest.mark.parametrize("paths", PATHS)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_non_roots_return_before_the_root_calls(tmp_path: Path, n: int, paths: str) -> None:
+    res = _run(tmp_path, "oneway", n, paths, timeout_s="20")
+    assert all(r.returncode == 0 and f"rank {r.rank} ok" in r.stdout for r in res), report(res)
+
+
+@pytest.mark.parametrize("paths", PATHS)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_reduces_with_every_root_among_every_other_op_and_a_lagging_rank(tmp_path: Path, n: int, paths: str) -> None:
+    res = _run(tmp_path, "mix", n, paths)
+    assert all(r.returncode == 0 and f"rank {r.rank} ok" in r.stdout for r in res), report(res)
+
+
+@pytest.mark.parametrize("paths", PATHS)
+def test_a_root_that_dies_before_its_part_is_named_at_the_next_call(tmp_path: Path, paths: str) -> None:
+    t0 = time.monotonic()
+    res = _run(tmp_path, "die", 3, paths, timeout_s="60")
+    assert res[0].returncode == 7, report(res)
+    for r in res[1:]:
+        assert r.returncode == 3 and "rank 0" in r.stdout, report(res)
+    assert time.monotonic() - t0 < 40, report(res)
+
+
+def test_every_rank_naming_another_root_is_stopped_and_named(tmp_path: Path) -> None:
+    res = _run(tmp_path, "noroot", 2, "11" if shm_arena.native_available() else "00", timeout_s="6")
+    text = report(res)
+    assert all(r.returncode == 3 for r in res), text
+    assert "reduce" in text, text
