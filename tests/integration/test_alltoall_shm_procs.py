@@ -21,14 +21,27 @@ from .test_bigarena_procs import PRELUDE, _run
 pytestmark = pytest.mark.timeout(180)
 
 A2A = (
-    PRELUDE
+    """
+import os
+if os.environ.get("CMA_OFF_RANK") == os.environ["RANK"]:
+    os.environ["PROCGROUP_SHM_CMA"] = "0"  # this rank cannot read the others: every rank takes the messages
+"""
+    + PRELUDE
     + """
 from procgroup.algorithms import alltoall_shm as S
 from procgroup.algorithms import select
+from procgroup.transport import _cma
 used = []
-real_rounds, real_msgs = S._rounds, S._messages
+real_rounds, real_msgs, real_direct = S._rounds, S._messages, S._direct_reads
 S._rounds = lambda *a: used.append("rounds") or real_rounds(*a)
 S._messages = lambda *a: used.append("messages") or real_msgs(*a)
+
+def direct(*a):
+    ok = real_direct(*a)
+    used.append("direct" if ok else "declined")
+    return ok
+
+S._direct_reads = direct
 real_shm = S.alltoall_shm
 select.alltoall_shm = lambda *a: used.append("shm") or real_shm(*a)
 
@@ -91,7 +104,10 @@ sub = dist.new_group(list(range(p - 1))) if p > 2 else None
 check(None)
 if sub is not None and r < p - 1:
     check(sub)
-assert {"shm", "rounds", "messages"} <= set(used), sorted(set(used))
+assert {"shm", "rounds"} <= set(used), sorted(set(used))
+# above the streams' limit: read straight from the senders where every rank can, else messages on every rank
+can = _cma.AVAILABLE and not os.environ.get("CMA_OFF_RANK") and os.environ.get("PROCGROUP_SHM_CMA") != "0"
+assert ("direct" in used) == can and ("messages" in used) != can, sorted(set(used))
 print(f"rank {r} ok", flush=True)
 dist.destroy_process_group()
 """
@@ -184,9 +200,10 @@ dist.destroy_process_group()
 )
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_all_to_all_closed_form_through_shared_memory(tmp_path: Path, n: int) -> None:
-    res = _run(tmp_path, A2A, n, timeout=150)
+@pytest.mark.parametrize("n,cma_off", [(2, ""), (3, ""), (4, ""), (3, "1")])
+def test_all_to_all_closed_form_through_shared_memory(tmp_path: Path, n: int, cma_off: str) -> None:
+    """``cma_off``: that rank cannot read the others' memory (PROCGROUP_SHM_CMA=0 there)."""
+    res = _run(tmp_path, A2A, n, env={"CMA_OFF_RANK": cma_off} if cma_off else None, timeout=150)
     assert all(r.returncode == 0 for r in res), report(res)
     assert all(f"rank {r.rank} ok" in r.stdout for r in res), report(res)
 

@@ -19,7 +19,13 @@ round, so the ranks agree on every later step without a round trip of its own:
    hence the same number of further rounds (``max ceil(n_r / W_r) - 1``, each one big-slot sync
    with a check word naming the call, the op and that number) -- or, with
    ``M`` above ``select.BIG_LIMIT['all_to_all']`` (or without big slots), the same
-   decision to move the non-inline pieces as messages instead.  When some
+   decision to move the non-inline pieces otherwise: each rank reads its pieces
+   straight out of their senders' ``sendbuf`` (``Arena.reader``: one
+   process_vm_readv each, one copy instead of two) after an arena exchange of
+   the pieces' addresses and before one that ends the call, where every rank
+   can read every other's memory (the same exchange says so: all agree); as
+   messages where one cannot.  At N=4 on 2 CPUs that took a 4 MiB all_to_all
+   from 2.5 to 1.5 ms, 2 MiB from 1.4 to 1.0 (N=2: 4 MiB 0.53 to 0.41 ms).  When some
    stream was not inline, every rank also checks every pair (what ``r`` sends
    ``j`` against what ``j`` expects from ``r``), so a count mismatch fails on
    every rank at once instead of leaving the others in a sync; with every
@@ -369,7 +375,8 @@ def _beyond(
             "from the ranks whose data goes beyond the shared slot)"
         )
     if big is None or longest > limit:
-        _messages(comm, sb, rb, prep, pieces, inline)
+        if not _direct_reads(comm, sb, rb, prep, pieces):
+            _messages(comm, sb, rb, prep, pieces, inline)
     else:
         _rounds(comm, big, sb, rb, prep, pieces, inline, longest, dt)
 
@@ -414,6 +421,38 @@ def _rounds(
             x, y = max(lo, w0), min(hi, w0 + w)
             if x < y:
                 rb[ro[r] + x - lo : ro[r] + y - lo] = memoryview(bufs[r])[x - w0 : y - w0]
+
+
+#: salts of the check words of the direct reads' two exchanges (addresses, done), beside the call's SALT
+_SALT_ADDR, _SALT_DONE = 0x1, 0x2
+
+
+def _direct_reads(comm: Any, sb: memoryview, rb: memoryview, prep: Prep, pieces: List[Piece]) -> bool:
+    """The pieces of the streams that were not inline, each read straight out of its sender's ``sendbuf`` (one
+    copy, ``Arena.reader``), where every rank can read every other's memory; False (nothing moved) otherwise.
+
+    One arena exchange publishes whether this rank can read the others and where each of its pieces lies in its
+    address space; every rank reads the same flags, so all take this path or all the messages.  A second
+    exchange ends the call: a sender keeps its buffer until every reader is done."""
+    a = comm.arena
+    p, me, dl = comm.size, comm.rank, comm.deadline
+    read = a.reader()
+    base = np.frombuffer(sb, np.uint8).ctypes.data if sb.nbytes else 0
+    so, ro = prep.so, prep.ro
+    fmt = struct.Struct(f"<{p + 1}Q")
+    head = memoryview(fmt.pack(read is not None, *[base + so[j] for j in range(p)]))
+    views = a.exchange(head, _check(comm, _SALT_ADDR), dl)
+    heads = [fmt.unpack_from(v) for v in views]
+    if read is None or not all(h[0] for h in heads):
+        return False
+    for r, _lo, _hi, _n in pieces:  # the counts of every pair were checked (_mismatch)
+        read(r, rb[ro[r] : ro[r + 1]], heads[r][1 + me])
+    a.exchange(None, _check(comm, _SALT_DONE), dl)
+    return True
+
+
+def _check(comm: Any, salt: int) -> int:
+    return comm.check_word() ^ SALT ^ salt
 
 
 def _messages(comm: Any, sb: memoryview, rb: memoryview, prep: Prep, pieces: List[Piece], inline: bool) -> None:

@@ -63,7 +63,8 @@ all_gather         pipelined copy in / copy out    bytes per rank (sendbuf)
 all_to_all on such a group always goes through the arena (``algorithms.alltoall_shm``): a header with the
 rank's counts and, when it fits the slot, the data, in one exchange; the longer streams (bytes a rank sends
 to the others) continue through the big slots up to ``BIG_LIMIT['all_to_all']`` (compared with the longest
-stream of any rank, which every rank reads from the headers, so all agree) and as messages above it.
+stream of any rank, which every rank reads from the headers, so all agree) and above it are read straight out
+of the senders' buffers (one process_vm_readv a piece), or go as messages where a rank cannot read the others.
 
 ``BIG_LIMIT[collective]`` hands calls above it back to the table above (the
 message algorithms, with the single-copy path for large messages).  The

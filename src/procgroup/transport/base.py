@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..deadline import Deadline
 from ..errors import DistTimeoutError, PeerFailureError
@@ -232,6 +232,13 @@ class Arena(abc.ABC):
 
         ``check`` (a u32) must be equal on every member for the same call.
         """
+
+    def reader(self) -> Optional[Callable[[int, memoryview, int], None]]:
+        """``read(i, out, addr)``: copy ``out.nbytes`` bytes at address ``addr`` of member ``i``'s memory into
+        ``out`` without member ``i``'s help (one copy: all_to_all's large pieces), where this arena can read every
+        other member's memory; None otherwise (the default).  ``i`` must keep those bytes until the read is done.
+        Raises PeerFailureError when member ``i`` died."""
+        return None
 
     def next_slot(self) -> Optional[memoryview]:
         """This member's writable payload bytes (``max_bytes``) of the next :meth:`exchange`, or None where the

@@ -26,13 +26,15 @@ the C call returns to it when its spin ends.  x86-64 only (the ordering the Pyth
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from ...deadline import Deadline
-from ...errors import ClosedError, ConfigError
+from ...errors import BrokenError, ClosedError, ConfigError, PeerFailureError
+from .. import _cma
 from ..base import ARENA_BYTES, Arena, raise_if_stuck
 from .doorbell import Doorbell
 from .layout import ARENA_HDR, ARENA_SLOT, OFF_BELL, OFF_SLEEP, X86, Segment, fence
@@ -104,6 +106,9 @@ class ArenaHost(Protocol):
     @property
     def doorbell(self) -> Doorbell:
         """The transport's doorbell."""
+
+    def cma_pid(self, rank: int) -> int:
+        """The pid of ``rank`` when this process can read its memory, else 0."""
 
 
 def _no_bytes() -> int:
@@ -514,6 +519,32 @@ class ShmArena(Arena):
             members,
             lambda: f"call {self.calls} of this group's arena",
         )
+
+    def reader(self) -> Optional[Callable[[int, memoryview, int], None]]:
+        """``read(i, out, addr)``: ``out.nbytes`` bytes at address ``addr`` of member ``i``'s memory into ``out``,
+        in one process_vm_readv, where this process can read every other member's memory; else None."""
+        t = self.t
+        pids = {i: t.cma_pid(m) for i, m in enumerate(self.members) if i != self.index}
+        if not all(pids.values()):
+            return None
+        me, members = t.rank, self.members
+
+        def read(i: int, out: memoryview, addr: int) -> None:
+            n = out.nbytes
+            if not n:
+                return
+            try:
+                _cma.read(pids[i], _cma.address_of(out), addr, n)
+            except OSError as e:
+                m = members[i]
+                if e.errno == errno.ESRCH:
+                    raise PeerFailureError(f"rank {me}: reading {n} bytes of rank {m}: rank {m} died", peer=m) from e
+                raise BrokenError(
+                    f"rank {me}: reading {n} bytes of rank {m} through process_vm_readv failed: {e}; set "
+                    "PROCGROUP_SHM_CMA=0 to move them as messages"
+                ) from e
+
+        return read
 
     def next_slot(self) -> Optional[memoryview]:
         """This member's payload view of the next exchange's slot (see :meth:`Arena.next_slot`).

@@ -293,6 +293,12 @@ class ShmTransport(EngineTransport):
         """
         return self._bell
 
+    def cma_pid(self, rank: int) -> int:
+        """The pid of ``rank`` when this process can read its memory (process_vm_readv, probed at formation;
+        ``PROCGROUP_SHM_CMA``), else 0."""
+        o = self._out.get(rank)
+        return self._watch.pids.get(rank, 0) if o is not None and o.cma else 0
+
     def _release_all(self) -> None:
         if self._core is not None:
             self._core.release()  # (its exports of the rings' buffers first: the memoryviews are released below)

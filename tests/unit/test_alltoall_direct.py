@@ -1,0 +1,142 @@
+"""all_to_all's pieces above the streams' limit read straight out of the senders' buffers (issue 14).
+
+Ranks as threads over the shm transport (compiled and pure-Python arena): above ``BIG_LIMIT['all_to_all']`` every
+rank reads its pieces from every sender's ``sendbuf`` with one process_vm_readv each (``Arena.reader``), after one
+arena exchange of addresses and before one that ends the call.  Closed-form values for equal, uneven and zero
+splits, every dtype; a rank that cannot read the others (or CMA off) sends every rank to the messages; the memory
+transport has no reader; a read of a dead or unreadable peer is a named error.
+"""
+
+from __future__ import annotations
+
+import errno
+import uuid
+from typing import Any, Callable, List
+
+import pytest
+
+from procgroup.algorithms import alltoall_shm as A2A
+from procgroup.algorithms import select
+from procgroup.algorithms.comm import Comm
+from procgroup.config import ShmOptions
+from procgroup.errors import BrokenError, PeerFailureError
+from procgroup.transport import Transport, _cma
+from procgroup.transport.shm import arena as shm_arena
+
+from .test_algorithms import DTYPES
+from .test_alltoall_shm import _check_a2a, _equal, _mixed, _select, _uneven
+from .test_bigarena import SLOT, _run
+from .test_transport_conformance import _form, _segments
+
+pytestmark = pytest.mark.skipif(not _cma.AVAILABLE, reason="no process_vm_readv here")
+
+LIMIT = 50_000  # bytes of a stream: longer ones are read directly
+
+
+@pytest.fixture(params=["native", "python"])
+def world(request: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    if request.param == "native" and not shm_arena.native_available():
+        pytest.skip("the compiled arena was not built")
+    monkeypatch.setitem(select.BIG_LIMIT, "all_to_all", LIMIT)
+    job = f"a2ad-{uuid.uuid4().hex[:10]}"
+    made: List[Transport] = []
+
+    def factory(n: int, **kw: Any) -> List[Transport]:
+        opts = ShmOptions(big_slot=SLOT, native=request.param == "native", **kw)
+        ts = _form("shm", n, job, shm_options=opts)
+        made.extend(ts)
+        return ts
+
+    yield factory
+    for t in made:
+        t.close()
+    assert _segments(job) == [], "shared memory segments leaked"
+
+
+def _count(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Counters of the direct reads' outcomes and of the message path, over all ranks."""
+    seen = {"direct": 0, "declined": 0, "messages": 0}
+    real_direct, real_msgs = A2A._direct_reads, A2A._messages
+
+    def direct(*a: Any) -> bool:
+        ok = real_direct(*a)
+        seen["direct" if ok else "declined"] += 1
+        return ok
+
+    def msgs(*a: Any) -> None:
+        seen["messages"] += 1
+        real_msgs(*a)
+
+    monkeypatch.setattr(A2A, "_direct_reads", direct)
+    monkeypatch.setattr(A2A, "_messages", msgs)
+    return seen
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_pieces_above_the_limit_are_read_from_the_senders(world: Any, p: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _count(monkeypatch)
+    ts = world(p)
+    cases = [_equal(p, 40_000), _uneven(p, 30_000), _mixed(p), _equal(p, 7)]  # the last one inline
+
+    def body(r: int, make: Callable[..., Comm]) -> None:
+        for k, C in enumerate(cases):
+            for dt in ("int8", "float64"):
+                _check_a2a(r, make(2 * k + (dt == "int8") + 1), dt, C, k, _select)
+
+    _run(ts, body)
+    assert seen["messages"] == 0 and seen["declined"] == 0, seen
+    # every rank takes the same path: a multiple of p; the float64 cases are all above the limit
+    assert seen["direct"] >= p * 3 and seen["direct"] % p == 0, seen
+
+
+def test_every_dtype(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _count(monkeypatch)
+    p = 3
+    ts = world(p)
+
+    def body(r: int, make: Callable[..., Comm]) -> None:
+        for k, dt in enumerate(DTYPES):
+            _check_a2a(r, make(k + 1), dt, _uneven(p, 20_000), k, _select)
+
+    _run(ts, body)
+    assert seen["direct"] == p * len(DTYPES) and seen["messages"] == 0, seen
+
+
+@pytest.mark.parametrize("how", ["one rank cannot read", "cma off"])
+def test_a_rank_that_cannot_read_sends_every_rank_to_the_messages(
+    world: Any, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _count(monkeypatch)
+    p = 3
+    ts = world(p, cma=how != "cma off")
+    if how == "one rank cannot read":
+        monkeypatch.setattr(ts[1], "cma_pid", lambda rank: 0)
+
+    def body(r: int, make: Callable[..., Comm]) -> None:
+        for k, C in enumerate([_equal(p, 40_000), _uneven(p, 30_000)]):
+            _check_a2a(r, make(k + 1), "int16", C, k, _select)
+
+    _run(ts, body)
+    assert seen == {"direct": 0, "declined": 2 * p, "messages": 2 * p}, seen
+
+
+def test_the_memory_transport_has_no_reader() -> None:
+    ts = _form("memory", 2, "x")
+    assert ts[0].arena(0, [0, 1]).reader() is None  # type: ignore[union-attr]
+
+
+def test_a_failed_read_is_a_named_error(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    ts = world(2)
+    read = ts[0].arena(0, [0, 1]).reader()  # type: ignore[union-attr]
+    assert read is not None
+    out = memoryview(bytearray(64))
+    with pytest.raises(BrokenError, match="PROCGROUP_SHM_CMA=0"):
+        read(1, out, 8)  # an address that is not mapped: EFAULT
+
+    def dead(*a: Any) -> None:
+        raise OSError(errno.ESRCH, "No such process")
+
+    monkeypatch.setattr(shm_arena._cma, "read", dead)
+    with pytest.raises(PeerFailureError, match="rank 1 died") as ei:
+        read(1, out, 8)
+    assert ei.value.peer == 1
