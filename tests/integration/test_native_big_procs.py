@@ -1,11 +1,12 @@
 """The big slots' compiled syncs and fused copy-in + sync + reduce (``_native.Big``), in real processes.
 
-Both paths (``PROCGROUP_NATIVE`` 1 and 0) against closed-form values: all_reduce and reduce (every root) for
-every dtype and ReduceOp, at sizes just above the arena, odd, at ``DIRECT_MAX`` (the fused one-sync path) and
-past it (two syncs per step), a misaligned buffer (the C call refuses it, numpy reduces), a rank that arrives
-late (the others' spin ends and they reduce after the doorbell sleep), broadcast and all_gather on the
-compiled syncs; warm plans of all_reduce, reduce, broadcast, all_gather, reduce_scatter and barrier (which call the
-compiled arena straight); and a peer that dies while the others wait in a big-slot sync.  No /dev/shm segment is left.
+Both paths (``PROCGROUP_NATIVE`` 1 and 0) against closed-form values: all_reduce and reduce (every root) for every
+dtype and ReduceOp, at sizes just above the arena, odd, at ``DIRECT_MAX`` and at the slot (the fused one-sync paths
+of all_reduce and of reduce) and past them (two syncs per step), a misaligned buffer (the C call refuses it, numpy
+reduces), a rank that arrives late (the others' spin ends and they reduce after the doorbell sleep), broadcast and
+all_gather on the compiled syncs; warm plans of all_reduce, reduce, broadcast, all_gather, reduce_scatter and
+barrier (which call the compiled arena straight); and a peer that dies while the others wait in a big-slot sync. No
+/dev/shm segment is left.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ needs_native = pytest.mark.skipif(
     not shm_arena.native_available(), reason="the compiled arena extension was not built (no C compiler?)"
 )
 PATHS = [pytest.param("1", id="native", marks=needs_native), pytest.param("0", id="python")]
-SLOT = 256 << 10  # = DIRECT_MAX: sizes up to it take the one-sync path
+SLOT = 256 << 10  # reduces up to it take the one-sync path at N=2 (REDUCE_DIRECT_READS), all_reduces up to DIRECT_MAX
 
 _WORKER = textwrap.dedent(
     """
@@ -45,7 +46,7 @@ _WORKER = textwrap.dedent(
     a = default_group().arena()
     big = None if a is None else a.big
     if ws > 1:
-        assert big is not None and big.slot_bytes == B.DIRECT_MAX, "no big slots"
+        assert big is not None and big.slot_bytes == 256 << 10, "no big slots"
         print(f"rank {r}: native={big.native}", flush=True)
     ops = {"SUM": np.add, "PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum}
 
@@ -56,7 +57,8 @@ _WORKER = textwrap.dedent(
         checks = 0
         for dt in ("float32", "float64", "int32", "int64", "float16", "uint8"):
             s = np.dtype(dt).itemsize
-            for n in (32768 // s + 1, 40001, B.DIRECT_MAX // s, B.DIRECT_MAX // s + 1):
+            edges = (B.DIRECT_MAX // s, B.DIRECT_MAX // s + 1, (256 << 10) // s, (256 << 10) // s + 1)
+            for n in (32768 // s + 1, 40001) + edges:
                 for op in ("SUM", "PRODUCT", "MIN", "MAX", "AVG"):
                     if op == "AVG" and dt not in ("float32", "float64"):
                         continue

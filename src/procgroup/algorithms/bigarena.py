@@ -15,16 +15,18 @@ the last one:
   out of their owners' buffers.  A reduce-scatter plus an all-gather in
   shared memory, with no messages (DeepSpeed's CPU shm all_reduce does the
   same; this one keeps the deadlines, peer-death checks and check words).
-  Up to ``DIRECT_MAX`` (256 KiB) one sync instead: each member copies its
+  Up to ``DIRECT_MAX`` (128 KiB) one sync instead: each member copies its
   whole buffer in and reduces every member's, in member order (fewer syncs
   beat fewer additions there: a sync costs a wake-up when a member is
   descheduled).
-* reduce: the same, the root alone copying the slices out (or reducing all).
+* reduce: the same, the root alone copying the slices out, or, while the
+  root's reads (members x bytes) stay within ``REDUCE_DIRECT_READS``
+  (512 KiB), reducing all after one sync.
   A non-root's last sync is one-way (``WAIT_NONE``): it publishes its part and
   returns, and only the root waits for it; the non-root's next write into a
   buffer first *settles* that step (``BigArena.settle``).  At N=4 on 2 CPUs
-  that cut a 64 KiB reduce from 87 to 66 us and 256 KiB from 151 to 129 us
-  (medians of alternating runs of benchmarks/results/pass9/loop.py).
+  that cut a 64 KiB reduce from 87 to 66 us (mean per call, median of
+  alternating runs of benchmarks/results/pass9/loop.py).
 * reduce_scatter: each member copies piece ``[a, a+k)`` of every block into
   its buffer; sync; member ``i`` reduces piece ``i`` of every buffer into its
   result.  One sync per step.
@@ -82,10 +84,15 @@ PIPE_PARTS = 2
 SLOT_BIG = 24
 
 _OP_ALLREDUCE, _OP_REDUCE, _OP_REDSCAT, _OP_BCAST, _OP_ALLGATHER, _OP_DIRECT = 1, 2, 3, 4, 5, 6
-#: all_reduce / reduce up to this many bytes: one sync, then every rank that needs the result reduces the
-#: whole message from every member's buffer (as the small arena does), instead of a slice each and a
-#: second sync to gather the slices
-DIRECT_MAX = 256 << 10
+#: all_reduce up to this many bytes: one sync, then every rank reduces the whole message from every member's
+#: buffer (as the small arena does), instead of a slice each and a second sync to gather the slices.  Above it
+#: the slices win: 256 KiB at N=2 35-37 against 40 us, 192 KiB 30-32 against 31-36, 128 KiB 25-26 against 24
+#: (mean per call); at N=4 256 KiB 182 against 224 us (slowest rank per call, median)
+DIRECT_MAX = 128 << 10
+#: reduce: one sync while the root's reads (members x bytes) stay within this: its non-roots then only write
+#: (a one-way step) and the root alone reduces.  256 KiB at N=2 29 against 36 us; at N=4 (1 MiB of reads) the
+#: slices 144-174 against 187-209 us (slowest rank per call, median)
+REDUCE_DIRECT_READS = 512 << 10
 _CHECK = struct.Struct("<IIqqq")
 
 
@@ -159,7 +166,9 @@ def _reduce_direct(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> No
 def _reduce_slices(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> None:
     """all_reduce (``root`` < 0) or reduce to ``root``: reduce-scatter + gather through the big slots."""
     big = _slots(comm)
-    if buf.nbytes <= min(DIRECT_MAX, big.slot_bytes):
+    if buf.nbytes <= big.slot_bytes and (
+        buf.nbytes <= DIRECT_MAX if root < 0 else buf.nbytes * comm.size <= REDUCE_DIRECT_READS
+    ):
         return _reduce_direct(comm, buf, reduce, root)
     p, me, dl = comm.size, comm.rank, comm.deadline
     dt = buf.dtype

@@ -51,10 +51,11 @@ reductions in shared memory, no messages.
 collective         big-slot algorithm              n compared with BIG_LIMIT
 =================  ==============================  ===================================================
 all_reduce         reduce-scatter + all-gather     bytes per rank
-                   (<= DIRECT_MAX, 256 KiB: one
+                   (<= DIRECT_MAX, 128 KiB: one
                    sync, each rank reduces all)
 reduce             reduce-scatter + root gathers   bytes per rank
-                   (<= DIRECT_MAX: root reduces)
+                   (members x bytes <= 512 KiB:
+                   root reduces)
 reduce_scatter     per-piece reduce                bytes of sendbuf (p blocks)
 broadcast          pipelined copy in / copy out    bytes
 all_gather         pipelined copy in / copy out    bytes per rank (sendbuf)

@@ -47,7 +47,7 @@ Compiled path (``_native.Big``, where the arena's extension was built and
 ``PROCGROUP_NATIVE`` is not 0): a sync publishes, fences and polls in one C
 call with the GIL released (the same protocol, so ranks on either path meet);
 :meth:`ShmBigArena.sync_reduce` adds the copy in and the reduction in member
-order (all_reduce/reduce up to ``DIRECT_MAX``), :meth:`ShmBigArena.sync_copy`
+order (all_reduce/reduce in one sync: ``algorithms.bigarena.DIRECT_MAX``), :meth:`ShmBigArena.sync_copy`
 the copy in and out of a broadcast or all_gather step, and
 :meth:`ShmBigArena.reduce_into` the split path's slice reduction.  The sleep
 loop stays in Python on both paths.
