@@ -71,6 +71,7 @@ import numpy as np
 
 from ..errors import ConfigError, ProcGroupError
 from ._util import P_ALLTOALL, step, u8
+from .onecopy import address_of, read_directly
 
 __all__ = ["alltoall_shm", "shm_applies", "Prep", "prepare", "A2A_LIMIT_DEFAULT", "SALT", "native_done"]
 
@@ -423,36 +424,19 @@ def _rounds(
                 rb[ro[r] + x - lo : ro[r] + y - lo] = memoryview(bufs[r])[x - w0 : y - w0]
 
 
-#: salts of the check words of the direct reads' two exchanges (addresses, done), beside the call's SALT
-_SALT_ADDR, _SALT_DONE = 0x1, 0x2
-
-
 def _direct_reads(comm: Any, sb: memoryview, rb: memoryview, prep: Prep, pieces: List[Piece]) -> bool:
     """The pieces of the streams that were not inline, each read straight out of its sender's ``sendbuf`` (one
-    copy, ``Arena.reader``), where every rank can read every other's memory; False (nothing moved) otherwise.
+    copy, :func:`.onecopy.read_directly`: every rank offers where each of its pieces lies), where every rank can
+    read every other's memory; False (nothing moved) otherwise."""
+    me = comm.rank
+    base = address_of(sb)
+    ro = prep.ro
 
-    One arena exchange publishes whether this rank can read the others and where each of its pieces lies in its
-    address space; every rank reads the same flags, so all take this path or all the messages.  A second
-    exchange ends the call: a sender keeps its buffer until every reader is done."""
-    a = comm.arena
-    p, me, dl = comm.size, comm.rank, comm.deadline
-    read = a.reader()
-    base = np.frombuffer(sb, np.uint8).ctypes.data if sb.nbytes else 0
-    so, ro = prep.so, prep.ro
-    fmt = struct.Struct(f"<{p + 1}Q")
-    head = memoryview(fmt.pack(read is not None, *[base + so[j] for j in range(p)]))
-    views = a.exchange(head, _check(comm, _SALT_ADDR), dl)
-    heads = [fmt.unpack_from(v) for v in views]
-    if read is None or not all(h[0] for h in heads):
-        return False
-    for r, _lo, _hi, _n in pieces:  # the counts of every pair were checked (_mismatch)
-        read(r, rb[ro[r] : ro[r + 1]], heads[r][1 + me])
-    a.exchange(None, _check(comm, _SALT_DONE), dl)
-    return True
+    def reads(read: Any, offers: List[Tuple[int, ...]]) -> None:
+        for r, _lo, _hi, _n in pieces:  # the counts of every pair were checked (_mismatch)
+            read(r, rb[ro[r] : ro[r + 1]], offers[r][me])
 
-
-def _check(comm: Any, salt: int) -> int:
-    return comm.check_word() ^ SALT ^ salt
+    return read_directly(comm, comm.check_word() ^ SALT ^ 1, [base + x for x in prep.so[: comm.size]], reads)
 
 
 def _messages(comm: Any, sb: memoryview, rb: memoryview, prep: Prep, pieces: List[Piece], inline: bool) -> None:

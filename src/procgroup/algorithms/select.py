@@ -66,6 +66,8 @@ rank's counts and, when it fits the slot, the data, in one exchange; the longer 
 to the others) continue through the big slots up to ``BIG_LIMIT['all_to_all']`` (compared with the longest
 stream of any rank, which every rank reads from the headers, so all agree) and above it are read straight out
 of the senders' buffers (one process_vm_readv a piece), or go as messages where a rank cannot read the others.
+A broadcast above ``BIG_LIMIT['broadcast']`` among three or more ranks of one host is read the same way by
+every rank straight out of the root's buffer (``algorithms.onecopy``), else it takes the table above.
 
 ``BIG_LIMIT[collective]`` hands calls above it back to the table above (the
 message algorithms, with the single-copy path for large messages).  The
@@ -133,6 +135,7 @@ from .gathering import (
     scatter_binomial,
     scatter_linear,
 )
+from .onecopy import bcast_direct
 from .redscat import reduce_scatter_allreduce, reduce_scatter_ring
 from .reduction import reduce_binomial, reduce_scatter_gather
 
@@ -407,6 +410,9 @@ def broadcast(comm: Any, buf: np.ndarray, root: int) -> None:
             return bcast_arena(comm, buf, root)
         if _big(comm, "broadcast", buf.nbytes):
             return bcast_big(comm, buf, root)
+        if comm.size >= 3 and comm.arena is not None and buf.nbytes > BIG_LIMIT["broadcast"]:
+            if bcast_direct(comm, buf, root):  # every reader copies the root's buffer at once (algorithms.onecopy)
+                return
     choose_broadcast(comm.size, buf.nbytes)(comm, buf, root)
 
 

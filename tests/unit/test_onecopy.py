@@ -1,10 +1,13 @@
-"""all_to_all's pieces above the streams' limit read straight out of the senders' buffers (issue 14).
+"""One-copy reads (``algorithms.onecopy``, issue 14): all_to_all's pieces above the streams' limit and broadcasts
+above the big slots' limit read straight out of their owners' buffers.
 
 Ranks as threads over the shm transport (compiled and pure-Python arena): above ``BIG_LIMIT['all_to_all']`` every
-rank reads its pieces from every sender's ``sendbuf`` with one process_vm_readv each (``Arena.reader``), after one
-arena exchange of addresses and before one that ends the call.  Closed-form values for equal, uneven and zero
-splits, every dtype; a rank that cannot read the others (or CMA off) sends every rank to the messages; the memory
-transport has no reader; a read of a dead or unreadable peer is a named error.
+rank reads its pieces from every sender's ``sendbuf`` with one process_vm_readv each (``Arena.reader``), and above
+``BIG_LIMIT['broadcast']`` (three or more ranks) every reader the root's buffer, after one arena exchange of
+addresses and before one that ends the call.  Closed-form values for equal, uneven and zero splits, every dtype and
+every root; a rank that cannot read the others (or CMA off) sends every rank to the message algorithms; two ranks
+keep the messages for a broadcast; the memory transport has no reader; a read of a dead or unreadable peer is a
+named error.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ import errno
 import uuid
 from typing import Any, Callable, List
 
+import numpy as np
 import pytest
 
 from procgroup.algorithms import alltoall_shm as A2A
-from procgroup.algorithms import select
+from procgroup.algorithms import onecopy, select
 from procgroup.algorithms.comm import Comm
 from procgroup.config import ShmOptions
 from procgroup.errors import BrokenError, PeerFailureError
@@ -38,6 +42,7 @@ def world(request: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     if request.param == "native" and not shm_arena.native_available():
         pytest.skip("the compiled arena was not built")
     monkeypatch.setitem(select.BIG_LIMIT, "all_to_all", LIMIT)
+    monkeypatch.setitem(select.BIG_LIMIT, "broadcast", LIMIT)
     job = f"a2ad-{uuid.uuid4().hex[:10]}"
     made: List[Transport] = []
 
@@ -140,3 +145,55 @@ def test_a_failed_read_is_a_named_error(world: Any, monkeypatch: pytest.MonkeyPa
     with pytest.raises(PeerFailureError, match="rank 1 died") as ei:
         read(1, out, 8)
     assert ei.value.peer == 1
+
+
+def _count_bcast(monkeypatch: pytest.MonkeyPatch) -> Any:
+    seen = {"direct": 0, "declined": 0}
+    real = onecopy.bcast_direct
+
+    def bcast(*a: Any) -> bool:
+        ok = real(*a)
+        seen["direct" if ok else "declined"] += 1
+        return ok
+
+    monkeypatch.setattr(select, "bcast_direct", bcast)
+    return seen
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_a_broadcast_above_the_limit_is_read_from_the_root(world: Any, p: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _count_bcast(monkeypatch)
+    ts = world(p)
+    dts = ["int8", "float64", "float16", "int64"]
+
+    def body(r: int, make: Callable[..., Comm]) -> None:
+        k = 0
+        for n in (LIMIT + 1, 3 * LIMIT + 7):
+            for root in range(p):
+                for dt in dts:
+                    k += 1
+                    want = ((np.arange(n) * (root + 3) + k) % 113).astype(dt)
+                    buf = want.copy() if r == root else np.full(n, 77, dt)
+                    select.broadcast(make(k), buf, root)
+                    assert buf.tobytes() == want.tobytes(), (n, root, dt)
+
+    _run(ts, body)
+    calls = p * 2 * p * len(dts)  # every rank's calls above the limit (int8 included: n > LIMIT bytes)
+    assert seen == ({"direct": 0, "declined": 0} if p == 2 else {"direct": calls, "declined": 0}), seen
+
+
+def test_a_broadcast_falls_back_when_a_rank_cannot_read(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _count_bcast(monkeypatch)
+    p = 3
+    ts = world(p)
+    monkeypatch.setattr(ts[2], "cma_pid", lambda rank: 0)
+
+    def body(r: int, make: Callable[..., Comm]) -> None:
+        for root in range(p):
+            want = np.arange(2 * LIMIT, dtype=np.int32) * (root + 1)
+            buf = want.copy() if r == root else np.zeros_like(want)
+            select.broadcast(make(root + 1), buf, root)
+            assert np.array_equal(buf, want), root
+
+    _run(ts, body)
+    assert seen == {"direct": 0, "declined": p * p}, seen

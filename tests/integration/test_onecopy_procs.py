@@ -1,0 +1,61 @@
+"""One-copy broadcasts (``algorithms.onecopy``, issue 14) with real processes on one host.
+
+Above the big slots' limit (lowered here to 64 KiB so that the test stays small), a broadcast among three or more
+ranks is read by every rank straight out of the root's buffer: closed-form values for every root and several
+dtypes, between other collectives; a rank that cannot read the others (``PROCGROUP_SHM_CMA=0`` there) sends every
+rank to the message algorithm, with the same results.  Nothing is left in /dev/shm.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from procgroup.transport import _cma
+
+from .harness import report
+from .test_bigarena_procs import PRELUDE, _run
+
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.skipif(not _cma.AVAILABLE, reason="no process_vm_readv here"),
+]
+
+BCAST = (
+    """
+import os
+if os.environ.get("CMA_OFF_RANK") == os.environ["RANK"]:
+    os.environ["PROCGROUP_SHM_CMA"] = "0"
+"""
+    + PRELUDE
+    + """
+from procgroup.algorithms import select
+select.BIG_LIMIT["broadcast"] = 1 << 16
+seen = []
+real = select.bcast_direct
+select.bcast_direct = lambda *a: seen.append(real(*a)) or seen[-1]
+k = 0
+for n in (1 << 16, 100_003, 1 << 20):
+    for root in range(p):
+        for dt in (np.float32, np.int8, np.float64):
+            k += 1
+            want = ((np.arange(n) * (root + 5) + k) % 97).astype(dt)
+            buf = want.copy() if r == root else np.full(n, 3, dt)
+            dist.broadcast(buf, src=root)
+            assert buf.tobytes() == want.tobytes(), (n, root, dt)
+        x = np.full(1000, r, np.int64)
+        dist.all_reduce(x)
+        assert x[0] == p * (p - 1) // 2
+off = bool(os.environ.get("CMA_OFF_RANK"))
+assert seen and all(s is (not off) for s in seen), seen
+print(f"rank {r} ok {len(seen)} one-copy={not off}", flush=True)
+dist.destroy_process_group()
+"""
+)
+
+
+@pytest.mark.parametrize("n,cma_off", [(3, ""), (4, ""), (3, "2")])
+def test_broadcasts_above_the_limit_read_from_the_root(tmp_path: Path, n: int, cma_off: str) -> None:
+    res = _run(tmp_path, BCAST, n, env={"CMA_OFF_RANK": cma_off} if cma_off else None, timeout=150)
+    assert all(r.returncode == 0 and f"rank {r.rank} ok" in r.stdout for r in res), report(res)
