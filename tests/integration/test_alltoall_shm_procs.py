@@ -53,7 +53,7 @@ def check(g):
     gr, gp = dist.get_rank(g), dist.get_world_size(g)
     salt = 0
     # equal splits: 0, 1, odd, inline, just above the arena, several big rounds, above the streams' limit
-    for k in (0, 1, 7, 1001, 4097, 40_000, 300_001):
+    for k in (0, 1, 7, 1001, 4097, 40_000, 300_001, 600_001):
         for dt in (np.float32, np.int64, np.float16, np.bool_, np.complex64, np.int8):
             if k > 50_000 and dt not in (np.float32, np.int8):
                 continue

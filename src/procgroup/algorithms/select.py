@@ -80,7 +80,11 @@ single-copy path moves each byte once, the big slots twice) and all_gather at
 N=2 from 4 MiB (1.04x-1.08x), so those stop at 16 MiB and 2 MiB.  all_to_all (benchmarks/ab_alltoall.py,
 loaded 2-CPU host, equal splits): the big slots took 0.8x the messages' time up to a 1 MiB stream at N=2
 (2 MiB per rank), 0.98x at 1.5 MiB, 1.07x-1.34x from 2 MiB (two copies against the single-copy path's
-one); at N=4 0.3x-0.9x up to 1.5 MiB, 1.3x-1.4x at 6 MiB: the limit is a 1 MiB stream.
+one); at N=4 0.3x-0.9x up to 1.5 MiB, 1.3x-1.4x at 6 MiB: the limit was a 1 MiB stream.  Since the streams
+above it are read straight from the senders (one copy, ``algorithms.onecopy``), the big slots still win at a
+2 MiB stream at N=2 (4 MiB per rank: 343-347 against 410-432 us) and tie at N=4 (1.5 and 3 MiB streams:
+0.8-0.9 and 1.5-1.9 ms both); at a 3 MiB stream N=2 ties and from 4 MiB the reads win (N=2 4 MiB 0.90-0.99
+against 1.04 ms): the limit is a 2 MiB stream.
 
 Every choice is computed from values all ranks of the call agree on (the
 group size and the per-rank message size), so all ranks pick the same
@@ -192,7 +196,7 @@ BIG_LIMIT: Dict[str, int] = {
     "reduce_scatter": 1 << 62,
     "broadcast": 16 << 20,
     "all_gather": 2 << 20,
-    "all_to_all": 1 << 20,
+    "all_to_all": 2 << 20,
 }
 #: multi-host all_reduce on hosts with as many ranks each: one leader per host below this, multileader
 #: from here.  3 netns hosts x 2 ranks on the 2-CPU host (same-process A/B, variants alternating per
