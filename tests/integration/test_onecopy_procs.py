@@ -1,9 +1,10 @@
-"""One-copy broadcasts (``algorithms.onecopy``, issue 14) with real processes on one host.
+"""One-copy broadcasts and all_gathers (``algorithms.onecopy``, issue 14) with real processes on one host.
 
-Above the big slots' limit (lowered here to 64 KiB so that the test stays small), a broadcast among three or more
-ranks is read by every rank straight out of the root's buffer: closed-form values for every root and several
-dtypes, between other collectives; a rank that cannot read the others (``PROCGROUP_SHM_CMA=0`` there) sends every
-rank to the message algorithm, with the same results.  Nothing is left in /dev/shm.
+Above the big slots' limits (lowered here to 64 KiB so that the test stays small), a broadcast among three or more
+ranks is read by every rank straight out of the root's buffer, and an all_gather's parts out of every rank's
+``sendbuf``: closed-form values for every root and several dtypes, between other collectives; a rank that cannot
+read the others (``PROCGROUP_SHM_CMA=0`` there) sends every rank to the message algorithm, with the same results.
+Nothing is left in /dev/shm.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ if os.environ.get("CMA_OFF_RANK") == os.environ["RANK"]:
     + PRELUDE
     + """
 from procgroup.algorithms import select
-select.BIG_LIMIT["broadcast"] = 1 << 16
+select.BIG_LIMIT["broadcast"] = select.BIG_LIMIT["all_gather"] = 1 << 16
 seen = []
-real = select.bcast_direct
-select.bcast_direct = lambda *a: seen.append(real(*a)) or seen[-1]
+real_b, real_g = select.bcast_direct, select.allgather_direct
+select.bcast_direct = lambda *a: seen.append(real_b(*a)) or seen[-1]
+select.allgather_direct = lambda *a: seen.append(real_g(*a)) or seen[-1]
 k = 0
 for n in (1 << 16, 100_003, 1 << 20):
     for root in range(p):
@@ -47,6 +49,12 @@ for n in (1 << 16, 100_003, 1 << 20):
         x = np.full(1000, r, np.int64)
         dist.all_reduce(x)
         assert x[0] == p * (p - 1) // 2
+    for dt in (np.float32, np.int8):
+        k += 1
+        out = np.zeros(p * n, dt)
+        dist.all_gather_into_tensor(out, ((np.arange(n) + r * 7 + k) % 89).astype(dt))
+        want = np.concatenate([((np.arange(n) + q * 7 + k) % 89).astype(dt) for q in range(p)])
+        assert out.tobytes() == want.tobytes(), (n, dt)
 off = bool(os.environ.get("CMA_OFF_RANK"))
 assert seen and all(s is (not off) for s in seen), seen
 print(f"rank {r} ok {len(seen)} one-copy={not off}", flush=True)
@@ -56,6 +64,6 @@ dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("n,cma_off", [(3, ""), (4, ""), (3, "2")])
-def test_broadcasts_above_the_limit_read_from_the_root(tmp_path: Path, n: int, cma_off: str) -> None:
+def test_broadcasts_and_all_gathers_above_the_limit_read_directly(tmp_path: Path, n: int, cma_off: str) -> None:
     res = _run(tmp_path, BCAST, n, env={"CMA_OFF_RANK": cma_off} if cma_off else None, timeout=150)
     assert all(r.returncode == 0 and f"rank {r.rank} ok" in r.stdout for r in res), report(res)

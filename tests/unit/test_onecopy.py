@@ -43,6 +43,7 @@ def world(request: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
         pytest.skip("the compiled arena was not built")
     monkeypatch.setitem(select.BIG_LIMIT, "all_to_all", LIMIT)
     monkeypatch.setitem(select.BIG_LIMIT, "broadcast", LIMIT)
+    monkeypatch.setitem(select.BIG_LIMIT, "all_gather", LIMIT)
     job = f"a2ad-{uuid.uuid4().hex[:10]}"
     made: List[Transport] = []
 
@@ -147,16 +148,17 @@ def test_a_failed_read_is_a_named_error(world: Any, monkeypatch: pytest.MonkeyPa
     assert ei.value.peer == 1
 
 
-def _count_bcast(monkeypatch: pytest.MonkeyPatch) -> Any:
+def _count_bcast(monkeypatch: pytest.MonkeyPatch, name: str = "bcast_direct") -> Any:
+    """Counters of ``select``'s calls of ``onecopy.<name>``: done, or declined (a rank could not read)."""
     seen = {"direct": 0, "declined": 0}
-    real = onecopy.bcast_direct
+    real = getattr(onecopy, name)
 
-    def bcast(*a: Any) -> bool:
+    def counted(*a: Any) -> bool:
         ok = real(*a)
         seen["direct" if ok else "declined"] += 1
         return ok
 
-    monkeypatch.setattr(select, "bcast_direct", bcast)
+    monkeypatch.setattr(select, name, counted)
     return seen
 
 
@@ -197,3 +199,33 @@ def test_a_broadcast_falls_back_when_a_rank_cannot_read(world: Any, monkeypatch:
 
     _run(ts, body)
     assert seen == {"direct": 0, "declined": p * p}, seen
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_an_all_gather_above_the_limit_reads_every_part(world: Any, p: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _count_bcast(monkeypatch, "allgather_direct")
+    ts = world(p)
+    dts = ["int8", "float32", "complex64", "int64"]
+
+    def part(q: int, n: int, dt: str, k: int) -> np.ndarray:
+        return ((np.arange(n) * (q + 2) + k) % 101).astype(dt)
+
+    def body(r: int, make: Callable[..., Comm]) -> None:
+        k = 0
+        for n in (LIMIT + 1, 2 * LIMIT + 3):
+            for dt in dts:
+                k += 1
+                want = np.concatenate([part(q, n, dt, k) for q in range(p)])
+                out = np.full(p * n + 2, 5, dt)  # 2 spare elements: must stay untouched
+                select.all_gather(make(k), part(r, n, dt, k), out)
+                assert out[: p * n].tobytes() == want.tobytes() and np.all(out[p * n :] == 5), (n, dt)
+                k += 1
+                inplace = np.zeros(p * n, dt)  # sendbuf is this rank's part of recvbuf
+                inplace[r * n : (r + 1) * n] = part(r, n, dt, k)
+                select.all_gather(make(k), inplace[r * n : (r + 1) * n], inplace)
+                want = np.concatenate([part(q, n, dt, k) for q in range(p)])
+                assert inplace.tobytes() == want.tobytes(), ("in place", n, dt)
+
+    _run(ts, body)
+    calls = p * 2 * len(dts) * 2
+    assert seen == ({"direct": 0, "declined": 0} if p == 2 else {"direct": calls, "declined": 0}), seen

@@ -13,12 +13,18 @@ user shares:
 
 The two exchanges carry the call's check word salted per use, so calls that disagree never meet.
 
-Users: all_to_all's streams above ``select.BIG_LIMIT['all_to_all']`` (``alltoall_shm``), and broadcasts above
-``select.BIG_LIMIT['broadcast']`` among three or more ranks (:func:`bcast_direct`): every reader copies the root's
-buffer at once, where the scatter + all-gather of messages moves each byte through the rings twice.  At 64 MiB
-on 2 CPUs that took 23.7-24.0 against 16.2-16.7 ms at N=4 and 16.1-18.0 against 9.6-9.7 at N=3 (at 32 MiB
-11.1-11.4 against 8.5-8.6, and 8.0-8.4 against 5.1-5.3; slowest rank per call, median).  At N=2 the message
-path reads the root's buffer with two threads and wins (5.0 against 7.0 ms), so it stays.
+Users (times: slowest rank per call, median of same-minute runs on 2 CPUs, messages -> one-copy reads):
+
+* all_to_all's streams above ``select.BIG_LIMIT['all_to_all']`` (``alltoall_shm``);
+* broadcasts above ``select.BIG_LIMIT['broadcast']`` among three or more ranks (:func:`bcast_direct`): every
+  reader copies the root's buffer at once, where the scatter + all-gather of messages moves each byte through
+  the rings twice.  64 MiB: N=4 23.7-24.0 -> 16.2-16.7 ms, N=3 16.1-18.0 -> 9.6-9.7; 32 MiB: N=4 11.1-11.4 ->
+  8.5-8.6, N=3 8.0-8.4 -> 5.1-5.3.  At N=2 the messages win (the rendezvous reads the root's buffer with two
+  threads: 5.0 against 7.0 ms at 64 MiB), so N=2 keeps them;
+* all_gathers above ``select.BIG_LIMIT['all_gather']`` among three or more ranks (:func:`allgather_direct`): each
+  rank reads every other's part, where the ring passes each part on p - 1 times.  N=4, 4 / 16 / 32 MiB a rank:
+  6.3 / 23.5 / 44.4 -> 5.5 / 20.6 / 41.1 ms; at N=2 the two tie (0.70-0.75, 4.8-4.9 and 9.8-10.0 ms), so N=2
+  keeps the ring.
 """
 
 from __future__ import annotations
@@ -28,12 +34,13 @@ from typing import Any, Callable, List, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["read_directly", "bcast_direct", "address_of"]
+__all__ = ["read_directly", "bcast_direct", "allgather_direct", "address_of"]
 
 #: ``read(i, out, addr)``: see ``Arena.reader``
 Reader = Callable[[int, memoryview, int], None]
 
 _SALT_BCAST = 0xB0C5_0000
+_SALT_ALLGATHER = 0xA11_0000
 
 
 def address_of(view: memoryview) -> int:
@@ -71,3 +78,20 @@ def bcast_direct(comm: Any, buf: np.ndarray, root: int) -> bool:
             read(root, view, offers[root][0])
 
     return read_directly(comm, comm.check_word() ^ _SALT_BCAST, [address_of(view) if me == root else 0], reads)
+
+
+def allgather_direct(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> bool:
+    """``recvbuf`` = every rank's ``sendbuf`` in rank order (both C-contiguous, same dtype), each rank copying the
+    others' parts straight out of their memory; False (nothing done) where a rank cannot read the others."""
+    p, me = comm.size, comm.rank
+    sv = sendbuf.data.cast("B")
+    n = sv.nbytes
+    rv = recvbuf[: p * sendbuf.shape[0]].data.cast("B")
+
+    def reads(read: Reader, offers: List[Tuple[int, ...]]) -> None:
+        rv[me * n : (me + 1) * n] = sv
+        for k in range(1, p):
+            j = (me + k) % p  # each rank starts at its right neighbour: the reads spread over the owners
+            read(j, rv[j * n : (j + 1) * n], offers[j][0])
+
+    return read_directly(comm, comm.check_word() ^ _SALT_ALLGATHER, [address_of(sv)], reads)

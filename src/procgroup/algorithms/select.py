@@ -67,7 +67,8 @@ to the others) continue through the big slots up to ``BIG_LIMIT['all_to_all']`` 
 stream of any rank, which every rank reads from the headers, so all agree) and above it are read straight out
 of the senders' buffers (one process_vm_readv a piece), or go as messages where a rank cannot read the others.
 A broadcast above ``BIG_LIMIT['broadcast']`` among three or more ranks of one host is read the same way by
-every rank straight out of the root's buffer (``algorithms.onecopy``), else it takes the table above.
+every rank straight out of the root's buffer (``algorithms.onecopy``), and an all_gather above
+``BIG_LIMIT['all_gather']`` by every rank out of every other's ``sendbuf``; else they take the table above.
 
 ``BIG_LIMIT[collective]`` hands calls above it back to the table above (the
 message algorithms, with the single-copy path for large messages).  The
@@ -139,7 +140,7 @@ from .gathering import (
     scatter_binomial,
     scatter_linear,
 )
-from .onecopy import bcast_direct
+from .onecopy import allgather_direct, bcast_direct
 from .redscat import reduce_scatter_allreduce, reduce_scatter_ring
 from .reduction import reduce_binomial, reduce_scatter_gather
 
@@ -282,6 +283,13 @@ def _big(comm: Any, collective: str, nbytes: int) -> bool:
     return a is not None and a.big is not None and a.max_bytes < nbytes <= BIG_LIMIT[collective]
 
 
+def _onecopy(comm: Any, collective: str, nbytes: int) -> bool:
+    """True when ``comm``'s ranks share a host (an arena), are three or more, and ``nbytes`` is above the big
+    slots' limit: ``algorithms.onecopy`` may then read the parts straight out of their owners' memory (at N=2 the
+    message path ties or wins: the rendezvous reads a broadcast's root with two threads)."""
+    return comm.size >= 3 and comm.arena is not None and nbytes > BIG_LIMIT[collective]
+
+
 def choose_all_reduce_flat(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
     """All-reduce among ``p`` ranks without host structure: recursive doubling or ring."""
     if nbytes <= ALLREDUCE_SMALL or nelems < p:
@@ -414,7 +422,7 @@ def broadcast(comm: Any, buf: np.ndarray, root: int) -> None:
             return bcast_arena(comm, buf, root)
         if _big(comm, "broadcast", buf.nbytes):
             return bcast_big(comm, buf, root)
-        if comm.size >= 3 and comm.arena is not None and buf.nbytes > BIG_LIMIT["broadcast"]:
+        if _onecopy(comm, "broadcast", buf.nbytes):
             if bcast_direct(comm, buf, root):  # every reader copies the root's buffer at once (algorithms.onecopy)
                 return
     choose_broadcast(comm.size, buf.nbytes)(comm, buf, root)
@@ -450,6 +458,10 @@ def all_gather(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
             f = allgather_arena
         elif _big(comm, "all_gather", sendbuf.nbytes):
             f = allgather_big
+        elif _onecopy(comm, "all_gather", sendbuf.nbytes) and recvbuf.dtype == sendbuf.dtype:
+            if allgather_direct(comm, sendbuf, recvbuf):  # each rank reads the others' parts (algorithms.onecopy)
+                return
+            f = allgather_bruck if sendbuf.nbytes * comm.size <= ALLGATHER_SMALL else allgather_ring
         else:
             f = allgather_bruck if sendbuf.nbytes * comm.size <= ALLGATHER_SMALL else allgather_ring
     f(comm, sendbuf, recvbuf)
