@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
 from . import algorithms as alg
 from .algorithms.alltoall_shm import SALT, alltoall_shm, native_done, prepare, shm_applies
 from .algorithms.arena import (
@@ -40,7 +42,7 @@ from .algorithms.arena import (
     reduce_arena,
     reduce_queue,
 )
-from .algorithms.bigarena import bind_allgather
+from .algorithms.bigarena import allreduce_big, bind_allgather, bind_bcast, bind_reduce
 from .algorithms.comm import STEP_BITS, Comm
 from .algorithms.select import BIG_LIMIT, choose_all_reduce
 from .deadline import Deadline
@@ -180,6 +182,14 @@ def all_reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, kern:
             if not xr(a, rop, rty, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline, True):
                 algo(c, a, kern)  # not aligned: nothing was published, the general arena path
 
+    elif (
+        choose_all_reduce(_probe(g), n * _itemsize(dt), n) is allreduce_big
+        and (bfn := _bound_big(g, "all_reduce", n * _itemsize(dt), dt, -1, kern)) is not None
+    ):
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            bfn(c, a)  # the big slots' one-sync all_reduce in one compiled call
+
     else:
 
         def fn(c: Any, a: Any, b: Any) -> None:
@@ -199,7 +209,12 @@ def broadcast(g: ProcessGroup, dt: Any, n: int, root: int, dname: str, fast: Any
         plan = Plan(g, "broadcast", ("broadcast", dname, n, f"root={root}"), _bcast_queue_fn(qu, g.rank(), root))
         plan.direct = True
         return plan
-    if ar is not None:
+    if fast is None and algo is alg.broadcast and (bfn := _bound_big(g, "broadcast", n * _itemsize(dt), dt, root)):
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            bfn(c, a)  # the big slots' one-step broadcast in one compiled call
+
+    elif ar is not None:
         xc = ar.exchange_copy
         if g.rank() == root:
 
@@ -246,6 +261,16 @@ def reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, root: int, dname: str
         def fn(c: Any, a: Any, b: Any) -> None:
             if not xr(a, rop, rty, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline, here):
                 algo(c, a, kern, root)  # not aligned: nothing was published, the general arena path
+
+    elif (
+        fast is None
+        and not avg
+        and algo is alg.reduce
+        and (bfn := _bound_big(g, "reduce", n * _itemsize(dt), dt, root, kern)) is not None
+    ):
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            bfn(c, a)  # the big slots' one-sync reduce in one compiled call (a non-root one-way)
 
     else:
 
@@ -354,14 +379,33 @@ def all_gather(g: ProcessGroup, dt: Any, n: int, dname: str, fast: Any) -> Plan:
     return plan.split(g, "all_gather", n * _itemsize(dt)) if fast is not None else plan
 
 
-def _allgather_big(g: ProcessGroup, nbytes: int, dt: Any) -> Any:
-    """bigarena.bind_allgather for a part of ``nbytes`` a member, where algorithms.select takes the big slots for
-    it (above the arena's slot, within BIG_LIMIT); else None."""
+def _big_slots(g: ProcessGroup, collective: str, nbytes: int, dt: Any) -> Any:
+    """The group's big slots where algorithms.select takes them for ``collective`` of ``nbytes`` (above the
+    arena's slot, within BIG_LIMIT) and ``dt`` is a numpy dtype; else None."""
     a = g.arena()
     big = None if a is None else a.big
-    if big is None or not a.max_bytes < nbytes <= BIG_LIMIT["all_gather"] or isinstance(dt, str):
+    if big is None or not a.max_bytes < nbytes <= BIG_LIMIT[collective] or isinstance(dt, str):
         return None
-    return bind_allgather(big, nbytes, dt)
+    return big
+
+
+def _allgather_big(g: ProcessGroup, nbytes: int, dt: Any) -> Any:
+    """bigarena.bind_allgather for a part of ``nbytes`` a member, where algorithms.select takes the big slots for
+    it; else None."""
+    big = _big_slots(g, "all_gather", nbytes, dt)
+    return None if big is None else bind_allgather(big, nbytes, dt)
+
+
+def _bound_big(g: ProcessGroup, collective: str, nbytes: int, dt: Any, root: int, kern: Any = None) -> Any:
+    """``fn(comm, buf)``: bigarena.bind_bcast (``collective`` "broadcast") or bind_reduce ("all_reduce" with
+    ``root`` -1, "reduce"), where algorithms.select takes the big slots for it and the binding applies; else
+    None."""
+    big = _big_slots(g, collective, nbytes, dt)
+    if big is None:
+        return None
+    if collective == "broadcast":
+        return bind_bcast(big, nbytes, np.dtype(dt), root, g.rank())
+    return bind_reduce(big, nbytes, np.dtype(dt), g.size(), g.rank(), root, kern)
 
 
 def reduce_scatter(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, kern: Any, fast: Any) -> Plan:

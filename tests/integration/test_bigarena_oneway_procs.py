@@ -108,6 +108,51 @@ elif mode == "mix":
         else:
             dist.barrier()
     print(f"rank {r} ok", flush=True)
+elif mode == "plans":
+    # warm plans (a shape's second call on) of the big slots' one-step broadcast and one-sync all_reduce / reduce:
+    # on the compiled path one bound call (bigarena.bind_bcast / bind_reduce), never the general helpers
+    from procgroup.algorithms import bigarena as B
+    from procgroup.algorithms import select as S
+
+    general = []
+    for name in ("bcast_big", "_reduce_direct"):
+        setattr(B, name, (lambda real, name: lambda *a: general.append(name) or real(*a))(getattr(B, name), name))
+    S.bcast_big = B.bcast_big  # the selection's own reference
+    ops = {"SUM": np.add, "MAX": np.maximum, "PRODUCT": np.multiply}
+    shapes = 0
+    for dt in ("float32", "int64", "float64"):
+        for n in (40001 // np.dtype(dt).itemsize, 60000 // np.dtype(dt).itemsize):  # above the arena, in one buffer
+            for op in ("SUM", "MAX", "PRODUCT"):
+                xs = [vals(q, n, dt) for q in range(p)]
+                want = xs[0].copy()
+                for y in xs[1:]:
+                    ops[op](want, y, out=want)
+                for _ in range(3):
+                    x = xs[r].copy()
+                    dist.all_reduce(x, op=getattr(dist.ReduceOp, op))
+                    assert x.tobytes() == want.tobytes(), (dt, n, op)
+                    for root in range(p):
+                        y = xs[r].copy()
+                        dist.reduce(y, dst=root, op=getattr(dist.ReduceOp, op))
+                        assert y.tobytes() == (want if r == root else xs[r]).tobytes(), (dt, n, op, root)
+                shapes += 1 + p
+            for root in range(p):
+                for _ in range(3):
+                    b = vals(root, n, dt) if r == root else np.zeros(n, dt)
+                    dist.broadcast(b, src=root)
+                    assert np.array_equal(b, vals(root, n, dt)), (dt, n, root)
+                shapes += 1
+    raw = np.zeros(4 * 10001 + 1, np.uint8)  # misaligned: the bound call refuses it, the general path runs
+    x = raw[1:].view(np.float32)
+    for _ in range(3):
+        x[...] = vals(r, 10001, "float32")
+        dist.all_reduce(x)
+        assert np.array_equal(x, sum(vals(q, 10001, "float32") for q in range(p)))
+    if big.native:  # each shape's first call is general; the warm ones bound (the misaligned array: all 3)
+        assert len(general) == shapes + 3, (len(general), shapes)
+    else:
+        assert len(general) == 3 * shapes + 3, (len(general), shapes)
+    print(f"rank {r} ok", flush=True)
 elif mode == "die":
     x = vals(r, 5000)
     dist.all_reduce(x)
@@ -188,6 +233,13 @@ def test_non_roots_return_before_the_root_calls(tmp_path: Path, n: int, paths: s
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_reduces_with_every_root_among_every_other_op_and_a_lagging_rank(tmp_path: Path, n: int, paths: str) -> None:
     res = _run(tmp_path, "mix", n, paths)
+    assert all(r.returncode == 0 and f"rank {r.rank} ok" in r.stdout for r in res), report(res)
+
+
+@pytest.mark.parametrize("paths", PATHS)
+@pytest.mark.parametrize("n", [2, 3])
+def test_warm_plans_of_one_step_broadcasts_and_one_sync_reductions(tmp_path: Path, n: int, paths: str) -> None:
+    res = _run(tmp_path, "plans", n, paths)
     assert all(r.returncode == 0 and f"rank {r.rank} ok" in r.stdout for r in res), report(res)
 
 

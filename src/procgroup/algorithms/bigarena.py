@@ -67,6 +67,8 @@ from .arena import _FUSED
 __all__ = [
     "big_of",
     "allreduce_big",
+    "bind_bcast",
+    "bind_reduce",
     "reduce_big",
     "reduce_scatter_big",
     "bcast_big",
@@ -273,6 +275,55 @@ def bind_allgather(big: Any, nbytes: int, dt: np.dtype) -> Optional[Callable[[An
             big.turn += 1
         else:  # nothing was done (a size the compiled call refuses): the general path
             allgather_big(comm, sendbuf, recvbuf)
+
+    return fn
+
+
+def bind_bcast(big: Any, nbytes: int, dt: np.dtype, root: int, me: int) -> Optional[Callable[[Any, np.ndarray], None]]:
+    """:func:`bcast_big` of ``nbytes`` from ``root``, for a plan's repeated calls on member ``me``: where the message
+    is one step and the big slots run compiled, ``fn(comm, buf)`` does the check and the copy in, sync and copy out
+    in one call, else (None) the plan calls the selection.  Same step and check word as bcast_big."""
+    if not getattr(big, "native", False) or _pipe_elems(nbytes, dt.itemsize, big.slot_bytes) * dt.itemsize < nbytes:
+        return None
+    begin, sync_copy = big.begin, big.sync_copy
+
+    def fn(comm: Any, buf: np.ndarray) -> None:
+        dl = comm.deadline
+        begin(_check(comm, _OP_BCAST, nbytes, dt, root), dl)
+        k = big.turn & 1
+        if buf.flags.c_contiguous and (
+            sync_copy(buf, k, None, 0, 0, 0, 0, dl) if me == root else sync_copy(None, k, buf, root, 0, 0, nbytes, dl)
+        ):
+            big.turn += 1
+        else:  # nothing was done (a size or layout the compiled call refuses): the general path
+            bcast_big(comm, buf, root)
+
+    return fn
+
+
+def bind_reduce(
+    big: Any, nbytes: int, dt: np.dtype, p: int, me: int, root: int, reduce: Reducer
+) -> Optional[Callable[[Any, np.ndarray], None]]:
+    """The one-sync all_reduce (``root`` < 0) or reduce of :func:`_reduce_slices` for a plan's repeated calls on
+    member ``me`` of ``p``: where that size takes the one-sync path, the reduction has a compiled kernel and the
+    big slots run compiled, ``fn(comm, buf)`` does the check, the copy in, the sync and the reduction in one call
+    (a reduce's non-root one-way, as there); else (None) the plan calls the selection."""
+    codes = _FUSED.get((getattr(reduce, "ufunc", None), dt))
+    direct = nbytes <= DIRECT_MAX if root < 0 else nbytes * p <= REDUCE_DIRECT_READS
+    if not getattr(big, "native", False) or codes is None or nbytes > big.slot_bytes or not direct:
+        return None
+    keep = root < 0 or me == root
+    wait = WAIT_ALL if keep else WAIT_NONE
+    begin, sync_reduce = big.begin, big.sync_reduce
+    rop, rty = codes
+
+    def fn(comm: Any, buf: np.ndarray) -> None:
+        dl = comm.deadline
+        begin(_check(comm, _OP_DIRECT, nbytes, dt, root), dl)
+        if buf.flags.c_contiguous and sync_reduce(buf, big.turn & 1, rop, rty, keep, dl, wait):
+            big.turn += 1
+        else:  # not aligned: nothing was done, the general path
+            _reduce_direct(comm, buf, reduce, root)
 
     return fn
 
