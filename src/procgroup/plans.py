@@ -42,7 +42,7 @@ from .algorithms.arena import (
     reduce_arena,
     reduce_queue,
 )
-from .algorithms.bigarena import allreduce_big, bind_allgather, bind_bcast, bind_reduce
+from .algorithms.bigarena import allreduce_big, bind_allgather, bind_bcast, bind_reduce, bind_reduce_scatter
 from .algorithms.comm import STEP_BITS, Comm
 from .algorithms.select import BIG_LIMIT, choose_all_reduce
 from .deadline import Deadline
@@ -424,6 +424,17 @@ def reduce_scatter(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, k
         def fn(c: Any, a: Any, b: Any) -> None:
             if not xb(a, b, rop, rty, off, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline):
                 alg.reduce_scatter(c, a, b, kern)  # not aligned: nothing was published, the general path
+
+    elif (
+        fast is None
+        and not avg
+        and not _arena_fits(g, p * n * isz)
+        and (big := _big_slots(g, "reduce_scatter", p * n * isz, dt)) is not None
+        and (bfn := bind_reduce_scatter(big, n, np.dtype(dt), p, g.rank(), kern)) is not None
+    ):
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            bfn(c, a, b)  # the big slots' one-step reduce_scatter: copy in, sync, one compiled reduction
 
     else:
 

@@ -115,9 +115,9 @@ elif mode == "plans":
     from procgroup.algorithms import select as S
 
     general = []
-    for name in ("bcast_big", "_reduce_direct"):
+    for name in ("bcast_big", "_reduce_direct", "reduce_scatter_big"):
         setattr(B, name, (lambda real, name: lambda *a: general.append(name) or real(*a))(getattr(B, name), name))
-    S.bcast_big = B.bcast_big  # the selection's own reference
+    S.bcast_big, S.reduce_scatter_big = B.bcast_big, B.reduce_scatter_big  # the selection's own references
     ops = {"SUM": np.add, "MAX": np.maximum, "PRODUCT": np.multiply}
     shapes = 0
     for dt in ("float32", "int64", "float64"):
@@ -142,16 +142,33 @@ elif mode == "plans":
                     dist.broadcast(b, src=root)
                     assert np.array_equal(b, vals(root, n, dt)), (dt, n, root)
                 shapes += 1
+    for dt in ("float32", "int64"):
+        m = 48000 // (np.dtype(dt).itemsize * p)  # the whole input above the arena, in one buffer
+        for op in ("SUM", "MAX"):
+            xs = [vals(q, p * m, dt) for q in range(p)]
+            want = xs[0].copy()
+            for y in xs[1:]:
+                ops[op](want, y, out=want)
+            for _ in range(3):
+                o = np.full(m, 9, dt)
+                dist.reduce_scatter_tensor(o, xs[r], op=getattr(dist.ReduceOp, op))
+                assert o.tobytes() == want[r * m : (r + 1) * m].tobytes(), (dt, op)
+            shapes += 1
+            inp = xs[r].copy()  # in place: the output is this rank's block of the input (the general path)
+            dist.reduce_scatter_tensor(inp[r * m : (r + 1) * m], inp, op=getattr(dist.ReduceOp, op))
+            assert inp[r * m : (r + 1) * m].tobytes() == want[r * m : (r + 1) * m].tobytes(), (dt, op, "in place")
+            shapes += 1  # its first call (its only one) is general on every path
     raw = np.zeros(4 * 10001 + 1, np.uint8)  # misaligned: the bound call refuses it, the general path runs
     x = raw[1:].view(np.float32)
     for _ in range(3):
         x[...] = vals(r, 10001, "float32")
         dist.all_reduce(x)
         assert np.array_equal(x, sum(vals(q, 10001, "float32") for q in range(p)))
+    once = 4  # the in-place reduce_scatters: one call each
     if big.native:  # each shape's first call is general; the warm ones bound (the misaligned array: all 3)
         assert len(general) == shapes + 3, (len(general), shapes)
     else:
-        assert len(general) == 3 * shapes + 3, (len(general), shapes)
+        assert len(general) == 3 * (shapes - once) + once + 3, (len(general), shapes)
     print(f"rank {r} ok", flush=True)
 elif mode == "die":
     x = vals(r, 5000)
@@ -238,7 +255,7 @@ def test_reduces_with_every_root_among_every_other_op_and_a_lagging_rank(tmp_pat
 
 @pytest.mark.parametrize("paths", PATHS)
 @pytest.mark.parametrize("n", [2, 3])
-def test_warm_plans_of_one_step_broadcasts_and_one_sync_reductions(tmp_path: Path, n: int, paths: str) -> None:
+def test_warm_plans_of_big_slot_broadcasts_reductions_and_reduce_scatters(tmp_path: Path, n: int, paths: str) -> None:
     res = _run(tmp_path, "plans", n, paths)
     assert all(r.returncode == 0 and f"rank {r.rank} ok" in r.stdout for r in res), report(res)
 

@@ -69,6 +69,7 @@ __all__ = [
     "allreduce_big",
     "bind_bcast",
     "bind_reduce",
+    "bind_reduce_scatter",
     "reduce_big",
     "reduce_scatter_big",
     "bcast_big",
@@ -258,6 +259,40 @@ def reduce_scatter_big(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, redu
         if not own_in_shm:
             parts[me] = blocks[me, a : a + k]
         _reduce_chain(recvbuf[a : a + k], parts, reduce)
+
+
+def bind_reduce_scatter(
+    big: Any, m: int, dt: np.dtype, p: int, me: int, reduce: Reducer
+) -> Optional[Callable[[Any, np.ndarray, np.ndarray], None]]:
+    """:func:`reduce_scatter_big` into ``m`` elements a member, for a plan's repeated calls on member ``me`` of
+    ``p``: where the whole input fits one buffer (one step), the reduction has a compiled kernel and the big slots
+    run compiled, ``fn(comm, sendbuf, recvbuf)`` copies the other members' blocks in, syncs and reduces its own
+    block of every buffer in one compiled call (numpy's results, member order); else (None) the plan calls the
+    selection.  Same step and check word as reduce_scatter_big."""
+    codes = _FUSED.get((getattr(reduce, "ufunc", None), dt))
+    nbytes = m * dt.itemsize
+    if not getattr(big, "native", False) or codes is None or not 0 < p * nbytes <= big.slot_bytes:
+        return None
+    begin, sync, reduce_into, arrays = big.begin, big.sync, big.reduce_into, big.arrays
+    rop, rty = codes
+
+    def fn(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+        ok = sendbuf.flags.c_contiguous and sendbuf.flags.aligned and recvbuf.flags.c_contiguous
+        if not ok or not recvbuf.flags.aligned or np.may_share_memory(sendbuf, recvbuf):
+            reduce_scatter_big(comm, sendbuf.reshape(-1), recvbuf.reshape(-1), reduce)
+            return
+        dl = comm.deadline
+        begin(_check(comm, _OP_REDSCAT, nbytes, dt), dl)
+        k = big.turn & 1
+        mine = arrays[k][me][: p * nbytes].view(dt).reshape(p, m)
+        big.turn += 1
+        blocks = sendbuf.reshape(-1)[: p * m].reshape(p, m)
+        mine[:me] = blocks[:me]
+        mine[me + 1 :] = blocks[me + 1 :]
+        sync(dl)
+        reduce_into(recvbuf.reshape(-1)[:m], k, me * nbytes, rop, rty, blocks[me])
+
+    return fn
 
 
 def bind_allgather(big: Any, nbytes: int, dt: np.dtype) -> Optional[Callable[[Any, np.ndarray, np.ndarray], None]]:
