@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Any, Callable, List
+from typing import Any, Callable, Iterator, List
 
 import numpy as np
 import pytest
@@ -42,13 +42,13 @@ PATHS = [
 SUM = kernel(ReduceOp.SUM, "int64")
 
 
-@pytest.fixture(params=PATHS)
-def world(request: Any) -> Any:
-    job = f"bow-{uuid.uuid4().hex[:10]}"
+def shm_worlds(native: bool, job: str) -> Iterator[Callable[..., List[Transport]]]:
+    """A factory of shm worlds of ranks as threads (big slots of SLOT bytes, the compiled path or not; further
+    ShmOptions by keyword), closed afterwards and checked for leaked segments."""
     made: List[Transport] = []
 
-    def factory(n: int) -> List[Transport]:
-        ts = _form("shm", n, job, shm_options=ShmOptions(big_slot=SLOT, native=request.param))
+    def factory(n: int, **kw: Any) -> List[Transport]:
+        ts = _form("shm", n, job, shm_options=ShmOptions(big_slot=SLOT, native=native, **kw))
         made.extend(ts)
         return ts
 
@@ -56,6 +56,11 @@ def world(request: Any) -> Any:
     for t in made:
         t.close()
     assert _segments(job) == [], "shared memory segments leaked"
+
+
+@pytest.fixture(params=PATHS)
+def world(request: Any) -> Any:
+    yield from shm_worlds(request.param, f"bow-{uuid.uuid4().hex[:10]}")
 
 
 def _comms(t: Transport, p: int) -> Callable[..., Comm]:

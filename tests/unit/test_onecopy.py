@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import errno
 import uuid
-from typing import Any, Callable, List
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -22,15 +22,15 @@ import pytest
 from procgroup.algorithms import alltoall_shm as A2A
 from procgroup.algorithms import onecopy, select
 from procgroup.algorithms.comm import Comm
-from procgroup.config import ShmOptions
 from procgroup.errors import BrokenError, PeerFailureError
-from procgroup.transport import Transport, _cma
+from procgroup.transport import _cma
 from procgroup.transport.shm import arena as shm_arena
 
 from .test_algorithms import DTYPES
 from .test_alltoall_shm import _check_a2a, _equal, _mixed, _select, _uneven
-from .test_bigarena import SLOT, _run
-from .test_transport_conformance import _form, _segments
+from .test_bigarena import _run
+from .test_bigarena_oneway import shm_worlds
+from .test_transport_conformance import _form
 
 pytestmark = pytest.mark.skipif(not _cma.AVAILABLE, reason="no process_vm_readv here")
 
@@ -44,19 +44,7 @@ def world(request: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setitem(select.BIG_LIMIT, "all_to_all", LIMIT)
     monkeypatch.setitem(select.BIG_LIMIT, "broadcast", LIMIT)
     monkeypatch.setitem(select.BIG_LIMIT, "all_gather", LIMIT)
-    job = f"a2ad-{uuid.uuid4().hex[:10]}"
-    made: List[Transport] = []
-
-    def factory(n: int, **kw: Any) -> List[Transport]:
-        opts = ShmOptions(big_slot=SLOT, native=request.param == "native", **kw)
-        ts = _form("shm", n, job, shm_options=opts)
-        made.extend(ts)
-        return ts
-
-    yield factory
-    for t in made:
-        t.close()
-    assert _segments(job) == [], "shared memory segments leaked"
+    yield from shm_worlds(request.param == "native", f"a2ad-{uuid.uuid4().hex[:10]}")
 
 
 def _count(monkeypatch: pytest.MonkeyPatch) -> Any:
