@@ -261,9 +261,9 @@ def test_dead_peer_between_big_rounds(world: Any) -> None:
             orig = c.arena.big.sync  # type: ignore[union-attr]
 
             def sync_then_die(dl: Any) -> None:
+                gate.set()  # first: rank 0 may see the failure below and check the gate before another line here
                 ts[1].close()
                 ts[0].mark_peer_failed(1, "rank 1 was killed (test)")
-                gate.set()
                 raise PeerFailureError("rank 1 stops here (test)", peer=1)
 
             c.arena.big.sync = sync_then_die  # type: ignore[union-attr, method-assign]
