@@ -159,9 +159,9 @@ def test_mismatch_raises_on_every_member(flavour, kind, warm):
     assert not r.timed_out and not r.leftovers, r.report()
     got = re.findall(r"rank (\d+): mismatch after ([\d.]+)s", r.stdout)
     assert sorted(int(q) for q, _ in got) == [0, 1], r.report()
-    # well before the workers' 10 s window: the watchdog's divergence search may wait up to 3 s for the peer's
-    # published history, and a loaded CI machine once took 6.6 s for the two-roots case
-    assert all(float(t) < 9.0 for _, t in got), r.report()
+    # within the workers' 25 s window: alone it takes about 2 s, but the watchdog's divergence search may wait up
+    # to 3 s for the peer's published history, and loaded CI runs took 6.6 s and over 10 s for the two-roots case
+    assert all(float(t) < 24.0 for _, t in got), r.report()
 
 
 @pytest.mark.timeout(200)
