@@ -428,8 +428,7 @@ def reduce_scatter(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, k
     elif (
         fast is None
         and not avg
-        and not _arena_fits(g, p * n * isz)
-        and (big := _big_slots(g, "reduce_scatter", p * n * isz, dt)) is not None
+        and (big := _big_slots(g, "reduce_scatter", p * n * isz, dt)) is not None  # above the arena's slot
         and (bfn := bind_reduce_scatter(big, n, np.dtype(dt), p, g.rank(), kern)) is not None
     ):
 
