@@ -9,12 +9,12 @@ Skipped when torch is not installed.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import tomllib
+
+from .gloo_reference import launch
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch.distributed")
@@ -36,32 +36,15 @@ def _env(extra_path: str = "") -> dict[str, str]:
     return env
 
 
-#: torch's gloo sometimes aborts a worker at exit (a C++ thread still joinable when its group is destroyed:
-#: pytorch/pytorch#190489); seen once in CI on the gloo reference run, never on procgroup's
-_GLOO_EXIT_ABORT = "terminate called without an active exception"
-
-
-def _launch(args: list[str], env: dict[str, str], cwd: Path, *, reference: bool = False) -> subprocess.CompletedProcess:
-    """``procgroup run`` N=2; ``reference``: a gloo reference run, retried once if gloo aborts at exit."""
-    for _attempt in range(2 if reference else 1):
-        r = subprocess.run(
-            [sys.executable, "-m", "procgroup", "run", "--standalone", "--nproc-per-node", "2", *args],
-            env=env,
-            cwd=str(cwd),
-            capture_output=True,
-            text=True,
-            timeout=240,
-            check=False,
-        )
-        if r.returncode == 0 or _GLOO_EXIT_ABORT not in r.stderr:
-            break
-    assert r.returncode == 0, f"exit {r.returncode}\n--- stdout\n{r.stdout[-4000:]}\n--- stderr\n{r.stderr[-6000:]}"
-    return r
-
-
 def _train(case: str, backend: str, tmp_path: Path) -> list[dict]:
     out = tmp_path / f"{case}-{backend}"
-    r = _launch([str(HERE / "train_worker.py"), case, backend, str(out)], _env(), tmp_path, reference=backend == "gloo")
+    r = launch(
+        [str(HERE / "train_worker.py"), case, backend, str(out)],
+        _env(),
+        tmp_path,
+        reference=backend == "gloo",
+        complete=lambda r: r.stdout.count(f"OK {case} rank") == 2,
+    )
     assert r.stdout.count(f"OK {case} rank") == 2, r.stdout
     return [torch.load(out / f"rank{i}.pt") for i in range(2)]
 
@@ -112,6 +95,15 @@ def _autoload_dist_info(tmp_path: Path) -> Path:
     return info.parent
 
 
+def _loads(path: Path) -> bool:
+    """``path`` holds a whole torch.save file (rank 0 saved before gloo's abort at exit, if any)."""
+    try:
+        torch.load(path)
+    except Exception:
+        return False
+    return True
+
+
 @pytest.mark.timeout(300)
 def test_unmodified_ddp_script_bitwise_equal_to_gloo(tmp_path: Path) -> None:
     """The same script with only backend="gloo" -> "procgroup": final parameters equal bit for bit at N=2."""
@@ -121,8 +113,9 @@ def test_unmodified_ddp_script_bitwise_equal_to_gloo(tmp_path: Path) -> None:
     changed = tmp_path / "ddp_procgroup.py"
     changed.write_text(original.replace(call, call.replace("gloo", "procgroup")))
     env = _env(str(_autoload_dist_info(tmp_path)))
-    _launch([str(HERE / "unmodified_ddp.py"), str(tmp_path / "gloo.pt")], env, tmp_path, reference=True)
-    _launch([str(changed), str(tmp_path / "procgroup.pt")], env, tmp_path)
+    ref = tmp_path / "gloo.pt"
+    launch([str(HERE / "unmodified_ddp.py"), str(ref)], env, tmp_path, reference=True, complete=lambda _: _loads(ref))
+    launch([str(changed), str(tmp_path / "procgroup.pt")], env, tmp_path)
     gloo, pg = torch.load(tmp_path / "gloo.pt"), torch.load(tmp_path / "procgroup.pt")
     assert len(gloo) == len(pg) == 6
     for a, b in zip(gloo, pg):
