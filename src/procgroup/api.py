@@ -43,7 +43,7 @@ from .file_rendezvous import open_file_store
 from .identity import torchelastic_launched
 from .identity_guard import publish_identity_failure, resolve_identity
 from .netutil import is_literal_loopback
-from .process_group import ProcessGroup, World
+from .process_group import ProcessGroup, World, abort_world
 from .rendezvous import InitMethod, parse_init_method, setup_logging
 from .state import GroupMember, _state, default_group, group, resolve_group
 from .subgroups import new_group, new_subgroups, release_gid, split_group
@@ -348,7 +348,9 @@ def _start_watchdog(world: World, rdv: _Rendezvous, cfg: RuntimeConfig) -> None:
         wstore = store_mod.PrefixStore(f"pg/{cfg.restart_count}", conn)
     else:
         wstore = world.store
-    wd = Watchdog(wstore, world.rank, lambda: [g.status() for g in list(_state.groups)], world.transport.abort)
+    wd = Watchdog(
+        wstore, world.rank, lambda: [g.status() for g in list(_state.groups)], lambda e: abort_world(world, e)
+    )
     world.on_close.append(wd.start().stop)
 
 

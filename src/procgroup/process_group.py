@@ -83,6 +83,7 @@ from .work import BREAKING, P2PWork, Work, wait_now
 
 __all__ = [
     "World",
+    "abort_world",
     "ProcessGroup",
     "Work",
     "SLOW",
@@ -196,6 +197,8 @@ class ProcessGroup(GroupCore):  # GroupCore: the compiled base or its Python twi
     _host_arena: Any = None  # a group spanning hosts: its members' slots on this host (made with _arena)
     _gen_fp = 0  # the incarnation's fingerprint salt (gen > 0 only)
     broken: Optional[Failure] = None  # the error that broke this group (or its world), once one has
+    #: what the watchdog learned out of band (see abort_world): the next call raises it, then the group is broken
+    _aborted: Optional[BaseException] = None
 
     def __init__(
         self,
@@ -253,7 +256,8 @@ class ProcessGroup(GroupCore):  # GroupCore: the compiled base or its Python twi
         self._arena: Any = _UNSET  # the transport's shared slots for this group (None: it has none), made on first use
         #: planned calls (procgroup.plans): what a repeated collective derives once, keyed by the call's shape
         self.plans: Dict[tuple, Any] = {}
-        #: why this group refuses every call (None: usable): "closed", "broken", "forked"; checked first by every call
+        #: why this group refuses every call (None: usable): "closed", "broken", "forked", "aborted" (abort_world);
+        #: checked first by every call
         self._halt: Optional[str] = None
         if world.broken is not None:  # (the class default: None)
             self.broken = world.broken
@@ -340,6 +344,12 @@ class ProcessGroup(GroupCore):  # GroupCore: the compiled base or its Python twi
         """The error a call ``op`` gets on a group that refuses calls (see ``_halt``)."""
         if self._halt == "forked":
             return ForkedProcessError(forked_message(op, self.world.pid))
+        if self._halt == "aborted":  # see abort_world
+            self._halt = "broken"
+            if self.broken is None and self._aborted is not None:  # the first call since: the cause, in context
+                err = self._context(self._aborted, op, None, Deadline.after(0.0))
+                self.mark_broken(err, op, None)  # every later call: GroupBrokenError naming it
+                return err
         if self._halt == "broken" and self.broken is not None:
             return GroupBrokenError(
                 f"{op} on rank {self.world.rank} in group {self.name}: the group is broken since "
@@ -362,7 +372,7 @@ class ProcessGroup(GroupCore):  # GroupCore: the compiled base or its Python twi
         for g in groups:
             if g.broken is None:
                 g.broken = f
-            if g._halt is None:
+            if g._halt is None:  # an "aborted" group raises its cause first, then is broken
                 g._halt = "broken"
         if isinstance(e, DistTimeoutError) and self.world.store is not None:
             record_broken(self.world.store, self.gid, f.describe())
@@ -718,6 +728,21 @@ class ProcessGroup(GroupCore):  # GroupCore: the compiled base or its Python twi
         self.plans.clear()
         if self.world.engine is not None and self.gid != 0:  # its id may be reused: the engine must not keep it
             self.world.engine.forget_group(self.gid)
+
+
+def abort_world(world: World, exc: BaseException) -> None:
+    """The watchdog learned out of band that ``world`` cannot go on (a mismatch, a dead peer, a member that gave
+    up on a group): the transport fails its pending and later waits with ``exc``, and the next call of every
+    group of the world raises ``exc`` at once, whether or not that call would wait.
+
+    The transport alone is not enough: a call whose operation completes without waiting never asks it (the two
+    "roots" of a mismatched broadcast both complete, and so do barriers whose members arrive together), so a job
+    could run on past the mismatch."""
+    world.transport.abort(exc)
+    for g in list(_LIVE):
+        if g.world is world and g._halt is None:
+            g._aborted = exc
+            g._halt = "aborted"
 
 
 def forked_message(op: str, parent: int) -> str:

@@ -18,10 +18,10 @@ import pytest
 
 import procgroup as dist
 from procgroup import groupcore
-from procgroup.errors import DistTimeoutError, GroupBrokenError, PeerFailureError
+from procgroup.errors import CollectiveMismatchError, DistTimeoutError, GroupBrokenError, PeerFailureError
 from procgroup.flight import as_record
 from procgroup.plans import Plan
-from procgroup.process_group import SLOW, ProcessGroup
+from procgroup.process_group import SLOW, ProcessGroup, abort_world
 from procgroup.tags import fingerprint
 
 from ..conftest import run_ranks, thread_world
@@ -206,6 +206,36 @@ def test_the_uncommon_cases_take_the_python_path(fast):
     with pytest.raises(GroupBrokenError):
         g.run_plan(plan)
     assert g.seq == 1
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_what_the_watchdog_learned_reaches_a_call_that_would_not_wait(fast):
+    """abort_world (the watchdog's finding): the next call of every group of the world raises it at once, with
+    its context, even a call that completes without the transport (a broadcast root's, a size-1 step); every
+    later call, of any group of that world: GroupBrokenError naming it.  A group of another world goes on."""
+    pgs = thread_world(1)
+    g, other = pgs[0], thread_world(1)[0]
+    g._fast = other._fast = fast
+    g.set_home_thread()
+    other.set_home_thread()
+    sub = ProcessGroup(g.world, [0], 1, "sub")
+    sub.set_home_thread()
+    ran = []
+    plan = Plan(g, "broadcast", ("broadcast", "float32", 4, "root=0"), lambda c, a, b: ran.append(1))
+    assert g.run_plan(plan) is None and ran == [1]
+    abort_world(g.world, CollectiveMismatchError("collective mismatch in group WORLD at seq 0 (injected)"))
+    seq = g.seq
+    with pytest.raises(CollectiveMismatchError, match=r"broadcast .*on rank 0.*mismatch .* at seq 0 \(injected\)"):
+        g.run_plan(plan)
+    with pytest.raises(GroupBrokenError, match="broken since.*CollectiveMismatchError.*injected"):
+        g.run_plan(plan)
+    with pytest.raises(GroupBrokenError):
+        dist.barrier(group=g)
+    with pytest.raises(GroupBrokenError, match="broken since broadcast in group WORLD.*injected"):
+        dist.barrier(group=sub)  # the default group's failure broke its world
+    assert ran == [1] and g.seq == seq  # the refused calls ran nothing and took no sequence number
+    assert other.run_plan(Plan(other, "barrier", ("barrier",), lambda c, a, b: ran.append(2))) is None
+    assert ran == [1, 2]
 
 
 @pytest.mark.parametrize("fast", [True, False])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ..config import Identity, RuntimeConfig, job_secret, to_seconds
-from ..process_group import ProcessGroup
+from ..process_group import ProcessGroup, abort_world
 from . import cpu as _cpu  # noqa: F401 - registers "cpu" and "gloo"
 from . import mpi as _mpi  # noqa: F401 - registers "mpi"
 from . import nccl as _nccl  # noqa: F401 - registers "nccl"
@@ -63,7 +63,7 @@ def create_group(
     if watchdog:
         from ..watchdog import Watchdog
 
-        wd = Watchdog(store, world.rank, lambda: [pg.status()], world.transport.abort).start()
+        wd = Watchdog(store, world.rank, lambda: [pg.status()], lambda e: abort_world(world, e)).start()
         world.on_close.append(wd.stop)
     return pg
 
