@@ -165,6 +165,9 @@ def _state(g: GroupStatus) -> Dict[str, Any]:
         "sig": list(rec.signature) if rec is not None else None,
         "last": g.last_completed,
         "chain": chain,
+        # the hash including the call in flight: a member further on compares it with its own at that seq (a
+        # member stuck in a call that its peers got through without waiting for it, e.g. two broadcast roots)
+        "head": [g.chain[-1][0], g.chain[-1][1]] if rec is not None and g.chain else None,
     }
 
 
@@ -239,6 +242,22 @@ def describe_roll_call(g: GroupStatus, states: Dict[int, Dict[str, Any]], seq: i
             )
     head = f"ranks {format_ranks(reached)} reached seq {seq}" if reached else f"no rank reported reaching seq {seq}"
     return "; ".join([head] + parts)
+
+
+def _hash_at(g: GroupStatus, seq: int) -> Optional[int]:
+    """This rank's call-chain hash of ``g`` up to ``seq``, if still in its window."""
+    for q, h in reversed(g.chain):
+        if q == seq:
+            return h
+        if q < seq:
+            break
+    return None
+
+
+def _published_chain(st: Dict[str, Any], seq: int) -> Optional[int]:
+    """A peer's published chain hash up to ``seq`` (its ``chain`` entry), if that is the seq it names."""
+    ch = st.get("chain")
+    return int(ch[1]) if ch and int(ch[0]) == seq else None
 
 
 class Watchdog:
@@ -342,18 +361,19 @@ class Watchdog:
                 return self._fail(g, rec.seq, mismatch_message(g, rec.seq, calls))
         mine = dict(g.chain)
         for r, st in states.items():
-            ch = st.get("chain")
-            if r == self.rank or not ch:
+            if r == self.rank:
                 continue
-            if int(ch[0]) not in mine:
-                continue
-            q, h = int(ch[0]), int(ch[1])
-            if mine[q] != h:
-                return self._fail(g, q, self._divergence(g, r, q))
+            for ch in (st.get("chain"), st.get("head")):
+                if not ch or int(ch[0]) not in mine:
+                    continue
+                q, h = int(ch[0]), int(ch[1])
+                if mine[q] != h:
+                    return self._fail(g, q, self._divergence(g, r, q, st))
         return None
 
-    def _divergence(self, g: GroupStatus, peer: int, upto: int) -> str:
-        """Find the first differing call with ``peer`` from both flight recorders (exchanged through the store)."""
+    def _divergence(self, g: GroupStatus, peer: int, upto: int, st: Dict[str, Any]) -> str:
+        """Find the first differing call with ``peer`` from both flight recorders (exchanged through the store);
+        ``st``: the peer's published state (its call in flight, if any)."""
         mine = self._publish_history(g)
         theirs: Dict[int, tuple] = {}
         try:
@@ -361,9 +381,20 @@ class Watchdog:
             theirs = {int(q): tuple(sig) for q, sig in json.loads(raw)}
         except (ProcGroupError, ValueError):
             pass
+        if st.get("seq") == upto and st.get("sig"):
+            theirs.setdefault(upto, tuple(st["sig"]))
         for q in sorted(set(mine) & set(theirs)):
             if q <= upto and mine[q] != theirs[q]:
                 return mismatch_message(g, q, {self.rank: mine[q], peer: theirs[q]})
+        before = _hash_at(g, upto - 1)
+        if st.get("seq") == upto and st.get("sig") and before is not None and before == _published_chain(st, upto - 1):
+            return (  # the peer waits in the first call that differs, which this rank ran too long ago to name
+                f"collective mismatch in group {g.name} at seq {upto}: rank {peer} called "
+                f"{describe_signature(tuple(st['sig']))} and waits in it; rank {self.rank} called another collective "
+                f"there, {g.chain[-1][0] - upto} calls ago (beyond the last {len(mine)} calls it remembers). Every "
+                "member of a group must call the same collectives in the same order, with the same dtype, element "
+                "count, root and reduce op"
+            )
         return (
             f"collective mismatch in group {g.name}: the calls of ranks {self.rank} and {peer} diverged at or "
             f"before seq {upto} (beyond the last {len(mine)} calls each rank remembers). Every member of a group must "

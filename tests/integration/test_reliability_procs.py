@@ -14,6 +14,7 @@ from .harness import collect, report, spawn_world
         ("dtype", ["all_reduce(float32, 4, SUM)", "all_reduce(float64, 4, SUM)"]),
         ("shape", ["all_reduce(float32, 4, SUM)", "all_reduce(float32, 8, SUM)"]),
         ("root", ["broadcast(float32, 4, root=0)", "broadcast(float32, 4, root=1)"]),
+        ("roots", ["broadcast(float32, 4, root=0)", "broadcast(float32, 4, root=1)"]),
     ],
 )
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
@@ -29,7 +30,7 @@ def test_mismatched_collectives_raise_on_every_rank(kind, calls, transport):
         assert secs < 10, report(results)
 
 
-@pytest.mark.parametrize("kind", ["op", "dtype", "shape", "root"])
+@pytest.mark.parametrize("kind", ["op", "dtype", "shape", "root", "roots"])
 @pytest.mark.timeout(60)
 def test_mismatch_is_found_when_every_call_runs_from_a_warm_plan(kind):
     """Issue 14 item 2: planned calls keep the fingerprint, chain and flight record the detection reads."""
