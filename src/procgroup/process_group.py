@@ -300,21 +300,26 @@ class ProcessGroup(GroupCore):  # GroupCore: the compiled base or its Python twi
         timeout = wait_seconds(timeout)
         return Deadline.after(self.timeout if timeout is None else timeout)
 
-    def _context(self, e: BaseException, op: str, seq: Optional[int], dl: Deadline, extra: str = "") -> BaseException:
-        """Same exception type, message prefixed with op/seq/rank/group/elapsed and the fix."""
+    def _context(
+        self, e: BaseException, op: str, seq: Optional[int], dl: Optional[Deadline], extra: str = ""
+    ) -> BaseException:
+        """Same exception type, message prefixed with op/seq/rank/group/elapsed and the fix (``dl`` None: a call
+        refused before it started, no elapsed time)."""
         if isinstance(e, BrokenError) and self.world.store is not None:
             why = recorded_abort(self.world.store, self.gid)
             if why is not None:  # the peer left because it found a mismatch: that is the cause
                 e = CollectiveMismatchError(why)
             elif isinstance(e, PeerFailureError):  # collectives and point-to-point alike
                 e = first_failure(self.world.store, e, self.world.store_host)
-        head = describe(op, seq=seq, rank=self.world.rank, group=self.name, elapsed=dl.elapsed())
+        head = describe(
+            op, seq=seq, rank=self.world.rank, group=self.name, elapsed=None if dl is None else dl.elapsed()
+        )
         if extra:
             head += f" [{extra}]"
         msg = f"{head}: Timed out waiting: {e}" if isinstance(e, DistTimeoutError) else f"{head}: {e}"
         if isinstance(e, DistTimeoutError) and seq is not None and self.world.store is not None:
             msg += ". Roll call: " + self._roll_call(seq)
-        if isinstance(e, DistTimeoutError):
+        if isinstance(e, DistTimeoutError) and dl is not None:
             msg += (
                 f". The deadline was {dl.timeout:.1f}s: if the other ranks are just slower, raise it with timeout= "
                 "(init_process_group or this call) or PROCGROUP_TIMEOUT; "
@@ -347,7 +352,7 @@ class ProcessGroup(GroupCore):  # GroupCore: the compiled base or its Python twi
         if self._halt == "aborted":  # see abort_world
             self._halt = "broken"
             if self.broken is None and self._aborted is not None:  # the first call since: the cause, in context
-                err = self._context(self._aborted, op, None, Deadline.after(0.0))
+                err = self._context(self._aborted, op, None, None, "refused before it started")
                 self.mark_broken(err, op, None)  # every later call: GroupBrokenError naming it
                 return err
         if self._halt == "broken" and self.broken is not None:
