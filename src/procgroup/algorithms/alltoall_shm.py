@@ -70,8 +70,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import ConfigError, ProcGroupError
+from ..transport.base import address_of
 from ._util import P_ALLTOALL, step, u8
-from .onecopy import address_of, read_directly
+from .onecopy import read_directly
 
 __all__ = ["alltoall_shm", "shm_applies", "Prep", "prepare", "A2A_LIMIT_DEFAULT", "SALT", "native_done"]
 

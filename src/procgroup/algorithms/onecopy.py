@@ -34,18 +34,15 @@ from typing import Any, Callable, List, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["read_directly", "bcast_direct", "allgather_direct", "address_of"]
+from ..transport.base import address_of
+
+__all__ = ["read_directly", "bcast_direct", "allgather_direct"]
 
 #: ``read(i, out, addr)``: see ``Arena.reader``
 Reader = Callable[[int, memoryview, int], None]
 
 _SALT_BCAST = 0xB0C5_0000
 _SALT_ALLGATHER = 0xA11_0000
-
-
-def address_of(view: memoryview) -> int:
-    """Address of the first byte of a C-contiguous buffer (0 when empty)."""
-    return int(np.frombuffer(view, np.uint8).ctypes.data) if view.nbytes else 0
 
 
 def read_directly(

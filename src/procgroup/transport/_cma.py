@@ -25,6 +25,7 @@ import platform
 from typing import Any, List, Optional
 
 from ..config import ShmOptions
+from .base import address_of  # noqa: F401 - re-exported: the shm transport reads it here
 
 __all__ = ["AVAILABLE", "enabled", "read", "read_parallel", "address_of", "SPLIT_MIN"]
 
@@ -64,13 +65,6 @@ def enabled(options: Optional[ShmOptions] = None) -> bool:
     ``options``: the transport's :class:`~procgroup.config.ShmOptions` (the defaults when None: on).
     """
     return AVAILABLE and (options is None or options.cma)
-
-
-def address_of(view: memoryview) -> int:
-    """Address of the first byte of a C-contiguous buffer (read-only ones too)."""
-    import numpy as np
-
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
 
 
 def read(pid: int, local: int, remote: int, n: int) -> None:

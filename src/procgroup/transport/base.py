@@ -84,6 +84,7 @@ __all__ = [
     "Request",
     "Transport",
     "CompletedRequest",
+    "address_of",
     "as_bytes_view",
     "as_writable_view",
     "raise_if_stuck",
@@ -335,6 +336,14 @@ def as_bytes_view(data: Buffer) -> memoryview:
     if mv.format != "B" or mv.ndim != 1:
         mv = mv.cast("B")
     return mv
+
+
+def address_of(view: memoryview) -> int:
+    """Address of the first byte of a C-contiguous buffer, read-only ones too (0 when empty): what an
+    :meth:`Arena.reader` of another member reads at, and what the shm transport's rendezvous offers."""
+    import numpy as np  # the transports' other users of numpy import it lazily too
+
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
 
 
 def as_writable_view(out: Buffer) -> memoryview:
