@@ -44,7 +44,7 @@ from .algorithms.arena import (
 )
 from .algorithms.bigarena import allreduce_big, bind_allgather, bind_bcast, bind_reduce, bind_reduce_scatter
 from .algorithms.comm import STEP_BITS, Comm
-from .algorithms.select import BIG_LIMIT, choose_all_reduce
+from .algorithms.select import BIG_LIMIT, big_slots_for, choose_all_reduce
 from .deadline import Deadline
 from .groupcore import PlanCore
 from .ops import ReduceOp, finalize
@@ -382,11 +382,8 @@ def all_gather(g: ProcessGroup, dt: Any, n: int, dname: str, fast: Any) -> Plan:
 def _big_slots(g: ProcessGroup, collective: str, nbytes: int, dt: Any) -> Any:
     """The group's big slots where algorithms.select takes them for ``collective`` of ``nbytes`` (above the
     arena's slot, within BIG_LIMIT) and ``dt`` is a numpy dtype; else None."""
-    a = g.arena()
-    big = None if a is None else a.big
-    if big is None or not a.max_bytes < nbytes <= BIG_LIMIT[collective] or isinstance(dt, str):
-        return None
-    return big
+    big = big_slots_for(g.arena(), collective, nbytes)
+    return None if isinstance(dt, str) else big
 
 
 def _allgather_big(g: ProcessGroup, nbytes: int, dt: Any) -> Any:

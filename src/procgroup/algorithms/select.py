@@ -154,6 +154,7 @@ __all__ = [
     "ALLTOALL_SMALL",
     "HIERARCHICAL",
     "BIG_LIMIT",
+    "big_slots_for",
     "FORCE",
     "ALGORITHMS",
     "choose_all_reduce",
@@ -277,10 +278,17 @@ def _forced(collective: str) -> Optional[Callable[..., None]]:
 
 
 # ----------------------------------------------------------------------------- choices
+def big_slots_for(a: Any, collective: str, nbytes: int) -> Any:
+    """The arena ``a``'s big slots where ``collective`` of ``nbytes`` takes them (above the arena's slot, within
+    BIG_LIMIT); else None (also for no arena).  The selection below and the plans (``procgroup.plans``) decide
+    alike through it."""
+    big = None if a is None else a.big
+    return big if big is not None and a.max_bytes < nbytes <= BIG_LIMIT[collective] else None
+
+
 def _big(comm: Any, collective: str, nbytes: int) -> bool:
     """True when ``comm`` has big slots and ``nbytes`` is above the arena size and within BIG_LIMIT."""
-    a = comm.arena
-    return a is not None and a.big is not None and a.max_bytes < nbytes <= BIG_LIMIT[collective]
+    return big_slots_for(comm.arena, collective, nbytes) is not None
 
 
 def _onecopy(comm: Any, collective: str, nbytes: int) -> bool:
@@ -458,10 +466,12 @@ def all_gather(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
             f = allgather_arena
         elif _big(comm, "all_gather", sendbuf.nbytes):
             f = allgather_big
-        elif _onecopy(comm, "all_gather", sendbuf.nbytes) and recvbuf.dtype == sendbuf.dtype:
-            if allgather_direct(comm, sendbuf, recvbuf):  # each rank reads the others' parts (algorithms.onecopy)
-                return
-            f = allgather_bruck if sendbuf.nbytes * comm.size <= ALLGATHER_SMALL else allgather_ring
+        elif (
+            _onecopy(comm, "all_gather", sendbuf.nbytes)
+            and recvbuf.dtype == sendbuf.dtype
+            and allgather_direct(comm, sendbuf, recvbuf)  # each rank read the others' parts (algorithms.onecopy)
+        ):
+            return
         else:
             f = allgather_bruck if sendbuf.nbytes * comm.size <= ALLGATHER_SMALL else allgather_ring
     f(comm, sendbuf, recvbuf)
