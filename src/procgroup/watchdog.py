@@ -184,6 +184,13 @@ def roll_call(store: Any, g: GroupStatus) -> Dict[int, Dict[str, Any]]:
     return out
 
 
+#: what every mismatch message ends with
+_SAME_CALLS = (
+    "Every member of a group must call the same collectives in the same order, with the same dtype, element count, "
+    "root and reduce op"
+)
+
+
 def mismatch_message(g: GroupStatus, seq: int, calls: Dict[int, tuple]) -> str:
     """The error text of a mismatch at ``seq``: which ranks called what."""
     by_call: Dict[tuple, List[int]] = {}
@@ -193,10 +200,7 @@ def mismatch_message(g: GroupStatus, seq: int, calls: Dict[int, tuple]) -> str:
         f"rank{'s' if len(rs) > 1 else ''} {format_ranks(rs)} called {describe_signature(sig)}"
         for sig, rs in by_call.items()
     )
-    return (
-        f"collective mismatch in group {g.name} at seq {seq}: {sides}. Every member of a group must call the same "
-        "collectives in the same order, with the same dtype, element count, root and reduce op"
-    )
+    return f"collective mismatch in group {g.name} at seq {seq}: {sides}. {_SAME_CALLS}"
 
 
 def _stale(r: int, st: Dict[str, Any], age: float, seq: int, done: int) -> str:
@@ -242,22 +246,6 @@ def describe_roll_call(g: GroupStatus, states: Dict[int, Dict[str, Any]], seq: i
             )
     head = f"ranks {format_ranks(reached)} reached seq {seq}" if reached else f"no rank reported reaching seq {seq}"
     return "; ".join([head] + parts)
-
-
-def _hash_at(g: GroupStatus, seq: int) -> Optional[int]:
-    """This rank's call-chain hash of ``g`` up to ``seq``, if still in its window."""
-    for q, h in reversed(g.chain):
-        if q == seq:
-            return h
-        if q < seq:
-            break
-    return None
-
-
-def _published_chain(st: Dict[str, Any], seq: int) -> Optional[int]:
-    """A peer's published chain hash up to ``seq`` (its ``chain`` entry), if that is the seq it names."""
-    ch = st.get("chain")
-    return int(ch[1]) if ch and int(ch[0]) == seq else None
 
 
 class Watchdog:
@@ -381,24 +369,23 @@ class Watchdog:
             theirs = {int(q): tuple(sig) for q, sig in json.loads(raw)}
         except (ProcGroupError, ValueError):
             pass
-        if st.get("seq") == upto and st.get("sig"):
-            theirs.setdefault(upto, tuple(st["sig"]))
+        stuck = tuple(st["sig"]) if st.get("seq") == upto and st.get("sig") else None  # the peer's call in flight
+        if stuck is not None:
+            theirs.setdefault(upto, stuck)
         for q in sorted(set(mine) & set(theirs)):
             if q <= upto and mine[q] != theirs[q]:
                 return mismatch_message(g, q, {self.rank: mine[q], peer: theirs[q]})
-        before = _hash_at(g, upto - 1)
-        if st.get("seq") == upto and st.get("sig") and before is not None and before == _published_chain(st, upto - 1):
+        before = dict(g.chain).get(upto - 1)  # this rank's hash up to the call before, if still in its window
+        agreed = st.get("chain") == [upto - 1, before]  # the peer's published hash up to that call: the same
+        if stuck is not None and before is not None and agreed:
             return (  # the peer waits in the first call that differs, which this rank ran too long ago to name
                 f"collective mismatch in group {g.name} at seq {upto}: rank {peer} called "
-                f"{describe_signature(tuple(st['sig']))} and waits in it; rank {self.rank} called another collective "
-                f"there, {g.chain[-1][0] - upto} calls ago (beyond the last {len(mine)} calls it remembers). Every "
-                "member of a group must call the same collectives in the same order, with the same dtype, element "
-                "count, root and reduce op"
+                f"{describe_signature(stuck)} and waits in it; rank {self.rank} called another collective there, "
+                f"{g.chain[-1][0] - upto} calls ago (beyond the last {len(mine)} calls it remembers). {_SAME_CALLS}"
             )
         return (
             f"collective mismatch in group {g.name}: the calls of ranks {self.rank} and {peer} diverged at or "
-            f"before seq {upto} (beyond the last {len(mine)} calls each rank remembers). Every member of a group must "
-            "call the same collectives in the same order, with the same dtype, element count, root and reduce op"
+            f"before seq {upto} (beyond the last {len(mine)} calls each rank remembers). {_SAME_CALLS}"
         )
 
     def _publish_history(self, g: GroupStatus) -> Dict[int, tuple]:
