@@ -17,8 +17,9 @@ that take different paths for the same call still meet.
 Invalidation: plans belong to one ProcessGroup object, so a destroyed group's plans die with it (close()
 also clears them) and a group that reuses its id starts with none; a broken, destroyed or forked group
 refuses the call before the plan runs.  The algorithm choice is cached only where it does not depend on a
-tunable threshold: the arena (one member's bytes fit its slot) and the backend engine's plans; everything
-else asks ``algorithms.select`` on every call.  While ``select.FORCE`` pins any algorithm, no plan is used.
+tunable threshold: the arena (one member's bytes fit its slot) and the backend engine's plans; the big slots'
+(``select.BIG_LIMIT`` is compared per call: above it the call takes select's choice); everything else asks
+``algorithms.select`` on every call.  While ``select.FORCE`` pins any algorithm, no plan is used.
 """
 
 from __future__ import annotations
@@ -186,9 +187,13 @@ def all_reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, kern:
         choose_all_reduce(_probe(g), n * _itemsize(dt), n) is allreduce_big
         and (bfn := _bound_big(g, "all_reduce", n * _itemsize(dt), dt, -1, kern)) is not None
     ):
+        nb = n * _itemsize(dt)
 
         def fn(c: Any, a: Any, b: Any) -> None:
-            bfn(c, a)  # the big slots' one-sync all_reduce in one compiled call
+            if nb <= BIG_LIMIT["all_reduce"]:
+                bfn(c, a)  # the big slots' one-sync all_reduce in one compiled call
+            else:
+                algo(c, a, kern)  # the limit was lowered since the plan was built: select's choice
 
     else:
 
@@ -210,9 +215,13 @@ def broadcast(g: ProcessGroup, dt: Any, n: int, root: int, dname: str, fast: Any
         plan.direct = True
         return plan
     if fast is None and algo is alg.broadcast and (bfn := _bound_big(g, "broadcast", n * _itemsize(dt), dt, root)):
+        nb = n * _itemsize(dt)
 
         def fn(c: Any, a: Any, b: Any) -> None:
-            bfn(c, a)  # the big slots' one-step broadcast in one compiled call
+            if nb <= BIG_LIMIT["broadcast"]:
+                bfn(c, a)  # the big slots' one-step broadcast in one compiled call
+            else:
+                algo(c, a, root)  # the limit was lowered since the plan was built: select's choice
 
     elif ar is not None:
         xc = ar.exchange_copy
@@ -268,9 +277,13 @@ def reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, root: int, dname: str
         and algo is alg.reduce
         and (bfn := _bound_big(g, "reduce", n * _itemsize(dt), dt, root, kern)) is not None
     ):
+        nb = n * _itemsize(dt)
 
         def fn(c: Any, a: Any, b: Any) -> None:
-            bfn(c, a)  # the big slots' one-sync reduce in one compiled call (a non-root one-way)
+            if nb <= BIG_LIMIT["reduce"]:
+                bfn(c, a)  # the big slots' one-sync reduce in one compiled call (a non-root one-way)
+            else:
+                core(c, a, root)  # the limit was lowered since the plan was built: select's choice
 
     else:
 
@@ -362,7 +375,13 @@ def all_gather(g: ProcessGroup, dt: Any, n: int, dname: str, fast: Any) -> Plan:
     ar = _compiled(g) if algo is allgather_arena else None
     fn: Fn
     if algo is alg.all_gather and (big_fn := _allgather_big(g, n * _itemsize(dt), dt)) is not None:
-        fn = big_fn  # the big slots' one-step all_gather (algorithms.select picks allgather_big for this size)
+        nb = n * _itemsize(dt)
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            if nb <= BIG_LIMIT["all_gather"]:
+                big_fn(c, a, b)  # the big slots' one-step all_gather (algorithms.select picks allgather_big)
+            else:
+                algo(c, a, b)  # the limit was lowered since the plan was built: select's choice
     elif ar is not None:
         xc = ar.exchange_copy
 
@@ -428,9 +447,13 @@ def reduce_scatter(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, k
         and (big := _big_slots(g, "reduce_scatter", p * n * isz, dt)) is not None  # above the arena's slot
         and (bfn := bind_reduce_scatter(big, n, np.dtype(dt), p, g.rank(), kern)) is not None
     ):
+        nb = p * n * isz
 
         def fn(c: Any, a: Any, b: Any) -> None:
-            bfn(c, a, b)  # the big slots' one-step reduce_scatter: copy in, sync, one compiled reduction
+            if nb <= BIG_LIMIT["reduce_scatter"]:
+                bfn(c, a, b)  # the big slots' one-step reduce_scatter: copy in, sync, one compiled reduction
+            else:
+                alg.reduce_scatter(c, a, b, kern)  # the limit was lowered since the plan was built
 
     else:
 

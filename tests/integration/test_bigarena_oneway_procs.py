@@ -3,7 +3,7 @@ and both mixed in one job (``PROCGROUP_NATIVE`` per rank).
 
 A reduce's non-roots return without waiting for the root (the root here only calls once the store says every
 non-root returned); long sequences of reduces with every root, among every other big-slot collective and a
-rank that lags, give the closed-form values; a root that dies before it takes its part is named at a non-root's
+rank that lags, give the closed-form values; warm plans of the big slots follow ``select.BIG_LIMIT`` per call; a root that dies before it takes its part is named at a non-root's
 next call; a reduce in which every rank names another root is stopped at the next call and the watchdog names
 both calls.  Nothing is left in /dev/shm.
 """
@@ -170,6 +170,43 @@ elif mode == "plans":
     else:
         assert len(general) == 3 * (shapes - once) + once + 3, (len(general), shapes)
     print(f"rank {r} ok", flush=True)
+elif mode == "limit":
+    # a warm plan bound to the big slots compares select.BIG_LIMIT per call: lowered after the plans were built,
+    # the same calls take select's message algorithms (their messages counted here), with the same results; raised,
+    # the big slots (no message)
+    from procgroup.algorithms import select as S
+
+    msgs = []
+    t = default_group().world.transport
+    real_isend, real_irecv = t.isend, t.irecv
+    t.isend = lambda *a: msgs.append(a[:2]) or real_isend(*a)  # every message this rank sends ...
+    t.irecv = lambda *a: msgs.append(a[:2]) or real_irecv(*a)  # ... or receives
+    n = 6000  # int64: 48 KB, above the arena, in one big slot (the compiled path binds the call)
+    m = 6000 // p  # reduce_scatter: the whole input of p * m in one big slot
+    ops = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
+    counts = []
+    for i, lowered in enumerate([False, False, True, True, False]):
+        for op in ops:
+            S.BIG_LIMIT[op] = 0 if lowered else 1 << 62
+        before = len(msgs)
+        x = vals(r, n)
+        dist.all_reduce(x)
+        assert np.array_equal(x, total(n)), i
+        b = vals(p - 1, n) if r == p - 1 else np.zeros(n, np.int64)
+        dist.broadcast(b, src=p - 1)
+        assert np.array_equal(b, vals(p - 1, n)), i
+        d = vals(r, n)
+        dist.reduce(d, dst=0)
+        assert np.array_equal(d, total(n) if r == 0 else vals(r, n)), i
+        out = np.empty(p * n, np.int64)
+        dist.all_gather_into_tensor(out, vals(r, n))
+        assert np.array_equal(out, np.concatenate([vals(q, n) for q in range(p)])), i
+        rs = np.empty(m, np.int64)
+        dist.reduce_scatter_tensor(rs, np.tile(vals(r, m), p))
+        assert np.array_equal(rs, total(m)), i
+        counts.append(len(msgs) - before)
+    assert counts[0] == counts[1] == counts[4] == 0 and counts[2] == counts[3] >= 5, counts  # each op's messages
+    print(f"rank {r} ok {counts}", flush=True)
 elif mode in ("die", "noroot"):
     x = vals(r, 5000)
     if mode == "die":
@@ -250,6 +287,13 @@ def test_reduces_with_every_root_among_every_other_op_and_a_lagging_rank(tmp_pat
 @pytest.mark.parametrize("n", [2, 3])
 def test_warm_plans_of_big_slot_broadcasts_reductions_and_reduce_scatters(tmp_path: Path, n: int, paths: str) -> None:
     res = _run(tmp_path, "plans", n, paths)
+    assert all(r.returncode == 0 and f"rank {r.rank} ok" in r.stdout for r in res), report(res)
+
+
+@pytest.mark.parametrize("paths", PATHS)
+@pytest.mark.parametrize("n", [2, 3])
+def test_warm_big_slot_plans_follow_big_limit_per_call(tmp_path: Path, n: int, paths: str) -> None:
+    res = _run(tmp_path, "limit", n, paths)
     assert all(r.returncode == 0 and f"rank {r.rank} ok" in r.stdout for r in res), report(res)
 
 
