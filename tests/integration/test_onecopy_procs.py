@@ -1,9 +1,10 @@
 """One-copy broadcasts and all_gathers (``algorithms.onecopy``, issue 14) with real processes on one host.
 
-Above the big slots' limits (lowered here to 64 KiB so that the test stays small), a broadcast among three or more
-ranks is read by every rank straight out of the root's buffer, and an all_gather's parts out of every rank's
-``sendbuf``: closed-form values for every root and several dtypes, between other collectives; a rank that cannot
-read the others (``PROCGROUP_SHM_CMA=0`` there) sends every rank to the message algorithm, with the same results.
+Above the big slots' limits and the one-copy minimum (lowered here to 64 KiB so that the test stays small), a
+broadcast among three or more ranks is read by every rank straight out of the root's buffer, and an all_gather's
+parts out of every rank's ``sendbuf``: closed-form values for every root and several dtypes, between other
+collectives; a rank that cannot read the others (``PROCGROUP_SHM_CMA=0`` there) sends every rank to the message
+algorithm, with the same results.
 Nothing is left in /dev/shm.
 """
 
@@ -33,6 +34,7 @@ if os.environ.get("CMA_OFF_RANK") == os.environ["RANK"]:
     + """
 from procgroup.algorithms import select
 select.BIG_LIMIT["broadcast"] = select.BIG_LIMIT["all_gather"] = 1 << 16
+select.ONECOPY_MIN["broadcast"] = select.ONECOPY_MIN["all_gather"] = 1 << 16
 seen = []
 real_b, real_g = select.bcast_direct, select.allgather_direct
 select.bcast_direct = lambda *a: seen.append(real_b(*a)) or seen[-1]

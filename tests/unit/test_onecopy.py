@@ -3,11 +3,11 @@ above the big slots' limit read straight out of their owners' buffers.
 
 Ranks as threads over the shm transport (compiled and pure-Python arena): above ``BIG_LIMIT['all_to_all']`` every
 rank reads its pieces from every sender's ``sendbuf`` with one process_vm_readv each (``Arena.reader``), and above
-``BIG_LIMIT['broadcast']`` (three or more ranks) every reader the root's buffer, after one arena exchange of
-addresses and before one that ends the call.  Closed-form values for equal, uneven and zero splits, every dtype and
-every root; a rank that cannot read the others (or CMA off) sends every rank to the message algorithms; two ranks
-keep the messages for a broadcast; the memory transport has no reader; a read of a dead or unreadable peer is a
-named error.
+``BIG_LIMIT['broadcast']`` and ``ONECOPY_MIN['broadcast']`` (three or more ranks) every reader the root's buffer,
+after one arena exchange of addresses and before one that ends the call.  Closed-form values for equal, uneven and
+zero splits, every dtype and every root; a rank that cannot read the others (or CMA off) sends every rank to the
+message algorithms; two ranks keep the messages for a broadcast; the memory transport has no reader; a read of a
+dead or unreadable peer is a named error.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ def world(request: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setitem(select.BIG_LIMIT, "all_to_all", LIMIT)
     monkeypatch.setitem(select.BIG_LIMIT, "broadcast", LIMIT)
     monkeypatch.setitem(select.BIG_LIMIT, "all_gather", LIMIT)
+    monkeypatch.setitem(select.ONECOPY_MIN, "broadcast", LIMIT)
+    monkeypatch.setitem(select.ONECOPY_MIN, "all_gather", LIMIT)
     yield from shm_worlds(request.param == "native", f"a2ad-{uuid.uuid4().hex[:10]}")
 
 

@@ -16,15 +16,16 @@ The two exchanges carry the call's check word salted per use, so calls that disa
 Users (times: slowest rank per call, median of same-minute runs on 2 CPUs, messages -> one-copy reads):
 
 * all_to_all's streams above ``select.BIG_LIMIT['all_to_all']`` (``alltoall_shm``);
-* broadcasts above ``select.BIG_LIMIT['broadcast']`` among three or more ranks (:func:`bcast_direct`): every
-  reader copies the root's buffer at once, where the scatter + all-gather of messages moves each byte through
-  the rings twice.  64 MiB: N=4 23.7-24.0 -> 16.2-16.7 ms, N=3 16.1-18.0 -> 9.6-9.7; 32 MiB: N=4 11.1-11.4 ->
-  8.5-8.6, N=3 8.0-8.4 -> 5.1-5.3.  At N=2 the messages win (the rendezvous reads the root's buffer with two
-  threads: 5.0 against 7.0 ms at 64 MiB), so N=2 keeps them;
-* all_gathers above ``select.BIG_LIMIT['all_gather']`` among three or more ranks (:func:`allgather_direct`): each
-  rank reads every other's part, where the ring passes each part on p - 1 times.  N=4, 4 / 16 / 32 MiB a rank:
-  6.3 / 23.5 / 44.4 -> 5.5 / 20.6 / 41.1 ms; at N=2 the two tie (0.70-0.75, 4.8-4.9 and 9.8-10.0 ms), so N=2
-  keeps the ring.
+* broadcasts above ``select.ONECOPY_MIN['broadcast']`` among three or more ranks where the big slots do not take
+  them (a group without big slots; ``select.BIG_LIMIT``) (:func:`bcast_direct`): every reader copies the root's
+  buffer at once, where the scatter + all-gather of messages moves each byte through the rings twice.  64 MiB:
+  N=4 23.7-24.0 -> 16.2-16.7 ms, N=3 16.1-18.0 -> 9.6-9.7; 32 MiB: N=4 11.1-11.4 -> 8.5-8.6, N=3 8.0-8.4 ->
+  5.1-5.3.  At N=2 the messages win (the rendezvous reads the root's buffer with two threads: 5.0 against 7.0 ms
+  at 64 MiB), so N=2 keeps them.  Where a group has big slots they win at every size (``select``'s docstring);
+* all_gathers above ``select.ONECOPY_MIN['all_gather']`` among three or more ranks, likewise (:func:`allgather_direct`):
+  each rank reads every other's part, where the ring passes each part on p - 1 times.  N=4, 4 / 16 / 32 MiB a
+  rank: 6.3 / 23.5 / 44.4 -> 5.5 / 20.6 / 41.1 ms; at N=2 the two tie (0.70-0.75, 4.8-4.9 and 9.8-10.0 ms), so
+  N=2 keeps the ring.
 """
 
 from __future__ import annotations

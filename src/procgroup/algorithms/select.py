@@ -66,26 +66,30 @@ rank's counts and, when it fits the slot, the data, in one exchange; the longer 
 to the others) continue through the big slots up to ``BIG_LIMIT['all_to_all']`` (compared with the longest
 stream of any rank, which every rank reads from the headers, so all agree) and above it are read straight out
 of the senders' buffers (one process_vm_readv a piece), or go as messages where a rank cannot read the others.
-A broadcast above ``BIG_LIMIT['broadcast']`` among three or more ranks of one host is read the same way by
+Where a group of three or more ranks of one host has no big slots (only the first ``BIG_GROUPS`` groups of a
+transport get them; ``PROCGROUP_SHM_BIG_SLOT=0``), a broadcast above ``ONECOPY_MIN['broadcast']`` is read by
 every rank straight out of the root's buffer (``algorithms.onecopy``), and an all_gather above
-``BIG_LIMIT['all_gather']`` by every rank out of every other's ``sendbuf``; else they take the table above.
+``ONECOPY_MIN['all_gather']`` by every rank out of every other's ``sendbuf``; else they take the table above.
 
 ``BIG_LIMIT[collective]`` hands calls above it back to the table above (the
 message algorithms, with the single-copy path for large messages).  The
-limits come from same-process A/B runs on the quiet 2-CPU host (old and
-big-slot algorithm alternating per iteration, time = max over ranks,
-N=2 and N=4, 64 KiB-64 MiB): the big slots took 0.3x-0.9x of the message
-algorithms' time for all_reduce, reduce and reduce_scatter at every size, so
-those have no limit; broadcast lost at N=2 from 32 MiB (1.2x-1.5x: the
-single-copy path moves each byte once, the big slots twice) and all_gather at
-N=2 from 4 MiB (1.04x-1.08x), so those stop at 16 MiB and 2 MiB.  all_to_all (benchmarks/ab_alltoall.py,
+limits come from same-process A/B runs on the 2-CPU host (benchmarks/ab_bigslots.py: the algorithms
+alternating per iteration, time = max over ranks, median; N=2 and N=4, 64 KiB-64 MiB): the big slots took
+0.3x-0.9x of the message algorithms' time for all_reduce, reduce and reduce_scatter at every size, so those
+have no limit.  Nor have broadcast and all_gather (2026-11-28, after the compiled big-slot copies): broadcast
+N=2 4 / 16 / 32 / 64 MiB big 0.37 / 0.82 / 0.95 / 0.97x the messages' time (the rendezvous read by two
+threads), N=4 16 / 64 MiB 0.66 / 0.69x and 0.80 / 0.73x the one-copy reads'; all_gather N=2 4 / 8 / 32 MiB a
+rank 0.95 / 0.90 / 0.86x the messages' (ring of rendezvous reads) and 0.91-1.0x the one-copy reads' (read
+first or local copy first), N=4 2 / 4 / 16 MiB a rank 0.69 / 0.69 / 0.80x the one-copy reads'.  (They had
+stopped at 16 and 2 MiB when the big slots' copies were pure Python.)  all_to_all (benchmarks/ab_alltoall.py,
 loaded 2-CPU host, equal splits): the big slots took 0.8x the messages' time up to a 1 MiB stream at N=2
 (2 MiB per rank), 0.98x at 1.5 MiB, 1.07x-1.34x from 2 MiB (two copies against the single-copy path's
 one); at N=4 0.3x-0.9x up to 1.5 MiB, 1.3x-1.4x at 6 MiB: the limit was a 1 MiB stream.  Since the streams
 above it are read straight from the senders (one copy, ``algorithms.onecopy``), the big slots still win at a
 2 MiB stream at N=2 (4 MiB per rank: 343-347 against 410-432 us) and tie at N=4 (1.5 and 3 MiB streams:
 0.8-0.9 and 1.5-1.9 ms both); at a 3 MiB stream N=2 ties and from 4 MiB the reads win (N=2 4 MiB 0.90-0.99
-against 1.04 ms): the limit is a 2 MiB stream.
+against 1.04 ms; rechecked 2026-11-28: big 1.21x / 1.08x the reads' at 4 / 16 MiB N=2, 1.09-1.45x at N=4):
+the limit is a 2 MiB stream.
 
 Every choice is computed from values all ranks of the call agree on (the
 group size and the per-rank message size), so all ranks pick the same
@@ -154,6 +158,7 @@ __all__ = [
     "ALLTOALL_SMALL",
     "HIERARCHICAL",
     "BIG_LIMIT",
+    "ONECOPY_MIN",
     "big_slots_for",
     "FORCE",
     "ALGORITHMS",
@@ -196,10 +201,15 @@ BIG_LIMIT: Dict[str, int] = {
     "all_reduce": 1 << 62,
     "reduce": 1 << 62,
     "reduce_scatter": 1 << 62,
-    "broadcast": 16 << 20,
-    "all_gather": 2 << 20,
+    "broadcast": 1 << 62,
+    "all_gather": 1 << 62,
     "all_to_all": 2 << 20,
 }
+#: collective -> the fewest bytes above which a group of three or more ranks of one host without big slots reads
+#: the parts straight out of their owners' memory (``algorithms.onecopy``): N=4, one-copy reads against the
+#: messages, broadcast 16 / 64 MiB 0.82 / 0.95x, all_gather 2 / 4 / 16 MiB a rank 0.54 / 1.04 / 1.02x; N=3
+#: broadcast 64 MiB 0.99x
+ONECOPY_MIN: Dict[str, int] = {"broadcast": 16 << 20, "all_gather": 2 << 20}
 #: multi-host all_reduce on hosts with as many ranks each: one leader per host below this, multileader
 #: from here.  3 netns hosts x 2 ranks on the 2-CPU host (same-process A/B, variants alternating per
 #: iteration, direct stages between hosts): hierarchical 0.78-0.94x multileader's time at 64-512 KiB with
@@ -292,10 +302,11 @@ def _big(comm: Any, collective: str, nbytes: int) -> bool:
 
 
 def _onecopy(comm: Any, collective: str, nbytes: int) -> bool:
-    """True when ``comm``'s ranks share a host (an arena), are three or more, and ``nbytes`` is above the big
-    slots' limit: ``algorithms.onecopy`` may then read the parts straight out of their owners' memory (at N=2 the
-    message path ties or wins: the rendezvous reads a broadcast's root with two threads)."""
-    return comm.size >= 3 and comm.arena is not None and nbytes > BIG_LIMIT[collective]
+    """True when ``comm``'s ranks share a host (an arena), are three or more, and ``nbytes`` is above
+    ``ONECOPY_MIN[collective]`` (asked where the big slots do not take the call): ``algorithms.onecopy`` may then
+    read the parts straight out of their owners' memory (at N=2 the message path ties or wins: the rendezvous
+    reads a broadcast's root with two threads)."""
+    return comm.size >= 3 and comm.arena is not None and nbytes > ONECOPY_MIN[collective]
 
 
 def choose_all_reduce_flat(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
