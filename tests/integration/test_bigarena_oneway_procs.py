@@ -3,9 +3,9 @@ and both mixed in one job (``PROCGROUP_NATIVE`` per rank).
 
 A reduce's non-roots return without waiting for the root (the root here only calls once the store says every
 non-root returned); long sequences of reduces with every root, among every other big-slot collective and a
-rank that lags, give the closed-form values; warm plans of the big slots follow ``select.BIG_LIMIT`` per call; a root that dies before it takes its part is named at a non-root's
-next call; a reduce in which every rank names another root is stopped at the next call and the watchdog names
-both calls.  Nothing is left in /dev/shm.
+rank that lags, give the closed-form values; warm plans of the big slots follow ``select.BIG_LIMIT`` per call; a
+root that dies before it takes its part is named at a non-root's next call; a reduce in which every rank names
+another root is stopped at the next call and the watchdog names both calls.  Nothing is left in /dev/shm.
 """
 
 from __future__ import annotations
