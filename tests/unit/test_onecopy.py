@@ -4,7 +4,8 @@ above the big slots' limit read straight out of their owners' buffers.
 Ranks as threads over the shm transport (compiled and pure-Python arena): above ``BIG_LIMIT['all_to_all']`` every
 rank reads its pieces from every sender's ``sendbuf`` with one process_vm_readv each (``Arena.reader``), and above
 ``BIG_LIMIT['broadcast']`` and ``ONECOPY_MIN['broadcast']`` (three or more ranks) every reader the root's buffer,
-after one arena exchange of addresses and before one that ends the call.  Closed-form values for equal, uneven and
+after one arena exchange of addresses (all_to_all: the headers offer them, where every sender wrote its offer) and
+before one that ends the call.  Closed-form values for equal, uneven and
 zero splits, every dtype and every root; a rank that cannot read the others (or CMA off) sends every rank to the
 message algorithms; two ranks keep the messages for a broadcast; the memory transport has no reader; a read of a
 dead or unreadable peer is a named error.
@@ -51,8 +52,13 @@ def world(request: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def _count(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Counters of the direct reads' outcomes and of the message path, over all ranks."""
-    seen = {"direct": 0, "declined": 0, "messages": 0}
-    real_direct, real_msgs = A2A._direct_reads, A2A._messages
+    seen = {"offered": 0, "direct": 0, "declined": 0, "messages": 0}
+    real_offered, real_direct, real_msgs = A2A._offered_reads, A2A._direct_reads, A2A._messages
+
+    def offered(*a: Any) -> bool:  # the reads the headers offered (no exchange of addresses); else the next
+        ok = real_offered(*a)
+        seen["offered"] += ok
+        return ok
 
     def direct(*a: Any) -> bool:
         ok = real_direct(*a)
@@ -63,6 +69,7 @@ def _count(monkeypatch: pytest.MonkeyPatch) -> Any:
         seen["messages"] += 1
         real_msgs(*a)
 
+    monkeypatch.setattr(A2A, "_offered_reads", offered)
     monkeypatch.setattr(A2A, "_direct_reads", direct)
     monkeypatch.setattr(A2A, "_messages", msgs)
     return seen
@@ -81,8 +88,10 @@ def test_pieces_above_the_limit_are_read_from_the_senders(world: Any, p: int, mo
 
     _run(ts, body)
     assert seen["messages"] == 0 and seen["declined"] == 0, seen
-    # every rank takes the same path: a multiple of p; the float64 cases are all above the limit
-    assert seen["direct"] >= p * 3 and seen["direct"] % p == 0, seen
+    # every rank takes the same path: a multiple of p; the float64 cases are all above the limit; equal splits: every
+    # stream offered in the headers (no exchange of addresses), a mixed call (some streams inline) exchanges them
+    assert seen["offered"] >= p * 2 and seen["offered"] % p == 0 and seen["direct"] % p == 0, seen
+    assert seen["offered"] + seen["direct"] >= p * 3, seen
 
 
 def test_every_dtype(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,7 +104,7 @@ def test_every_dtype(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
             _check_a2a(r, make(k + 1), dt, _uneven(p, 20_000), k, _select)
 
     _run(ts, body)
-    assert seen["direct"] == p * len(DTYPES) and seen["messages"] == 0, seen
+    assert seen["offered"] + seen["direct"] == p * len(DTYPES) and seen["messages"] == 0, seen
 
 
 @pytest.mark.parametrize("how", ["one rank cannot read", "cma off"])
@@ -113,7 +122,7 @@ def test_a_rank_that_cannot_read_sends_every_rank_to_the_messages(
             _check_a2a(r, make(k + 1), "int16", C, k, _select)
 
     _run(ts, body)
-    assert seen == {"direct": 0, "declined": 2 * p, "messages": 2 * p}, seen
+    assert seen == {"offered": 0, "direct": 0, "declined": 2 * p, "messages": 2 * p}, seen
 
 
 def test_the_memory_transport_has_no_reader() -> None:

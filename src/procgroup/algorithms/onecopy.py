@@ -15,7 +15,8 @@ The two exchanges carry the call's check word salted per use, so calls that disa
 
 Users (times: slowest rank per call, median of same-minute runs on 2 CPUs, messages -> one-copy reads):
 
-* all_to_all's streams above ``select.BIG_LIMIT['all_to_all']`` (``alltoall_shm``);
+* all_to_all's streams above ``select.BIG_LIMIT['all_to_all']`` (``alltoall_shm``; where its headers already
+  carry every address, it skips the first exchange and ends with the same closing one, ``END_SALT``);
 * broadcasts above ``select.ONECOPY_MIN['broadcast']`` among three or more ranks where the big slots do not take
   them (a group without big slots; ``select.BIG_LIMIT``) (:func:`bcast_direct`): every reader copies the root's
   buffer at once, where the scatter + all-gather of messages moves each byte through the rings twice.  64 MiB:
@@ -37,11 +38,13 @@ import numpy as np
 
 from ..transport.base import address_of
 
-__all__ = ["read_directly", "bcast_direct", "allgather_direct"]
+__all__ = ["read_directly", "bcast_direct", "allgather_direct", "END_SALT"]
 
 #: ``read(i, out, addr)``: see ``Arena.reader``
 Reader = Callable[[int, memoryview, int], None]
 
+#: folded into the check word of the exchange that ends a call (its first exchange has the call's own)
+END_SALT = 0x5A5A_0000
 _SALT_BCAST = 0xB0C5_0000
 _SALT_ALLGATHER = 0xA11_0000
 
@@ -61,7 +64,7 @@ def read_directly(
     if read is None or not all(h[0] for h in heads):
         return False
     reads(read, [h[1:] for h in heads])
-    a.exchange(None, check ^ 0x5A5A_0000, dl)
+    a.exchange(None, check ^ END_SALT, dl)
     return True
 
 
