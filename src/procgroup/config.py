@@ -118,6 +118,7 @@ class ENV:
     SHM_ARENA = "PROCGROUP_SHM_ARENA"  # "0": small collectives within a host use messages, not the shared slots
     NATIVE = "PROCGROUP_NATIVE"  # "0": the pure-Python path even where the compiled arena fast path was built
     SHM_BIG_SLOT = "PROCGROUP_SHM_BIG_SLOT"  # bytes per big shared buffer (issue 14.1); 0: no big-slot collectives
+    TCP_SPIN_US = "PROCGROUP_TCP_SPIN_US"  # how long a TCP wait polls its socket (yielding) before it sleeps
     HEARTBEAT_TIMEOUT = "PROCGROUP_HEARTBEAT_TIMEOUT"  # seconds: a multi-node agent this silent is lost
     # -- secret policy and store admission (issue 11 items 12-14)
     SECRET_FILE = "PROCGROUP_SECRET_FILE"  # file holding the job secret; PROCGROUP_SECRET wins over it
@@ -201,6 +202,12 @@ _TABLE = (
         "bytes of each of the two big shared buffers a rank keeps per group for collectives above 32 KiB "
         "within a host (default 1048576, less when /dev/shm is small; a multiple of 4096 >= 65536; "
         "0: those collectives use messages)",
+        "user",
+    ),
+    EnvVar(
+        ENV.TCP_SPIN_US,
+        "microseconds a rank waiting for a TCP message keeps trying its socket, yielding the CPU between tries, "
+        "before it sleeps in poll (default 200; 0: it sleeps at once)",
         "user",
     ),
     # -- secret policy and store admission (issue 11 items 12-14)
@@ -511,6 +518,28 @@ def shm_options(environ: Optional[Mapping[str, str]] = None) -> ShmOptions:
     )
 
 
+#: microseconds a TCP wait polls its socket before it sleeps (PROCGROUP_TCP_SPIN_US; see TcpReading._pump).  Two
+#: netns hosts on the 2-CPU machine, ping-pong of 4 bytes, one way: 36-44 us sleeping in poll at once (the reply
+#: comes while the waiter sleeps: a wake-up each way), 13-14 with 200 us of spin, 12-14 with 3 ms (Open MPI,
+#: polling: 14); 3 hosts x 2 ranks all_reduce 4 B-1 MiB unchanged within noise (0 / 200 us: 4 B 479-540 /
+#: 456-519 us, 64 KiB 638-681 / 545-690, 1 MiB 3.1-3.6 / 3.6-4.4 ms)
+DEFAULT_TCP_SPIN_US = 200.0
+
+
+@dataclass(frozen=True)
+class TcpOptions:
+    """Settings of the TCP transport (``PROCGROUP_TCP_*``), parsed once and passed down."""
+
+    #: microseconds a wait polls its socket (yielding the CPU between tries) before it sleeps in poll
+    spin_us: float = DEFAULT_TCP_SPIN_US
+
+
+def tcp_options(environ: Optional[Mapping[str, str]] = None) -> TcpOptions:
+    """:class:`TcpOptions` from the environment (a bad value is a ConfigError naming its variable)."""
+    spin = env_micros(ENV.TCP_SPIN_US, environ)
+    return TcpOptions(spin_us=DEFAULT_TCP_SPIN_US if spin is None else spin)
+
+
 _TRANSPORTS = ("auto", "shm", "tcp")
 _LOG_LEVELS = {
     "DEBUG": logging.DEBUG,
@@ -614,6 +643,7 @@ class RuntimeConfig:
     #: (a key derived from the job id, logged)
     user_secret_file: Optional[str] = None
     shm: ShmOptions = field(default_factory=ShmOptions)
+    tcp: TcpOptions = field(default_factory=TcpOptions)
     #: seconds between this rank's status records for `procgroup top` (0: none are published)
     top_interval: float = DEFAULT_TOP_INTERVAL
 
@@ -645,6 +675,7 @@ class RuntimeConfig:
             secret_file=env_str(ENV.SECRET_FILE, env),
             user_secret_file=user_secret_path(env),
             shm=shm_options(env),
+            tcp=tcp_options(env),
             top_interval=top_interval(env),
         )
 

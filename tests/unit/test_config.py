@@ -6,12 +6,15 @@ import logging
 import pytest
 
 from procgroup.config import (
+    DEFAULT_TCP_SPIN_US,
     DEFAULT_TIMEOUT,
     ENV,
     RuntimeConfig,
     ShmOptions,
+    TcpOptions,
     job_secret,
     shm_options,
+    tcp_options,
     to_seconds,
 )
 from procgroup.errors import ConfigError
@@ -22,6 +25,7 @@ def test_defaults_from_an_empty_environment():
     assert c == RuntimeConfig()
     assert c.timeout == DEFAULT_TIMEOUT and c.transport == "auto" and c.restart_count == 0
     assert c.shm == ShmOptions(cma=True, spin_us=None, split=True, arena=True)
+    assert c.tcp == TcpOptions(spin_us=DEFAULT_TCP_SPIN_US)
 
 
 def test_every_variable_is_read():
@@ -43,6 +47,7 @@ def test_every_variable_is_read():
         ENV.SHM_SPIN_US: "40",
         ENV.SHM_SPLIT: "off",
         ENV.SHM_ARENA: "no",
+        ENV.TCP_SPIN_US: "250",
     }
     c = RuntimeConfig.load(env)
     assert (c.timeout, c.transport, c.socket_addr) == (7.5, "tcp", "10.0.0.2")
@@ -50,6 +55,7 @@ def test_every_variable_is_read():
     assert (c.log_level, c.progress_interval, c.store_hosted) == (logging.DEBUG, 2.0, True)
     assert (c.run_id, c.torchelastic_run_id, c.restart_count, c.tty) == ("job7", "te7", 3, "/dev/pts/9")
     assert c.shm == ShmOptions(cma=False, spin_us=40.0, split=False, arena=False)
+    assert c.tcp == TcpOptions(spin_us=250.0)
     assert job_secret(c, "any") == b"s3cr3t"
     assert "s3cr3t" not in repr(c)
 
@@ -79,6 +85,8 @@ def test_restart_count_falls_back_to_torchelastic():
         (ENV.SHM_SPIN_US, "fast"),
         (ENV.SHM_SPIN_US, "-5"),
         (ENV.SHM_ARENA, "2"),
+        (ENV.TCP_SPIN_US, "-1"),
+        (ENV.TCP_SPIN_US, "long"),
     ],
 )
 def test_a_bad_value_is_an_error_naming_the_variable(name, value):
@@ -106,3 +114,8 @@ def test_derived_secret_without_the_variable():
 def test_shm_options_alone():
     assert shm_options({}) == ShmOptions()
     assert shm_options({ENV.SHM_SPIN_US: "0"}).spin_us == 0.0
+
+
+def test_tcp_options_alone():
+    assert tcp_options({}) == TcpOptions() and TcpOptions().spin_us == DEFAULT_TCP_SPIN_US
+    assert tcp_options({ENV.TCP_SPIN_US: "0"}).spin_us == 0.0

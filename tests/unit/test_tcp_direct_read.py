@@ -3,7 +3,9 @@
 Ranks are threads over real sockets (as in the conformance suite).  The thread that *matched* a message is
 recorded by wrapping the transport's ``_match_locked``: with the direct read it is the thread that waits for
 the message; with a reader thread per connection (the code before) it was that reader, which is what these
-tests reject.
+tests reject.  A waiter tries its socket for ``TcpOptions.spin_us`` before it sleeps in poll: a message that
+comes within the spin is read without a sleep, one that comes later after one, and the spin never outlasts the
+deadline.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 import pytest
 
+from procgroup.config import TcpOptions
 from procgroup.deadline import Deadline
 from procgroup.errors import DistTimeoutError, PeerFailureError
 from procgroup.protocol.frames import encode_header
@@ -271,3 +274,47 @@ def test_a_message_that_arrives_between_back_to_back_receives_is_left_for_its_wa
     by_waiter = [i for i in range(rounds) if seen.get(i) == [me]]
     # on a loaded machine a sleep may overrun the grace now and then; before, (almost) none was left for the waiter
     assert len(by_waiter) >= rounds // 2, f"only rounds {by_waiter} were read by their waiter; parked: {parked}"
+
+
+def _count_polls(t: Transport) -> List[int]:
+    """Wrap every connection's poller of ``t``: one entry per poll (a sleep of the waiting thread)."""
+    n: List[int] = []
+    for c in t._conns.values():  # type: ignore[attr-defined]
+
+        class Counting:
+            def __init__(self, p: Any) -> None:
+                self.p = p
+
+            def poll(self, ms: float) -> Any:
+                n.append(1)
+                return self.p.poll(ms)
+
+        c.poller = Counting(c.poller)
+    return n
+
+
+@pytest.mark.parametrize("spin_us,late_s,sleeps", [(2e6, 0.05, False), (0, 0.05, True), (20e3, 0.3, True)])
+def test_a_waiter_spins_then_sleeps(world: Any, spin_us: float, late_s: float, sleeps: bool) -> None:
+    ts = world(2, tcp_options=TcpOptions(spin_us=spin_us))
+    polls = _count_polls(ts[1])
+    got = np.zeros(2, np.int64)
+
+    def body(t: Transport) -> Any:
+        if t.rank == 0:
+            time.sleep(late_s)
+            t.isend(1, 3, np.array([7, 8], np.int64)).wait(Deadline.after(10))
+            return None
+        t.irecv(0, 3, got).wait(Deadline.after(10))
+        return None
+
+    run_ranks(ts, body)
+    assert got.tolist() == [7, 8]
+    assert bool(polls) is sleeps, f"{len(polls)} sleeps in poll (spin {spin_us} us, message after {late_s} s)"
+
+
+def test_the_spin_ends_at_the_deadline(world: Any) -> None:
+    ts = world(2, tcp_options=TcpOptions(spin_us=60e6))  # a minute of spin, a 0.3 s deadline
+    t0 = time.monotonic()
+    with pytest.raises(DistTimeoutError):
+        ts[1].irecv(0, 4, np.zeros(1, np.int64)).wait(Deadline.after(0.3))
+    assert time.monotonic() - t0 < 3.0

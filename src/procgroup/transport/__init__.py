@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..config import ShmOptions
+from ..config import ShmOptions, TcpOptions
 from ..config import shm_options as _shm_options_from_env
+from ..config import tcp_options as _tcp_options_from_env
 from ..deadline import as_deadline
 from ..errors import ConfigError, format_ranks
 from ._engine import LoopbackTransport
@@ -57,6 +58,7 @@ def connect_transport(
     ring_size: Optional[int] = None,
     max_frame_size: Optional[int] = None,
     shm_options: Optional[ShmOptions] = None,
+    tcp_options: Optional[TcpOptions] = None,
 ) -> Transport:
     """Connect this rank to every other rank; collective (every rank calls it), bounded by ``deadline``.
 
@@ -72,7 +74,8 @@ def connect_transport(
     the job spans several hosts, a :class:`LoopbackTransport` for world size 1.
 
     ``shm_options``: settings of the shm transport; None reads them from the
-    environment once (``PROCGROUP_SHM_*``, a bad value is a ConfigError naming it).
+    environment once (``PROCGROUP_SHM_*``, a bad value is a ConfigError naming it); ``tcp_options`` likewise for
+    the tcp transport (``PROCGROUP_TCP_*``).
     """
     mode = (mode or "auto").lower()
     if mode not in MODES:
@@ -128,6 +131,7 @@ def connect_transport(
                 advertise_addr=advertise_addr,
                 deadline=dl,
                 prefix=f"{pfx}/tcp",
+                options=tcp_options if tcp_options is not None else _tcp_options_from_env(),
                 **kw,
             )
     except BaseException:

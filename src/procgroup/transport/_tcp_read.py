@@ -7,8 +7,10 @@ it decodes: a message for its own receive, and also those for other tags or othe
 posted buffers or the unexpected queue, waking their waiters).
 
 * A thread that waits for a receive from peer P takes P's role and reads P's socket itself:
-  ``recv_into(MSG_DONTWAIT)``, and ``poll`` (with the deadline as the timeout) when nothing is there,
-  until its request completes.  No hand-off from another thread: the waiter is the reader.
+  ``recv_into(MSG_DONTWAIT)``, tried again for up to ``PROCGROUP_TCP_SPIN_US`` (200 us; ``sched_yield`` between tries,
+  so a sender queued behind us on a busy CPU runs) and then ``poll`` (with the deadline as the timeout) when
+  nothing is there, until its request completes.  No hand-off from another thread: the waiter is the reader,
+  and a message that comes within the spin is read without a sleep and a wake-up.
 * If another thread holds the role, the waiter sleeps on the transport condition; the holder wakes it
   when it dispatches the waiter's message, or when it gives the role back (the waiter then takes it).
 * One *watcher* thread per transport notices what arrives while nobody waits: an ``epoll`` set with
@@ -58,6 +60,7 @@ _SLICE = 1.0  # longest single sleep of a reader or waiter (a safety net: every 
 _GRACE = 0.02
 _IDLE = 0.05  # the watcher's longest sleep while connections wait for their re-arm
 _HAS_EPOLL = hasattr(select, "epoll")
+_sched_yield = getattr(os, "sched_yield", lambda: None)
 _POLLIN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 if _HAS_EPOLL:
     _ARMED = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT
@@ -130,6 +133,8 @@ class TcpReading(EngineTransport):
     _cond: threading.Condition
     _inflight: Dict[int, Union[RecvReq, Unexpected]]
     _max_frame: int
+    #: seconds a waiter keeps trying its socket (yielding the CPU between tries) before it sleeps in poll
+    _spin: float = 0.0
 
     # -- set-up and tear-down -------------------------------------------------------------------------
     def _start_reading(self) -> None:
@@ -241,6 +246,7 @@ class TcpReading(EngineTransport):
         next_event, get_buffer, buffer_updated = dec.next_event, dec.get_buffer, dec.buffer_updated
         recv_into = sock.recv_into
         reason: Optional[str] = None
+        spin, spin_end = (self._spin if req is not None else 0.0), -1.0
         try:
             while True:
                 ev = next_event()
@@ -255,6 +261,14 @@ class TcpReading(EngineTransport):
                     except (BlockingIOError, InterruptedError):
                         if req is None or self._closed or self._aborted is not None:
                             return
+                        if spin:  # try again soon, giving the CPU to whoever can run meanwhile (the sender?)
+                            now = time.perf_counter()
+                            if spin_end < 0:
+                                spin_end = now + spin
+                            if now < spin_end and (deadline is None or not deadline.expired()):
+                                _sched_yield()
+                                continue
+                            spin = 0.0
                         t = _SLICE
                         if deadline is not None:
                             t = deadline.remaining()

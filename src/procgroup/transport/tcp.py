@@ -39,6 +39,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Set, Union
 
+from ..config import TcpOptions
 from ..deadline import as_deadline
 from ..errors import (
     AuthenticationError,
@@ -116,6 +117,7 @@ class TcpTransport(TcpReading):
         deadline: Any = None,
         prefix: str = "transport/tcp",
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        options: Optional[TcpOptions] = None,
     ) -> None:
         super().__init__(rank, world_size, peers)
         if max_frame_size < 1:
@@ -123,6 +125,7 @@ class TcpTransport(TcpReading):
         self._cond = threading.Condition(self._lock)
         self._secret = secret
         self._max_frame = max_frame_size
+        self._spin = (options or TcpOptions()).spin_us * 1e-6  # see TcpReading._pump
         self._deadline = as_deadline(deadline)
         self._conns: Dict[int, _Conn] = {}
         self._inflight: Dict[int, Union[RecvReq, Unexpected]] = {}  # per peer: the message being received

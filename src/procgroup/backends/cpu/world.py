@@ -67,6 +67,7 @@ def build_world(spec: WorldSpec) -> World:
         deadline=deadline,
         mode=cfg.transport,
         shm_options=cfg.shm,
+        tcp_options=cfg.tcp,
     )
     hosts = [m.host_key for m in members]
     local = [m for m in members if m.host_key == me.host_key]
