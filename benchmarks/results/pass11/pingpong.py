@@ -1,5 +1,5 @@
 """A 4-byte ping-pong between ranks 0 and 1 (2,000 round trips); rank 0 prints the one-way time, median of each
-100.  Run across two netns hosts with ``mh2.sh pingpong.py [PROCGROUP_TCP_SPIN_US=...]`` (as root)."""
+100.  Run across two netns hosts with ``HOSTS=2 PER=1 mh_loop.sh pingpong.py [PROCGROUP_TCP_SPIN_US=...]`` (as root)."""
 
 import time
 
