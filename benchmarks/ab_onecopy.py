@@ -19,7 +19,7 @@ Run under the launcher, e.g.::
 
 import os
 import time
-from typing import Any
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
@@ -29,25 +29,24 @@ from procgroup.algorithms import select
 USE_MPI = os.environ.get("USE_MPI") == "1"
 
 
+#: op -> (its mpi4py call on ``comm``, procgroup's call), on the buffers ``a`` (one rank's), ``o`` and ``s``
+_CALLS: Dict[str, Tuple[Callable[..., None], Callable[..., None]]] = {
+    "all_gather": (lambda c, a, o, s: c.Allgather(a, o), lambda a, o, s: dist.all_gather_into_tensor(o, a)),
+    "broadcast": (lambda c, a, o, s: c.Bcast(a, root=0), lambda a, o, s: dist.broadcast(a, src=0)),
+    "all_to_all": (lambda c, a, o, s: c.Alltoall(s, o), lambda a, o, s: dist.all_to_all_single(o, s)),
+}
+
+
 def _run(mode: str, op: str, a: np.ndarray, o: np.ndarray, s: np.ndarray, comm: Any) -> None:
     """One call of ``op`` on ``mode``'s path (see the module docstring)."""
+    mpi_call, pg_call = _CALLS[op]
     if mode == "mpi":
         assert comm is not None, "mode mpi needs USE_MPI=1 under mpirun"
-        if op == "all_gather":
-            comm.Allgather(a, o)
-        elif op == "broadcast":
-            comm.Bcast(a, root=0)
-        else:
-            comm.Alltoall(s, o)
+        mpi_call(comm, a, o, s)
         return
     select.BIG_LIMIT[op] = 1 << 62 if mode == "big" else 0
     select._onecopy = (lambda c, k, nb: True) if mode == "direct" else (lambda c, k, nb: False)
-    if op == "all_gather":
-        dist.all_gather_into_tensor(o, a)
-    elif op == "broadcast":
-        dist.broadcast(a, src=0)
-    else:
-        dist.all_to_all_single(o, s)
+    pg_call(a, o, s)
 
 
 def main() -> None:
