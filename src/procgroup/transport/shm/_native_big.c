@@ -202,8 +202,6 @@ static PyObject *Big_settle(Big *b, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 /* out = every member's buffer k from byte off on (this member's from `own` instead, where not NULL; it may be
- * out itself: each element is read before it is written), reduced in member order */
-/* out = every member's buffer k from byte off on (this member's from `own` instead, where not NULL; it may be
  * out itself: each element is read before it is written), reduced in member order; -1: out of memory */
 static int big_reduce(Big *b, int k, Py_ssize_t off, char *out, Py_ssize_t nbytes, int op, int type, char *own) {
     char *stack[64], **src = b->n <= 64 ? stack : PyMem_Malloc((size_t)b->n * sizeof(char *));
