@@ -25,9 +25,8 @@ import platform
 from typing import Any, List, Optional
 
 from ..config import ShmOptions
-from .base import address_of  # noqa: F401 - re-exported: the shm transport reads it here
 
-__all__ = ["AVAILABLE", "enabled", "read", "read_parallel", "address_of", "SPLIT_MIN"]
+__all__ = ["AVAILABLE", "enabled", "read", "read_parallel", "SPLIT_MIN"]
 
 AVAILABLE = False
 _readv: Any = None  # the ctypes function, when libc has it

@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tupl
 from ...deadline import Deadline
 from ...errors import BrokenError, ClosedError, ConfigError, PeerFailureError
 from .. import _cma
-from ..base import ARENA_BYTES, Arena, raise_if_stuck
+from ..base import ARENA_BYTES, Arena, address_of, raise_if_stuck
 from .doorbell import Doorbell
 from .layout import ARENA_HDR, ARENA_SLOT, OFF_BELL, OFF_SLEEP, X86, Segment, fence
 
@@ -534,7 +534,7 @@ class ShmArena(Arena):
             if not n:
                 return
             try:
-                _cma.read(pids[i], _cma.address_of(out), addr, n)
+                _cma.read(pids[i], address_of(out), addr, n)
             except OSError as e:
                 m = members[i]
                 if e.errno == errno.ESRCH:

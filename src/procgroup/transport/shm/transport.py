@@ -56,7 +56,7 @@ from ...deadline import Deadline, as_deadline
 from ...errors import BrokenError, ClosedError, ConfigError, PeerFailureError
 from .. import _cma, _futex
 from .._engine import EngineTransport, RecvReq, SendReq, Unexpected, timeout_error
-from ..base import Arena, CompletedRequest, Request, Status
+from ..base import Arena, CompletedRequest, Request, Status, address_of
 from . import p2pfast as _p2pfast
 from .arena import ARENA_SPIN, ARENA_SPIN_OVERSUBSCRIBED, ARENA_SPIN_SPANNING, ShmArena
 from .bigarena import ShmBigArena, big_arena_for
@@ -396,7 +396,7 @@ class ShmTransport(EngineTransport):
                 s = SendReq(self, dst, tag, view)
                 self._rid += 1
                 self._rndv[self._rid] = s
-                self._post_ctl_locked(o, tag, RNDV_BIT | n, REC.pack(_cma.address_of(view), self._rid))
+                self._post_ctl_locked(o, tag, RNDV_BIT | n, REC.pack(address_of(view), self._rid))
                 return s
             if not o.pending and o.try_write(tag, view):  # fast path: the whole message fits now
                 return CompletedRequest(Status(dst, n))
@@ -428,7 +428,7 @@ class ShmTransport(EngineTransport):
                         # two threads only when nobody is reading from us meanwhile (a one-way transfer such as
                         # a broadcast: the sender's core is idle); in an exchange both cores already copy
                         (_cma.read_parallel if self._split_reads and not self._rndv else _cma.read)(
-                            self._watch.pids.get(src, 0), _cma.address_of(req.out), addr, n
+                            self._watch.pids.get(src, 0), address_of(req.out), addr, n
                         )
                 except OSError as e:
                     if e.errno == errno.ESRCH:
