@@ -78,6 +78,18 @@ def test_plan_is_the_same_everywhere_and_respects_iters():
     assert all(c.iters == 3 and not c.auto and c.warmup >= 1 for c in q)
 
 
+def test_auto_iterations_give_every_size_a_stable_median():
+    """Auto mode times at least MIN_LARGE_ITERS iterations at every size up to 64 MiB, more for smaller ones,
+    with a warm-up before each case."""
+    counts = []
+    for nbytes in cases.sizes_between(4, 64 << 20):
+        warm, timed = cases.auto_iters("all_reduce", nbytes)
+        assert warm >= 1 and timed >= cases.MIN_LARGE_ITERS, (nbytes, warm, timed)
+        counts.append(timed)
+    assert counts == sorted(counts, reverse=True)  # never more samples for a larger (slower) message
+    assert cases.auto_iters("barrier", 0)[1] >= 200
+
+
 def test_ratios_and_targets():
     res = {
         "procgroup": [

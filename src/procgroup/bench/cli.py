@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--iters",
         default="auto",
         help="timed iterations per case, or 'auto' "
-        "(200 for small sizes down to 8 at 64 MiB, and at most about 1.5 s per case)",
+        "(200 for small sizes down to 20 at 64 MiB, and at most about 1.5 s per case)",
     )
     p.add_argument(
         "--compare",
