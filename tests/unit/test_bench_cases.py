@@ -90,6 +90,21 @@ def test_auto_iterations_give_every_size_a_stable_median():
     assert cases.auto_iters("barrier", 0)[1] >= 200
 
 
+def test_systems_take_turns_in_every_position_and_after_every_other():
+    """Over a cycle of op groups each system runs in every position and right after every other system (a fixed
+    order had procgroup always run right after Open MPI; a rotation would keep that)."""
+    systems = ["procgroup", "gloo", "mpi"]
+    stream = [s for step in range(6) for s in cli.run_order(systems, step)]
+    assert all(sorted(cli.run_order(systems, step)) == sorted(systems) for step in range(6))
+    for pos in range(3):
+        assert sorted(cli.run_order(systems, step)[pos] for step in range(6)) == sorted(systems * 2)
+    for s in systems:
+        before = {stream[i - 1] for i in range(1, len(stream)) if stream[i] == s}
+        assert before >= set(systems) - {s}, (s, before)
+    assert cli.run_order(["procgroup"], 5) == ["procgroup"]
+    assert [cli.run_order(["procgroup", "mpi"], k)[0] for k in range(4)] == ["procgroup", "mpi"] * 2
+
+
 def test_ratios_and_targets():
     res = {
         "procgroup": [

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
+import itertools
 import json
 import os
 import platform
@@ -527,7 +528,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     ]
                     if ns.profile:
                         wargs += ["--profile", os.path.abspath(ns.profile)]
-                    for s in systems:
+                    for pos, s in enumerate(run_order(systems, rnd * len(groups) + gi)):
                         extra = {"PROCGROUP_TRANSPORT": ns.transport} if s in ("procgroup", "cpu") else {}
                         if s == "mpi" and ns.transport == "tcp":  # TCP against TCP: Open MPI's tcp btl, no vader
                             extra["OMPI_MCA_btl"] = "tcp,self"
@@ -546,6 +547,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         for rec in r["records"]:
                             rec["background_cpu"] = r.get("background_cpu")
                             rec["round"] = rnd
+                            rec["position"] = pos
                         _merge_run(runs.setdefault(s, {}), r)
             result["systems"] = {s: {k: v for k, v in r.items() if k != "records"} for s, r in runs.items()}
             if ns.repeat > 1:
@@ -621,6 +623,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if result.get("store_scale") and not result["store_scale"].get("ok"):
         return 1
     return 0
+
+
+def run_order(systems: Sequence[str], step: int) -> list[str]:
+    """The order in which ``systems`` run the ``step``-th op group of a sweep (counted across rounds): every
+    permutation in turn, so that over a cycle every system runs in every position and after every other one.
+
+    A fixed order is biased where a run's conditions depend on the run before it: on a VM with free page
+    reporting, the memory a finished run frees comes back slow for seconds (a 4 MiB broadcast measured 5x slower
+    right after an Open MPI run than 10 s later), and procgroup always followed Open MPI.  A rotation would keep
+    that: it keeps every system's predecessor.
+    """
+    perms = list(itertools.permutations(systems))
+    return list(perms[step % len(perms)]) if perms else []
 
 
 def _markdown(result: dict, by_op: dict, systems: Sequence[str], n: int) -> str:

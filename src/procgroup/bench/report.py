@@ -78,6 +78,7 @@ def combine_rounds(records: Sequence[dict]) -> list[dict]:
             continue
         c = dict(recs[0])
         c.pop("round", None)
+        c.pop("position", None)
         for f in ("median_s", "p90_s", "mean_s", "min_s", "max_s", "algbw_GBps", "busbw_GBps", "background_cpu"):
             vals = [r[f] for r in recs if r.get(f) is not None]
             if vals:
