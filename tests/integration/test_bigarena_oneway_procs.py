@@ -207,6 +207,19 @@ elif mode == "limit":
         counts.append(len(msgs) - before)
     assert counts[0] == counts[1] == counts[4] == 0 and counts[2] == counts[3] >= 5, counts  # each op's messages
     print(f"rank {r} ok {counts}", flush=True)
+elif mode == "steps":
+    # the default 1 MiB buffers: all_gather parts and broadcasts around STEP_MAX (512 KiB), in one step, two and
+    # three, each called three times so that the warm calls run from a plan (compiled) where they can
+    for n in (65536, 65537, 131072, 131073, 262145):  # int64: 512 KiB, +8 B, 1 MiB, +8 B, 2 MiB + 8 B
+        for k in range(3):
+            out = np.empty(p * n, np.int64)
+            dist.all_gather_into_tensor(out, vals(r + k, n))
+            assert np.array_equal(out, np.concatenate([vals(q + k, n) for q in range(p)])), (n, k)
+            root = (k + n) % p
+            b = vals(root + k, n) if r == root else np.zeros(n, np.int64)
+            dist.broadcast(b, src=root)
+            assert np.array_equal(b, vals(root + k, n)), (n, k, root)
+    print(f"rank {r} ok", flush=True)
 elif mode in ("die", "noroot"):
     x = vals(r, 5000)
     if mode == "die":
@@ -228,7 +241,7 @@ dist.destroy_process_group()
 """
 
 
-def _run(tmp_path: Path, mode: str, n: int, paths: str, timeout_s: str = "30") -> List[Result]:
+def _run(tmp_path: Path, mode: str, n: int, paths: str, timeout_s: str = "30", slot: int = SLOT) -> List[Result]:
     f = tmp_path / "oneway_worker.py"
     f.write_text(WORKER)
     port = free_port()
@@ -243,7 +256,7 @@ def _run(tmp_path: Path, mode: str, n: int, paths: str, timeout_s: str = "30") -
                 "oneway-secret",
                 {
                     "PROCGROUP_TRANSPORT": "shm",
-                    "PROCGROUP_SHM_BIG_SLOT": str(SLOT),
+                    "PROCGROUP_SHM_BIG_SLOT": str(slot),
                     "PROCGROUP_NATIVE": paths[r % 2],
                     "PROCGROUP_TIMEOUT": timeout_s,
                     "PROCGROUP_RUN_ID": job,
@@ -287,6 +300,15 @@ def test_reduces_with_every_root_among_every_other_op_and_a_lagging_rank(tmp_pat
 @pytest.mark.parametrize("n", [2, 3])
 def test_warm_plans_of_big_slot_broadcasts_reductions_and_reduce_scatters(tmp_path: Path, n: int, paths: str) -> None:
     res = _run(tmp_path, "plans", n, paths)
+    assert all(r.returncode == 0 and f"rank {r.rank} ok" in r.stdout for r in res), report(res)
+
+
+@pytest.mark.parametrize("paths", PATHS)
+@pytest.mark.parametrize("n", [2, 3])
+def test_broadcast_and_all_gather_steps_around_step_max(tmp_path: Path, n: int, paths: str) -> None:
+    """1 MiB buffers: parts of at most STEP_MAX go in one step, larger ones in steps of at most STEP_MAX, on the
+    compiled, pure-Python and mixed paths alike (every rank must cut the same steps)."""
+    res = _run(tmp_path, "steps", n, paths, slot=1 << 20)
     assert all(r.returncode == 0 and f"rank {r.rank} ok" in r.stdout for r in res), report(res)
 
 

@@ -39,8 +39,8 @@ call (copy in, sync, reduce), broadcast and all_gather one per step (copy in, sy
 path reduces its slices in C; the results are numpy's, in member order, on either path.
 
 Broadcast and all_gather use steps of 1/PIPE_PARTS of the message (at least
-64 KiB, at most a buffer) so that the root's copy-in of the next step
-overlaps the others' copy-out of this one.
+64 KiB, at most a buffer and at most STEP_MAX) so that the root's copy-in of
+the next step overlaps the others' copy-out of this one.
 
 Safety of the double buffering: a member reads step ``t``'s buffers only
 before it publishes its first sync of step ``t + 1``, and writes step
@@ -83,6 +83,14 @@ Reducer = Callable[[np.ndarray, np.ndarray], None]
 #: within one buffer is cut into (more steps overlap the copy in with the copy out, but each is a sync)
 PIPE_MIN = 64 << 10
 PIPE_PARTS = 2
+#: ... and the largest step, below a buffer's 1 MiB: steps of a whole buffer have a slow mode on the 2-CPU
+#: development VM (L2: 1 MiB a core), where 512 KiB steps do not.  Same-size runs alternating, back to back,
+#: slowest rank per call: broadcast N=2 4 / 16 / 64 MiB 95-521 / 522-1768 / 6162-6299 us in 1 MiB steps (fast
+#: or slow by the minute), 130-140 / 526-550 / 3176-3245 in 512 KiB steps; N=4 1140-1155 / 4468-4920 /
+#: 18295-18427 against 334-451 / 1616-1639 / 7912-8304; all_gather N=2, 1 / 2 / 4 MiB a member, 198-223 / 392-427
+#: / 792-827 in one step or 1 MiB steps against 102-105 / 197-202 / 387-399, N=4 756-787 / 1549-1637 / 3233-3303
+#: against 407-525 / 828-844 / 1878-1943.  256 KiB steps: no better.
+STEP_MAX = 512 << 10
 #: scratch slot of reduce's non-root partial results (not used by the primitives in ``_util``)
 SLOT_BIG = 24
 
@@ -96,7 +104,7 @@ DIRECT_MAX = 128 << 10
 #: (a one-way step) and the root alone reduces.  256 KiB at N=2 29 against 36 us; at N=4 (1 MiB of reads) the
 #: slices 144-174 against 187-209 us (slowest rank per call, median)
 REDUCE_DIRECT_READS = 512 << 10
-_CHECK = struct.Struct("<IIqqq")
+_CHECK = struct.Struct("<IIqqqq")
 
 
 def big_of(comm: Any) -> Optional[Any]:
@@ -115,9 +123,11 @@ def _slots(comm: Any) -> Any:
     return big
 
 
-def _check(comm: Any, op: int, nbytes: int, dtype: np.dtype, root: int = -1) -> int:
-    """The call's check word: the group's (sequence number, fingerprint) folded with op, size, dtype, root."""
-    return zlib.crc32(_CHECK.pack(comm.check_word(), op, nbytes, root, dtype.num))
+def _check(comm: Any, op: int, nbytes: int, dtype: np.dtype, root: int = -1, step: int = 0) -> int:
+    """The call's check word: the group's (sequence number, fingerprint) folded with op, size, dtype, root and the
+    bytes of a pipelined step (broadcast, all_gather: members that would cut the message differently never pass a
+    sync together)."""
+    return zlib.crc32(_CHECK.pack(comm.check_word(), op, nbytes, root, dtype.num, step))
 
 
 def _typed(arrs: List[np.ndarray], nbytes: int, dt: np.dtype) -> List[np.ndarray]:
@@ -125,9 +135,14 @@ def _typed(arrs: List[np.ndarray], nbytes: int, dt: np.dtype) -> List[np.ndarray
 
 
 def _pipe_elems(nbytes: int, itemsize: int, slot: int) -> int:
-    """Elements per step of a pipelined copy: 1/PIPE_PARTS of the message, within [PIPE_MIN, slot]."""
-    target = min(slot, max(PIPE_MIN, (nbytes // PIPE_PARTS + 4095) & ~4095))
+    """Elements per step of a pipelined copy: 1/PIPE_PARTS of the message, within [PIPE_MIN, min(slot, STEP_MAX)]."""
+    target = min(slot, STEP_MAX, max(PIPE_MIN, (nbytes // PIPE_PARTS + 4095) & ~4095))
     return max(1, target // itemsize)
+
+
+def _one_step(big: Any) -> int:
+    """The most bytes a member's part of an all_gather may have to go in one step: a buffer, at most STEP_MAX."""
+    return min(big.slot_bytes, STEP_MAX)
 
 
 def _reduce_chain(out: np.ndarray, parts: List[np.ndarray], reduce: Reducer) -> None:
@@ -296,16 +311,16 @@ def bind_reduce_scatter(
 
 
 def bind_allgather(big: Any, nbytes: int, dt: np.dtype) -> Optional[Callable[[Any, np.ndarray, np.ndarray], None]]:
-    """:func:`allgather_big` of ``nbytes`` a member, for a plan's repeated calls: where the part fits one buffer
-    (one step) and the big slots run compiled, ``fn(comm, sendbuf, recvbuf)`` does the check and the copy in, sync
-    and copy out in one call, else (None) the plan calls allgather_big.  Same step and check word as
+    """:func:`allgather_big` of ``nbytes`` a member, for a plan's repeated calls: where the part goes in one step
+    (:func:`_one_step`) and the big slots run compiled, ``fn(comm, sendbuf, recvbuf)`` does the check and the copy
+    in, sync and copy out in one call, else (None) the plan calls allgather_big.  Same step and check word as
     allgather_big, so members on either path take part in the same call."""
-    if not getattr(big, "native", False) or nbytes > big.slot_bytes:
+    if not getattr(big, "native", False) or nbytes > _one_step(big):
         return None
     begin, sync_copy = big.begin, big.sync_copy
 
     def fn(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
-        begin(_check(comm, _OP_ALLGATHER, nbytes, dt), comm.deadline)
+        begin(_check(comm, _OP_ALLGATHER, nbytes, dt, -1, nbytes), comm.deadline)
         if sync_copy(sendbuf, big.turn & 1, recvbuf, -1, 0, nbytes, nbytes, comm.deadline):
             big.turn += 1
         else:  # nothing was done (a size the compiled call refuses): the general path
@@ -324,7 +339,7 @@ def bind_bcast(big: Any, nbytes: int, dt: np.dtype, root: int, me: int) -> Optio
 
     def fn(comm: Any, buf: np.ndarray) -> None:
         dl = comm.deadline
-        begin(_check(comm, _OP_BCAST, nbytes, dt, root), dl)
+        begin(_check(comm, _OP_BCAST, nbytes, dt, root, nbytes), dl)
         k = big.turn & 1
         if buf.flags.c_contiguous and (
             sync_copy(buf, k, None, 0, 0, 0, 0, dl) if me == root else sync_copy(None, k, buf, root, 0, 0, nbytes, dl)
@@ -371,7 +386,7 @@ def bcast_big(comm: Any, buf: np.ndarray, root: int) -> None:
     isz = dt.itemsize
     n = buf.shape[0]
     step = _pipe_elems(buf.nbytes, isz, big.slot_bytes)
-    big.begin(_check(comm, _OP_BCAST, buf.nbytes, dt, root), dl)
+    big.begin(_check(comm, _OP_BCAST, buf.nbytes, dt, root, min(step * isz, buf.nbytes)), dl)
     sc = getattr(big, "sync_copy", None) if buf.flags.c_contiguous else None  # the compiled path: one call a step
     for a in range(0, n, step):
         k = min(step, n - a)
@@ -400,10 +415,11 @@ def allgather_big(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
     dt = recvbuf.dtype
     isz = dt.itemsize
     n = sendbuf.shape[0]
-    # one step while a member's part fits a buffer: every member copies in at once, so a second step overlaps
-    # nothing and costs a sync (N=2, 128 KiB and 512 KiB a member: 2 steps 35.1 and 80.1 us, 1 step 32.7, 75.9)
-    step = max(1, n) if sendbuf.nbytes <= big.slot_bytes else _pipe_elems(sendbuf.nbytes, isz, big.slot_bytes)
-    big.begin(_check(comm, _OP_ALLGATHER, sendbuf.nbytes, dt), dl)
+    # one step while a member's part fits one (a buffer, at most STEP_MAX): every member copies in at once, so a
+    # second step overlaps nothing and costs a sync (N=2, 128 KiB and 512 KiB a member: 2 steps 35.1 and 80.1 us,
+    # 1 step 32.7, 75.9); a larger part in steps of at most STEP_MAX
+    step = max(1, n) if sendbuf.nbytes <= _one_step(big) else _pipe_elems(sendbuf.nbytes, isz, big.slot_bytes)
+    big.begin(_check(comm, _OP_ALLGATHER, sendbuf.nbytes, dt, -1, min(step * isz, sendbuf.nbytes)), dl)
     out = recvbuf[: p * n].reshape(p, n)
     sc = None  # the compiled path: copy in, sync and copy out in one call per step
     if sendbuf.flags.c_contiguous and recvbuf.flags.c_contiguous and recvbuf.dtype == sendbuf.dtype:
