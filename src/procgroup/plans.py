@@ -29,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import algorithms as alg
-from .algorithms.alltoall_shm import SALT, alltoall_shm, native_done, prepare, shm_applies
+from .algorithms.alltoall_shm import SALT, alltoall_shm, native_done, one_window, prepare, shm_applies
 from .algorithms.arena import (
     _EMPTY,
     _FUSED,
@@ -483,7 +483,7 @@ def all_to_all(g: ProcessGroup, dname: str, sc: list, rc: list, fast: Any, items
 
             def fn_nat(c: Any, a: Any, b: Any) -> None:
                 lim = limits["all_to_all"]
-                f = xa(a, b, ((c.tag >> _CW_SHIFT) & _CW_MASK) ^ SALT, c.deadline, lim)
+                f = xa(a, b, ((c.tag >> _CW_SHIFT) & _CW_MASK) ^ SALT, c.deadline, one_window(lim))
                 if f:
                     if f < 0:  # nothing was published: the general path
                         alltoall_shm(c, a, sc, b, rc, prep, lim)
@@ -521,7 +521,7 @@ def all_to_all_list(g: ProcessGroup, dname: str, sc: list, rc: list, itemsize: i
 
     def fn(c: Any, ins: Any, outs: Any) -> None:
         lim = limits["all_to_all"]
-        f = xa(ins, outs, ((c.tag >> _CW_SHIFT) & _CW_MASK) ^ SALT, c.deadline, lim)
+        f = xa(ins, outs, ((c.tag >> _CW_SHIFT) & _CW_MASK) ^ SALT, c.deadline, one_window(lim))
         if f:
             if f < 0:  # nothing was published
                 general(c, ins, outs)

@@ -219,6 +219,18 @@ elif mode == "steps":
             b = vals(root + k, n) if r == root else np.zeros(n, np.int64)
             dist.broadcast(b, src=root)
             assert np.array_equal(b, vals(root + k, n)), (n, k, root)
+    # all_to_all streams ((p - 1) pieces) of 512 KiB, just above, 1 MiB and just above, 2 MiB: in the big slots
+    # (within BIG_LIMIT's 2 MiB), in windows of at most STEP_MAX
+    for stream in (65536, 65537, 131072, 131073, 262144):
+        m = stream // (p - 1)  # int64 elements a piece
+        for k in range(3):
+            src = np.concatenate([vals(r * p + q + k, m) for q in range(p)])
+            got = np.empty(p * m, np.int64)
+            dist.all_to_all_single(got, src)
+            assert np.array_equal(got, np.concatenate([vals(q * p + r + k, m) for q in range(p)])), (m, k)
+            outs = [np.empty(m, np.int64) for _ in range(p)]  # the list form (its own compiled plan)
+            dist.all_to_all(outs, [vals(r * p + q + k, m) for q in range(p)])
+            assert all(np.array_equal(outs[q], vals(q * p + r + k, m)) for q in range(p)), (m, k, "list")
     print(f"rank {r} ok", flush=True)
 elif mode in ("die", "noroot"):
     x = vals(r, 5000)
@@ -305,9 +317,9 @@ def test_warm_plans_of_big_slot_broadcasts_reductions_and_reduce_scatters(tmp_pa
 
 @pytest.mark.parametrize("paths", PATHS)
 @pytest.mark.parametrize("n", [2, 3])
-def test_broadcast_and_all_gather_steps_around_step_max(tmp_path: Path, n: int, paths: str) -> None:
-    """1 MiB buffers: parts of at most STEP_MAX go in one step, larger ones in steps of at most STEP_MAX, on the
-    compiled, pure-Python and mixed paths alike (every rank must cut the same steps)."""
+def test_broadcast_all_gather_and_all_to_all_steps_around_step_max(tmp_path: Path, n: int, paths: str) -> None:
+    """1 MiB buffers: parts and streams of at most STEP_MAX go in one step, larger ones in steps of at most
+    STEP_MAX, on the compiled, pure-Python and mixed paths alike (every rank must cut the same steps)."""
     res = _run(tmp_path, "steps", n, paths, slot=1 << 20)
     assert all(r.returncode == 0 and f"rank {r.rank} ok" in r.stdout for r in res), report(res)
 

@@ -78,6 +78,7 @@ import numpy as np
 from ..errors import ConfigError, ProcGroupError
 from ..transport.base import address_of
 from ._util import P_ALLTOALL, step, u8
+from .bigarena import STEP_MAX
 from .onecopy import END_SALT, read_directly
 
 __all__ = ["alltoall_shm", "shm_applies", "Prep", "prepare", "A2A_LIMIT_DEFAULT", "SALT", "native_done"]
@@ -93,7 +94,9 @@ _OP_ALLTOALL = 7  # beside algorithms.bigarena's op codes (1-6)
 #: folded into the arena exchange's check word: another collective whose call fingerprint collides with this
 #: one's (16 bits) still never completes an exchange with it
 SALT = 0xA2A0_0000
-#: a stream through the big slots goes in windows of 1/PIPE_PARTS of it, at least PIPE_MIN bytes, at most a slot.
+#: a stream through the big slots goes in windows of 1/PIPE_PARTS of it, at least PIPE_MIN bytes, at most a slot
+#: and at most STEP_MAX (``algorithms.bigarena``: whole 1 MiB buffers have a slow mode; N=2, 2 MiB streams, back
+#: to back, 157-159 against 169-186 us in alternating runs, 256 KiB-1 MiB streams even).
 #: 1: no pipelining within a slot's worth.  benchmarks/ab_alltoall.py (shm/p1, shm/p2, shm/p4; 2-CPU host at
 #: load 7-10): 2 parts took 1.04x-1.13x one part's time at N=2 from 256 KiB to 1 MiB per rank, and 4 parts
 #: 1.1x-2x (an extra sync costs a wake-up when a member is descheduled; the overlap it buys needs both
@@ -216,8 +219,17 @@ def _bytes(a: np.ndarray) -> memoryview:
 
 def _window(n: int, slot: int) -> int:
     """Bytes per round of a stream of ``n`` bytes: 1/PIPE_PARTS of it (so that a sender's copy in of the next
-    window overlaps the receivers' copy out of this one), at least PIPE_MIN, at most a slot (1 for n = 0)."""
-    return max(1, min(slot, max(PIPE_MIN, ((n + PIPE_PARTS - 1) // PIPE_PARTS + 4095) & ~4095)))
+    window overlaps the receivers' copy out of this one), at least PIPE_MIN, at most a slot and STEP_MAX (1 for
+    n = 0)."""
+    return max(1, min(slot, STEP_MAX, max(PIPE_MIN, ((n + PIPE_PARTS - 1) // PIPE_PARTS + 4095) & ~4095)))
+
+
+def one_window(limit: int) -> int:
+    """The ``lim`` of the compiled exchange (``exchange_a2a`` and a plan's bound call) for streams' limit ``limit``:
+    it moves a stream through the big slots only in one window, so only up to STEP_MAX, where :func:`_window`
+    cuts longer streams (every rank must cut alike: a stream that one rank writes in one window and another reads
+    in two is wrong data)."""
+    return min(limit, STEP_MAX)
 
 
 def _copy_stream(
@@ -287,7 +299,9 @@ def alltoall_shm(
         big.settle(comm.deadline)  # a one-way step of ours (a reduce) is past before a big buffer is written
     xa = getattr(a, "exchange_a2a", None)
     if xa is not None:  # compiled: write, exchange and copy out in one call, where it takes this layout
-        f = xa(prep.spec, prep.header, sendbuf, recvbuf, comm.check_word() ^ SALT, comm.deadline, big, limit)
+        f = xa(
+            prep.spec, prep.header, sendbuf, recvbuf, comm.check_word() ^ SALT, comm.deadline, big, one_window(limit)
+        )
         if f >= 0:  # else nothing was published: the Python path below
             if f:
                 native_done(comm, f, sendbuf, recvbuf, prep, limit)
