@@ -1,6 +1,7 @@
 """Pass 9's per-call loop (``../pass9/loop.py``) with two additions of this pass: ``STAGES=1`` prints each rank's
-time in the hierarchical all_reduce's stages (fold within the host, between hosts, spread), ``PROF=1`` writes a
-cProfile of ranks 0 and 1 to ``$TMPDIR/prof.R.txt``.  IT calls of OP (all_reduce, broadcast, reduce or all_gather;
+time in the hierarchical all_reduce's stages (fold within the host, between hosts, spread; pass 12 added each
+stage's CPU, ``NAME_cpu``), ``PROF=1`` writes a cProfile of ranks 0 and 1 to ``$TMPDIR/prof.R.txt`` (sorted by
+``PSORT``, default tottime).  IT calls of OP (all_reduce, broadcast, reduce or all_gather;
 default all_reduce) on SZ bytes of float32 per rank, back to back; ``mh_loop.sh loop.py SZ=... IT=...`` runs it on
 three netns hosts x 2 ranks.
 
@@ -42,9 +43,10 @@ if os.environ.get("STAGES"):
             return None
 
         def g(*a, **k):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             f(*a, **k)
             ST.setdefault(name, []).append(time.perf_counter() - t0)
+            ST.setdefault(name + "_cpu", []).append(time.process_time() - c0)  # the process's CPU (all threads)
 
         return g
 
@@ -88,7 +90,7 @@ if prof is not None:
     import pstats
 
     sio = io.StringIO()
-    pstats.Stats(prof, stream=sio).sort_stats("tottime").print_stats(25)
+    pstats.Stats(prof, stream=sio).sort_stats(os.environ.get("PSORT", "tottime")).print_stats(40)
     open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"prof.{r}.txt"), "w").write(sio.getvalue())
 ru1 = resource.getrusage(resource.RUSAGE_SELF)
 mine = (
