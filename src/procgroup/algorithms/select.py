@@ -218,8 +218,12 @@ ONECOPY_MIN: Dict[str, int] = {"broadcast": 16 << 20, "all_gather": 2 << 20}
 #: host's slots (``Transport.arena(spanning=True)``), hierarchical leads at 1 MiB: slowest rank per call,
 #: median, rounds alternating, 6.2-6.9 ms against multileader's 8.8-9.3 (3.9 against 5.6-5.7 on a quieter
 #: machine); at 4 MiB the medians are even (12.8-13.2 / 13.1-13.7 ms) and multileader's mean per call 3-9 %
-#: lower; 8 MiB even; multileader ahead at 16 MiB (49.9-53.5 / 54.0-58.8 ms)
-MULTILEADER_MIN = 4 << 20
+#: lower; 8 MiB even; multileader ahead at 16 MiB (49.9-53.5 / 54.0-58.8 ms).  Those A/Bs alternated the
+#: variants call by call in one job, which on this VM can favour either side (a call runs after the other
+#: variant's); pass 13 timed whole jobs instead, one variant each, alternating (``loop.py`` with
+#: ``FORCE=all_reduce=...``, 3 rounds, slowest rank per call, median): hierarchical / multileader 1 MiB
+#: 3044-3200 / 4088-4232 us, 1.5 MiB 4303-4662 / 4532-4655, 2 MiB 5454-5655 / 5013-5181 (0.92x)
+MULTILEADER_MIN = 2 << 20
 #: the all_reduce between hosts (a stage of the two above) uses the direct algorithms up to this many hosts
 INTER_DIRECT_MAX_P = 8
 #: ... and between them: direct (one hop, (p-1)n bytes out per rank) up to here, direct reduce-scatter +
