@@ -660,7 +660,7 @@ def test_multileader_all_reduce(hosts):
     p = len(hosts)
     mk = Comm(None, range(p), 0, 0, Deadline.after(1), hosts)
     assert select.choose_all_reduce(mk, 4, 1) is AR.allreduce_hierarchical  # small: one leader per host
-    assert select.choose_all_reduce(mk, 1 << 20, 1 << 18) is AR.allreduce_hierarchical
+    assert select.choose_all_reduce(mk, 256 << 10, 1 << 16) is AR.allreduce_hierarchical
     assert select.choose_all_reduce(mk, 64 << 20, 16 << 20) is AR.allreduce_multileader
     m = select.MULTILEADER_MIN
     assert select.choose_all_reduce(mk, m - 4, m // 4 - 1) is AR.allreduce_hierarchical
@@ -675,6 +675,33 @@ def test_multileader_all_reduce(hosts):
     log = reduce_everywhere(AR.allreduce_multileader, hosts, cases)
     crossing = {s for s, d in log if hosts[s] != hosts[d]}
     assert crossing == set(range(p)), f"every rank should send across hosts, only {sorted(crossing)} did"
+
+
+@pytest.mark.parametrize("hosts", UNIFORM_LAYOUTS, ids=["-".join(h) for h in UNIFORM_LAYOUTS])
+def test_multileader_all_reduce_through_host_slots(hosts, monkeypatch):
+    """With each host's shared slots (Comm.host_arena) the multi-leader all_reduce's host stages are big-slot
+    reduce-scatter and all-gather: no message between ranks of one host, every rank crosses hosts with its block,
+    results exact and bitwise equal on every rank, across steps of the buffers (several per call) and every op.
+    Elements that are not a multiple of the host's ranks (uneven blocks), and buffers above
+    select.HOST_SPLIT_MAX, take the ring within the host instead."""
+    per = hosts.count(hosts[0])
+    even = [
+        ("float32", ReduceOp.SUM, 12 * 1024 * per),  # above the arena: one step
+        ("int64", ReduceOp.SUM, 160 * 1024 * per),  # blocks of 1.25 MiB: two reduce-scatter steps and more
+        ("float64", ReduceOp.MAX, 9000 * per),
+        ("int32", ReduceOp.MIN, 9001 * per),
+        ("float32", ReduceOp.PRODUCT, 9002 * per),
+    ]
+    log = reduce_everywhere(AR.allreduce_multileader, hosts, even, host_arenas=True)
+    within = [(s, d) for s, d in log if hosts[s] == hosts[d]]
+    assert not within, f"messages between ranks of one host: {within[:8]}"
+    assert {s for s, d in log} == set(range(len(hosts))), "every rank should send its block across hosts"
+    log = reduce_everywhere(AR.allreduce_multileader, hosts, [("float32", ReduceOp.SUM, 9000 * per + 1)], True)
+    assert any(hosts[s] == hosts[d] for s, d in log), "uneven blocks: the ring within the host"
+    monkeypatch.setattr(select, "HOST_SPLIT_MAX", 9000 * per * 4 - 4)
+    log = reduce_everywhere(AR.allreduce_multileader, hosts, [("float32", ReduceOp.SUM, 9000 * per)], True)
+    assert any(hosts[s] == hosts[d] for s, d in log), "above HOST_SPLIT_MAX: the ring within the host"
+    assert select.choose_host_split(None, 9000 * per * 4) is None
 
 
 def test_inter_host_stage_is_direct_for_few_hosts(monkeypatch):

@@ -47,6 +47,10 @@ class StageChoices:
     #: host's members (a :class:`~procgroup.algorithms._util.HostComm`), or None where they do not apply
     host_reduce: Callable[[Any, int], Optional[Callable[..., None]]] = lambda comm, nbytes: None
     host_broadcast: Callable[[Any, int], Optional[Callable[..., None]]] = lambda comm, nbytes: None
+    #: ``host_split(host_comm, nbytes)``: the multi-leader all_reduce's host stages in the host's shared slots,
+    #: ``fn(host_comm, buf, reduce, between) -> bool`` (reduce-scatter, ``between(block)``, all-gather; False:
+    #: nothing done, the messages then), or None
+    host_split: Callable[[Any, int], Optional[Callable[..., bool]]] = lambda comm, nbytes: None
 
 
 _stages = StageChoices(
@@ -179,12 +183,24 @@ def allreduce_multileader(
         return
     mine = next(h for h in hosts if comm.rank in h)
     li = mine.index(comm.rank)
+    inter = SubComm(comm, [h[li] for h in hosts], 2 * SPAN)
+    ha = getattr(comm, "host_arena", None)
+    host = HostComm(comm, mine, 1 * SPAN, ha) if ha is not None else None
+    split = _stages.host_split(host, buf.nbytes) if host is not None else None
+    if split is not None:  # the host's stages in its shared slots: block li, all-reduced across hosts in between
+
+        def across(part: np.ndarray) -> None:
+            f = inter_allreduce or _stages.all_reduce_flat(len(hosts), part.nbytes, part.shape[0])
+            f(inter, part, reduce)
+
+        if split(host, buf, reduce, across):
+            return
     offs = partition(n, per)
     ring_reduce_scatter_inplace(SubComm(comm, mine, 1 * SPAN), buf, offs, reduce)
     part = buf[offs[li] : offs[li + 1]]
     if part.shape[0]:
         f = inter_allreduce or _stages.all_reduce_flat(len(hosts), part.nbytes, part.shape[0])
-        f(SubComm(comm, [h[li] for h in hosts], 2 * SPAN), part, reduce)
+        f(inter, part, reduce)
     ring_allgather_inplace(SubComm(comm, mine, 3 * SPAN), buf, offs)
 
 

@@ -67,6 +67,7 @@ from .arena import _FUSED
 __all__ = [
     "big_of",
     "allreduce_big",
+    "allreduce_big_split",
     "bind_bcast",
     "bind_reduce",
     "bind_reduce_scatter",
@@ -239,6 +240,25 @@ def _reduce_slices(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> No
 def allreduce_big(comm: Any, buf: np.ndarray, reduce: Reducer) -> None:
     """``buf`` = the reduction over members, in place (reduce-scatter + all-gather in the big slots)."""
     _reduce_slices(comm, buf, reduce, -1)
+
+
+def allreduce_big_split(comm: Any, buf: np.ndarray, reduce: Reducer, between: Callable[[np.ndarray], None]) -> bool:
+    """One host's part of a multi-leader all_reduce across hosts, without messages within the host: the members
+    reduce-scatter ``buf`` in the big slots (:func:`reduce_scatter_big`: member ``i`` holds block ``i`` reduced
+    over the host), ``between(block)`` all-reduces block ``i`` with the counterparts on the other hosts (same
+    local index, same member count: the same elements), and the members all-gather the blocks
+    (:func:`allgather_big`).  Returns False, having done nothing, where the blocks would differ in size
+    (elements not a multiple of the members)."""
+    p = comm.size
+    n = buf.shape[0]
+    if n % p or not buf.flags.c_contiguous:
+        return False
+    m = n // p
+    block = buf[comm.rank * m : (comm.rank + 1) * m]
+    reduce_scatter_big(comm, buf, block, reduce)
+    between(block)
+    allgather_big(comm, block, buf)
+    return True
 
 
 def reduce_big(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> None:

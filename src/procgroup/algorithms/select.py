@@ -15,8 +15,9 @@ all_reduce         recursive doubling (fold for p != 2^k)       ring reduce-scat
   (multi-host)     hierarchical when hosts has >1 key and some host has >1 rank: intra-host reduce
                    (rows "reduce") -> all_reduce among host leaders (flat rows) -> intra-host broadcast;
                    multileader instead from MULTILEADER_MIN when every host has as many ranks:
-                   intra-host ring reduce-scatter -> local rank i of every host all-reduces
-                   slice i -> intra-host ring all-gather.  The stage between hosts (leaders, or
+                   intra-host reduce-scatter -> local rank i of every host all-reduces
+                   slice i -> intra-host all-gather (through the host's big slots up to
+                   HOST_SPLIT_MAX, else the ring).  The stage between hosts (leaders, or
                    local rank i of every host) is chosen by choose_all_reduce_inter: for at most
                    INTER_DIRECT_MAX_P hosts direct (every message at once: one hop) up to
                    INTER_DIRECT_SMALL, direct reduce-scatter + direct all-gather (two hops) above
@@ -131,7 +132,7 @@ from .arena import (
     reduce_scatter_arena,
 )
 from .bcast import bcast_binomial, bcast_scatter_allgather
-from .bigarena import allgather_big, allreduce_big, bcast_big, reduce_big, reduce_scatter_big
+from .bigarena import allgather_big, allreduce_big, allreduce_big_split, bcast_big, reduce_big, reduce_scatter_big
 from .direct import allreduce_direct, allreduce_direct_rsag
 from .dissemination import barrier_dissemination
 from .gathering import (
@@ -411,6 +412,21 @@ def choose_host_reduce(host: Any, nbytes: int) -> Optional[Callable[..., None]]:
     return None
 
 
+#: ... and its multi-leader all_reduce does the host's reduce-scatter and all-gather through those slots up to this
+#: many bytes, with messages above (each host's ring: at two ranks a host one single-copy exchange each way,
+#: where the slots copy every byte twice).  3 netns hosts x 2 ranks, whole jobs alternating (6-8 rounds,
+#: slowest rank per call, median), slots / messages: 2 MiB 4970 / 5297 us, 4 MiB 9353 / 9847, 8 MiB 17859 /
+#: 19429 (each in 6 of 6 rounds), 16 MiB 33925 / 33257
+HOST_SPLIT_MAX = 8 << 20
+
+
+def choose_host_split(host: Any, nbytes: int) -> Optional[Callable[..., bool]]:
+    """The multi-leader all_reduce's host stages through the host's shared slots (``host.arena``), or None."""
+    if nbytes > min(HOST_SLOTS_MAX, HOST_SPLIT_MAX) or not _big(host, "all_reduce", nbytes):
+        return None
+    return allreduce_big_split
+
+
 def choose_host_broadcast(host: Any, nbytes: int) -> Optional[Callable[..., None]]:
     """The broadcast among a host's members through their shared slots (``host.arena``), or None."""
     if nbytes > HOST_SLOTS_BCAST_MAX:
@@ -430,6 +446,7 @@ install_stage_choices(
         broadcast=choose_broadcast,
         host_reduce=choose_host_reduce,
         host_broadcast=choose_host_broadcast,
+        host_split=choose_host_split,
     )
 )
 
