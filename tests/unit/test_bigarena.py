@@ -418,3 +418,15 @@ def test_poll_stops_after_a_long_yield(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = iter(range(1000))
     monkeypatch.setattr(A, "_sched_yield", lambda: None)
     assert A.poll(lambda: next(calls) >= 50, 5.0, True) is True
+
+
+def test_pipelined_steps_two_members_whole_and_more_members_in_parts() -> None:
+    """Broadcast / all_gather steps (``_pipe_elems``): two members copy a message of up to STEP_MAX in one step,
+    more members in PIPE_PARTS steps (at least PIPE_MIN); never more than a buffer or STEP_MAX."""
+    mib = 1 << 20
+    assert BIG._pipe_elems(256 << 10, 4, mib, 2) * 4 == 256 << 10  # one step
+    assert BIG._pipe_elems(256 << 10, 4, mib, 4) * 4 == (256 << 10) // BIG.PIPE_PARTS
+    assert BIG._pipe_elems(96 << 10, 4, mib, 3) * 4 == BIG.PIPE_MIN
+    for members in (2, 3, 8):
+        assert BIG._pipe_elems(16 * mib, 8, mib, members) * 8 == BIG.STEP_MAX
+        assert BIG._pipe_elems(16 * mib, 8, 256 << 10, members) * 8 == 256 << 10  # a buffer smaller than STEP_MAX

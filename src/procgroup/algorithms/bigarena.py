@@ -40,7 +40,8 @@ path reduces its slices in C; the results are numpy's, in member order, on eithe
 
 Broadcast and all_gather use steps of 1/PIPE_PARTS of the message (at least
 64 KiB, at most a buffer and at most STEP_MAX) so that the root's copy-in of
-the next step overlaps the others' copy-out of this one.
+the next step overlaps the others' copy-out of this one; in a group of two
+members, whole steps of at most STEP_MAX (``PIPE_PARTS_PAIR``).
 
 Safety of the double buffering: a member reads step ``t``'s buffers only
 before it publishes its first sync of step ``t + 1``, and writes step
@@ -84,6 +85,12 @@ Reducer = Callable[[np.ndarray, np.ndarray], None]
 #: within one buffer is cut into (more steps overlap the copy in with the copy out, but each is a sync)
 PIPE_MIN = 64 << 10
 PIPE_PARTS = 2
+#: ... in a group of two members: the step's sync costs more than the overlap buys.  ``procgroup bench`` whole
+#: runs alternating (6 rounds, median), N=2, 1 part / 2 parts: broadcast 256 KiB / 1 / 4 MiB 0.67 / 0.80 / 0.73x
+#: (5-6 of 6 rounds), all_gather 1 / 4 MiB 0.92 / 0.92x, 16 and 64 MiB even; 3 netns hosts x 2 ranks, whose
+#: hierarchical all_reduce ends in a broadcast within each host, 256 KiB 0.85x (7 of 8 rounds).  At N=4 two
+#: parts stay (all_gather 4 MiB: one part 1.07x in 6 of 6 rounds)
+PIPE_PARTS_PAIR = 1
 #: ... and the largest step, below a buffer's 1 MiB: steps of a whole buffer have a slow mode on the 2-CPU
 #: development VM (L2: 1 MiB a core), where 512 KiB steps do not.  Same-size runs alternating, back to back,
 #: slowest rank per call: broadcast N=2 4 / 16 / 64 MiB 95-521 / 522-1768 / 6162-6299 us in 1 MiB steps (fast
@@ -135,9 +142,11 @@ def _typed(arrs: List[np.ndarray], nbytes: int, dt: np.dtype) -> List[np.ndarray
     return [x[:nbytes].view(dt) for x in arrs]
 
 
-def _pipe_elems(nbytes: int, itemsize: int, slot: int) -> int:
-    """Elements per step of a pipelined copy: 1/PIPE_PARTS of the message, within [PIPE_MIN, min(slot, STEP_MAX)]."""
-    target = min(slot, STEP_MAX, max(PIPE_MIN, (nbytes // PIPE_PARTS + 4095) & ~4095))
+def _pipe_elems(nbytes: int, itemsize: int, slot: int, members: int) -> int:
+    """Elements per step of a pipelined copy among ``members``: 1/PIPE_PARTS of the message (PIPE_PARTS_PAIR for two
+    members), within [PIPE_MIN, min(slot, STEP_MAX)]."""
+    parts = PIPE_PARTS_PAIR if members == 2 else PIPE_PARTS
+    target = min(slot, STEP_MAX, max(PIPE_MIN, (nbytes // parts + 4095) & ~4095))
     return max(1, target // itemsize)
 
 
@@ -353,7 +362,8 @@ def bind_bcast(big: Any, nbytes: int, dt: np.dtype, root: int, me: int) -> Optio
     """:func:`bcast_big` of ``nbytes`` from ``root``, for a plan's repeated calls on member ``me``: where the message
     is one step and the big slots run compiled, ``fn(comm, buf)`` does the check and the copy in, sync and copy out
     in one call, else (None) the plan calls the selection.  Same step and check word as bcast_big."""
-    if not getattr(big, "native", False) or _pipe_elems(nbytes, dt.itemsize, big.slot_bytes) * dt.itemsize < nbytes:
+    one = _pipe_elems(nbytes, dt.itemsize, big.slot_bytes, len(big.members)) * dt.itemsize >= nbytes
+    if not getattr(big, "native", False) or not one:
         return None
     begin, sync_copy = big.begin, big.sync_copy
 
@@ -405,7 +415,7 @@ def bcast_big(comm: Any, buf: np.ndarray, root: int) -> None:
     dt = buf.dtype
     isz = dt.itemsize
     n = buf.shape[0]
-    step = _pipe_elems(buf.nbytes, isz, big.slot_bytes)
+    step = _pipe_elems(buf.nbytes, isz, big.slot_bytes, comm.size)
     big.begin(_check(comm, _OP_BCAST, buf.nbytes, dt, root, min(step * isz, buf.nbytes)), dl)
     sc = getattr(big, "sync_copy", None) if buf.flags.c_contiguous else None  # the compiled path: one call a step
     for a in range(0, n, step):
@@ -438,7 +448,8 @@ def allgather_big(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
     # one step while a member's part fits one (a buffer, at most STEP_MAX): every member copies in at once, so a
     # second step overlaps nothing and costs a sync (N=2, 128 KiB and 512 KiB a member: 2 steps 35.1 and 80.1 us,
     # 1 step 32.7, 75.9); a larger part in steps of at most STEP_MAX
-    step = max(1, n) if sendbuf.nbytes <= _one_step(big) else _pipe_elems(sendbuf.nbytes, isz, big.slot_bytes)
+    one = sendbuf.nbytes <= _one_step(big)
+    step = max(1, n) if one else _pipe_elems(sendbuf.nbytes, isz, big.slot_bytes, comm.size)
     big.begin(_check(comm, _OP_ALLGATHER, sendbuf.nbytes, dt, -1, min(step * isz, sendbuf.nbytes)), dl)
     out = recvbuf[: p * n].reshape(p, n)
     sc = None  # the compiled path: copy in, sync and copy out in one call per step
