@@ -66,11 +66,12 @@ REDUCE_TYPES = {"float32": 0, "float64": 1, "int32": 2, "int64": 3}
 #: how long an arena wait polls before it sleeps (s): every local rank has a CPU / the host is oversubscribed
 ARENA_SPIN = 200e-6
 ARENA_SPIN_OVERSUBSCRIBED = 300e-6
-#: ... and one host's members of a group spanning hosts, who wait for the stage between hosts: long enough to
-#: catch a quick stage on a host with idle CPUs, short enough not to take the CPU from the ranks that run it
-#: (3 netns hosts x 2 ranks on 2 CPUs, 64 KiB all_reduce, slowest rank per call: 0 / 20 / 50 / 200 us of spin
-#: 1.11-1.19 / 1.14-1.18 / 1.20-1.27 / 1.39 ms)
-ARENA_SPIN_SPANNING = 20e-6
+#: ... and one host's members of a group spanning hosts, who wait for the stage between hosts: no spin, they
+#: sleep at once (a stage over TCP takes longer than a spin could catch, and a spin takes the CPU from the ranks
+#: that run it).  3 netns hosts x 2 ranks on 2 CPUs, hierarchical all_reduce, whole jobs alternating (6-8
+#: rounds, slowest rank per call, median), 0 against 20 us of spin: 64 KiB 0.90x (7 of 8 rounds), 256 KiB
+#: 0.93x, 1 MiB 0.98x.  (An earlier A/B, 0 / 20 / 50 / 200 us: 1.11-1.19 / 1.14-1.18 / 1.20-1.27 / 1.39 ms.)
+ARENA_SPIN_SPANNING = 0.0
 
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 _noticed = False
