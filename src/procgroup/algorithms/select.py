@@ -223,8 +223,11 @@ ONECOPY_MIN: Dict[str, int] = {"broadcast": 16 << 20, "all_gather": 2 << 20}
 #: variants call by call in one job, which on this VM can favour either side (a call runs after the other
 #: variant's); pass 13 timed whole jobs instead, one variant each, alternating (``loop.py`` with
 #: ``FORCE=all_reduce=...``, 3 rounds, slowest rank per call, median): hierarchical / multileader 1 MiB
-#: 3044-3200 / 4088-4232 us, 1.5 MiB 4303-4662 / 4532-4655, 2 MiB 5454-5655 / 5013-5181 (0.92x)
-MULTILEADER_MIN = 2 << 20
+#: 3044-3200 / 4088-4232 us, 1.5 MiB 4303-4662 / 4532-4655, 2 MiB 5454-5655 / 5013-5181 (0.92x).  Once
+#: multileader's host stages ran in the big slots and the stage between hosts took reduce-scatter + all-gather
+#: above 128 KiB (6 rounds each): multileader / hierarchical 256 KiB 1.37x, 512 KiB 1.24x, 1 MiB 0.88x (faster in
+#: 6 of 6 rounds)
+MULTILEADER_MIN = 1 << 20
 #: the all_reduce between hosts (a stage of the two above) uses the direct algorithms up to this many hosts
 INTER_DIRECT_MAX_P = 8
 #: ... and between them: direct (one hop, (p-1)n bytes out per rank) up to here, direct reduce-scatter +
