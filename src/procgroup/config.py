@@ -522,8 +522,10 @@ def shm_options(environ: Optional[Mapping[str, str]] = None) -> ShmOptions:
 #: netns hosts on the 2-CPU machine, ping-pong of 4 bytes, one way: 36-44 us sleeping in poll at once (the reply
 #: comes while the waiter sleeps: a wake-up each way), 13-14 with 200 us of spin, 12-14 with 3 ms (Open MPI,
 #: polling: 14); 3 hosts x 2 ranks all_reduce 4 B-1 MiB unchanged within noise (0 / 200 us: 4 B 479-540 /
-#: 456-519 us, 64 KiB 638-681 / 545-690, 1 MiB 3.1-3.6 / 3.6-4.4 ms)
-DEFAULT_TCP_SPIN_US = 200.0
+#: 456-519 us, 64 KiB 638-681 / 545-690, 1 MiB 3.1-3.6 / 3.6-4.4 ms).  Pass 13, whole jobs alternating (6
+#: rounds, slowest rank per call, median), 500 against 200 us: 64 KiB 0.92x, 1 MiB 0.95x (faster in 6 of 6
+#: rounds each), 256 KiB 0.98x, 4 KiB even; 1000 against 500 us at 64 KiB 1.08x; 0 against 200 at 256 KiB 1.08x
+DEFAULT_TCP_SPIN_US = 500.0
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ it decodes: a message for its own receive, and also those for other tags or othe
 posted buffers or the unexpected queue, waking their waiters).
 
 * A thread that waits for a receive from peer P takes P's role and reads P's socket itself:
-  ``recv_into(MSG_DONTWAIT)``, tried again for up to ``PROCGROUP_TCP_SPIN_US`` (200 us; ``sched_yield`` between tries,
+  ``recv_into(MSG_DONTWAIT)``, tried again for up to ``PROCGROUP_TCP_SPIN_US`` (500 us; ``sched_yield`` between tries,
   so a sender queued behind us on a busy CPU runs) and then ``poll`` (with the deadline as the timeout) when
   nothing is there, until its request completes.  No hand-off from another thread: the waiter is the reader,
   and a message that comes within the spin is read without a sleep and a wake-up.
