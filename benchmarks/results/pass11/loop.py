@@ -1,9 +1,9 @@
 """Pass 9's per-call loop (``../pass9/loop.py``) with two additions of this pass: ``STAGES=1`` prints each rank's
 time in the hierarchical all_reduce's stages (fold within the host, between hosts, spread; pass 12 added each
 stage's CPU, ``NAME_cpu``), ``PROF=1`` writes a cProfile of ranks 0 and 1 to ``$TMPDIR/prof.R.txt`` (sorted by
-``PSORT``, default tottime).  IT calls of OP (all_reduce, broadcast, reduce or all_gather;
-default all_reduce) on SZ bytes of float32 per rank, back to back; ``mh_loop.sh loop.py SZ=... IT=...`` runs it on
-three netns hosts x 2 ranks.
+``PSORT``, default tottime; ``PCPU=1`` times with the process's CPU clock instead of the wall clock).  IT
+calls of OP (all_reduce, broadcast, reduce or all_gather; default all_reduce) on SZ bytes of float32 per rank,
+back to back; ``mh_loop.sh loop.py SZ=... IT=...`` runs it on three netns hosts x 2 ranks.
 
 Run it with ``procgroup run``: one per namespace host across hosts (see README.md), or ``--nproc-per-node 4`` on
 one host.  Rank 0 prints the slowest rank's time per call,
@@ -79,7 +79,7 @@ prof = None
 if os.environ.get("PROF") and r in (0, 1):
     import cProfile
 
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.process_time) if os.environ.get("PCPU") else cProfile.Profile()
     prof.enable()
 for _ in range(iters):
     call()
