@@ -1,0 +1,51 @@
+"""Whole-run A/B of ``procgroup bench`` cases: each variant a whole bench run, variants alternating by round.
+
+    python ab_bench.py ROUNDS NPROC OPS SIZES 'label|PATCH' 'label|PATCH'
+
+``PATCH`` is ``-`` (the checkout as it is) or ``module.NAME=literal;...`` (``NAME[key]=...`` for a dict entry),
+applied in every process of the run through a sitecustomize (see ab_jobs.py).  Prints per case the median over
+rounds of procgroup's median time, each round's value, and in how many rounds the second variant was faster.
+"""
+
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from ab_jobs import site_dir
+
+
+def main() -> None:
+    rounds, nproc, ops, sizes = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    variants = [v.split("|") for v in sys.argv[5:]]
+    site = site_dir()
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../src")
+    res: dict = collections.defaultdict(list)
+    out = tempfile.mkdtemp(prefix="pg-ab-bench-")
+    for k in range(rounds):
+        for label, patch in variants if k % 2 == 0 else variants[::-1]:
+            env = dict(os.environ, PYTHONPATH=f"{site}:{os.path.abspath(src)}")
+            if patch != "-":
+                env["PG_PATCH"] = patch
+            path = os.path.join(out, f"{label}.json")
+            cmd = ["procgroup", "bench", "--nproc", nproc, "--ops", ops, "--sizes", sizes, "--repeat", "1"]
+            subprocess.run(cmd + ["--json", path], env=env, capture_output=True, cwd=out)
+            for r in json.load(open(path))["results"]["procgroup"]:
+                if "median_s" in r:
+                    res[(r["op"], r["nominal_bytes"], label)].append(r["median_s"] * 1e6)
+    a, b = variants[0][0], variants[1][0]
+    for op, n in sorted({(o, n) for o, n, _ in res}):
+        x, y = res[(op, n, a)], res[(op, n, b)]
+        wins = sum(q < p for p, q in zip(x, y))
+        print(
+            f"{op:>10} {n:>9}: {a} {statistics.median(x):8.1f}  {b} {statistics.median(y):8.1f}  ratio "
+            f"{statistics.median(y) / statistics.median(x):.3f}  {b} faster {wins}/{len(x)}  "
+            f"[{' '.join(f'{v:.0f}' for v in x)}] [{' '.join(f'{v:.0f}' for v in y)}]"
+        )
+
+
+if __name__ == "__main__":
+    main()
