@@ -257,10 +257,11 @@ def allreduce_big_split(comm: Any, buf: np.ndarray, reduce: Reducer, between: Ca
     over the host), ``between(block)`` all-reduces block ``i`` with the counterparts on the other hosts (same
     local index, same member count: the same elements), and the members all-gather the blocks
     (:func:`allgather_big`).  Returns False, having done nothing, where the blocks would differ in size
-    (elements not a multiple of the members)."""
+    (elements not a multiple of the members): a choice of size and member count alone, so every member of a host
+    makes the same one.  ``buf`` is 1-D and C-contiguous (``select.all_reduce`` flattened it)."""
     p = comm.size
     n = buf.shape[0]
-    if n % p or not buf.flags.c_contiguous:
+    if n % p:
         return False
     m = n // p
     block = buf[comm.rank * m : (comm.rank + 1) * m]
