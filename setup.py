@@ -1,4 +1,4 @@
-"""Build hook for the three optional C extensions (all metadata lives in pyproject.toml).
+"""Build hook for the four optional C extensions (all metadata lives in pyproject.toml).
 
 ``procgroup.transport.shm._native`` is the compiled fast path of the shared-memory arena, and
 ``procgroup.transport.shm._p2pwait`` that of small blocking receives, and ``procgroup._groupcore`` a planned
@@ -33,6 +33,11 @@ setup(
                 "src/procgroup/transport/shm/_p2pwait_front.c",
             ],
             depends=["src/procgroup/transport/shm/_p2pwait.h"],
+            optional=True,
+        ),
+        Extension(  # the tcp transport's wait for several receives at once (transport._tcp_read.wait_many); optional
+            "procgroup.transport._tcpwait",
+            sources=["src/procgroup/transport/_tcpwait.c"],
             optional=True,
         ),
         Extension(  # a planned collective's bookkeeping (procgroup.groupcore.GroupCore.run_plan); optional too

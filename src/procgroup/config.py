@@ -194,7 +194,7 @@ _TABLE = (
     ),
     EnvVar(
         ENV.NATIVE,
-        "0: the shared slots run the pure-Python path even where the optional compiled fast path was built",
+        "0: the pure-Python paths even where the optional compiled ones were built (shared slots, the TCP wait)",
         "user",
     ),
     EnvVar(
@@ -534,12 +534,16 @@ class TcpOptions:
 
     #: microseconds a wait polls its socket (yielding the CPU between tries) before it sleeps in poll
     spin_us: float = DEFAULT_TCP_SPIN_US
+    #: the compiled wait for several receives at once, where it was built (``PROCGROUP_NATIVE``)
+    native: bool = True
 
 
 def tcp_options(environ: Optional[Mapping[str, str]] = None) -> TcpOptions:
     """:class:`TcpOptions` from the environment (a bad value is a ConfigError naming its variable)."""
     spin = env_micros(ENV.TCP_SPIN_US, environ)
-    return TcpOptions(spin_us=DEFAULT_TCP_SPIN_US if spin is None else spin)
+    return TcpOptions(
+        spin_us=DEFAULT_TCP_SPIN_US if spin is None else spin, native=env_bool(ENV.NATIVE, environ, default=True)
+    )
 
 
 _TRANSPORTS = ("auto", "shm", "tcp")

@@ -183,6 +183,10 @@ class SubComm(Messaging):
     def scratch(self, nbytes: int, slot: int = 0) -> np.ndarray:
         return self.parent.scratch(nbytes, slot)
 
+    def _wait_many(self) -> Any:
+        f = getattr(self.parent, "_wait_many", None)
+        return f() if f is not None else None
+
 
 class HostComm(SubComm):
     """The members of a Comm on one host, with their shared slots (the parent's ``host_arena``).

@@ -54,6 +54,7 @@ def allreduce_direct(comm: Any, buf: np.ndarray, reduce: Kernel) -> None:
 
     recvs = {j: comm.irecv(j, u8(slot(j)), _ALL) for j in range(p) if j != r}
     sends: List[Optional[Request]] = [comm.isend(j, u8(buf), _ALL) for j in range(p) if j != r]
+    comm.wait_all(list(recvs.values()))  # all at once (tcp: one compiled read of every socket)
     acc: Optional[np.ndarray] = None  # x0 op ... op x(r-1), folded while our sends are in flight
     for j in range(r):
         recvs[j].wait(comm.deadline)
@@ -101,11 +102,11 @@ def allreduce_direct_rsag(comm: Any, buf: np.ndarray, reduce: Kernel) -> None:
     sends: List[Optional[Request]] = [
         comm.isend(j, u8(buf[offs[j] : offs[j + 1]]), _RS) if offs[j + 1] > offs[j] else None for j in peers
     ]
+    comm.wait_all(list(recvs.values()))
     for j in peers:
         if m:
-            recvs[j].wait(comm.deadline)
             reduce(mine, slot(j))
     puts: List[Optional[Request]] = [comm.isend(j, u8(mine), _AG) for j in peers] if m else []
-    _wait(comm, gets)
+    comm.wait_all(gets)
     _wait(comm, sends)
     _wait(comm, puts)

@@ -39,13 +39,20 @@ import select
 import socket
 import threading
 import time
-from typing import Dict, List, Optional, Set, Union
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+import numpy as np
 
 from ..deadline import Deadline
 from ..errors import ProtocolError
 from ..protocol.frames import FrameDecoder, FrameStart, Message, MessageEnd
 from ._engine import EngineRequest, EngineTransport, RecvReq, SendReq, Unexpected, timeout_error
 from .base import ANY_SOURCE, Status
+
+try:  # the optional compiled wait for several receives (setup.py builds it where a C compiler exists)
+    from . import _tcpwait
+except ImportError:  # pragma: no cover - depends on the build
+    _tcpwait = None  # type: ignore[assignment]
 
 __all__ = ["TcpReading"]
 
@@ -61,6 +68,9 @@ _GRACE = 0.02
 _IDLE = 0.05  # the watcher's longest sleep while connections wait for their re-arm
 _HAS_EPOLL = hasattr(select, "epoll")
 _sched_yield = getattr(os, "sched_yield", lambda: None)
+_PROG = 5  # int64 words of read_frames' progress per connection: state, header bytes, payload bytes, length, errno
+_ST_DONE, _ST_DIVERTED, _ST_EOF, _ST_ERROR = 1, 2, 3, 4
+_WOKEN = 2
 _POLLIN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 if _HAS_EPOLL:
     _ARMED = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT
@@ -135,6 +145,8 @@ class TcpReading(EngineTransport):
     _max_frame: int
     #: seconds a waiter keeps trying its socket (yielding the CPU between tries) before it sleeps in poll
     _spin: float = 0.0
+    #: whether :meth:`wait_many` may use the compiled loop (``TcpOptions.native``)
+    _native: bool = True
 
     # -- set-up and tear-down -------------------------------------------------------------------------
     def _start_reading(self) -> None:
@@ -518,6 +530,142 @@ class TcpReading(EngineTransport):
                         c.wanted -= 1
                 else:
                     self._cond.wait(min(rem, _SLICE))
+
+    def wait_many(
+        self,
+        reqs: Sequence[EngineRequest],
+        deadline: Optional[Deadline],
+        slice_for: Optional[Callable[[], float]] = None,
+        between: Optional[Callable[[], None]] = None,
+    ) -> None:
+        """Make progress on several receives from distinct peers at once; never raises (``req.wait`` reports).
+
+        Where the compiled wait was built (``_tcpwait``), one call reads every such socket with the GIL released:
+        each receive must be the one its message would match (first posted for its tag and peer), its connection's
+        role free and its decoder at a message boundary with nothing buffered; the rest is left to ``req.wait``.
+        Each message is read straight into its buffer, header first, never a byte beyond it; a message that is
+        not the expected one (another tag, several frames, too long), a connection that ends or fails, and the
+        deadline or an abort hand the connection back to the decoder at the exact byte reached: the receive is
+        posted again (or, mid-payload, placed as the decoder would have placed it) and ``req.wait`` goes on from
+        there with the usual errors.  ``slice_for()``: how long to read before ``between()`` runs (the router's shm
+        progress); the whole wait ends at the deadline.
+        """
+        if _tcpwait is None or not self._native or self._closed or self._aborted is not None:
+            return
+        taken = self._take_many(reqs)
+        if not taken:
+            return
+        n = len(taken)
+        fds = tuple(c.fd for c, _ in taken)
+        tags = tuple(r.tag for _, r in taken)
+        outs = tuple(r.out for _, r in taken)
+        hdr = bytearray(24 * n)
+        prog = np.zeros(_PROG * n, np.int64)
+        try:
+            while True:
+                t = _SLICE if slice_for is None else slice_for()
+                if deadline is not None:
+                    rem = deadline.remaining()
+                    if rem <= 0:
+                        break
+                    t = min(t, rem)
+                try:
+                    code = _tcpwait.read_frames(
+                        fds, tags, outs, hdr, prog, int(self._spin * 1e9), max(1, int(t * 1e9)), self._wake_r
+                    )
+                except (ValueError, TypeError, BufferError, OverflowError):  # an odd buffer: req.wait does it
+                    break
+                if code != 1 or self._aborted is not None or self._closed:
+                    break
+                if between is not None:
+                    between()
+        finally:
+            self._settle_many(taken, hdr, prog)
+
+    def _take_many(self, reqs: Sequence[EngineRequest]) -> List[Tuple[_Conn, RecvReq]]:
+        """The receives :meth:`wait_many` reads in C, each claimed (out of ``posted``, into ``inflight``), with their
+        connections' roles held."""
+        cand: List[Tuple[_Conn, RecvReq]] = []
+        seen: Set[int] = set()
+        for req in reqs:
+            if type(req) is not RecvReq or req.group is not None or _done(req) or req.peer in seen:
+                continue
+            c = self._conns.get(req.peer)
+            if c is None or c.dead:
+                continue
+            dec = c.dec
+            if not self._take(c):
+                continue
+            if dec is None or not dec.at_boundary or c.rx is not None:
+                self._give(c)
+                continue
+            seen.add(req.peer)
+            cand.append((c, req))
+        taken: List[Tuple[_Conn, RecvReq]] = []
+        with self._lock:
+            for c, req in cand:
+                lst = self._posted.get(req.tag)
+                first = next((r for r in lst if r.peer == c.peer or r.peer == ANY_SOURCE), None) if lst else None
+                if first is req and c.peer not in self._inflight and not self._closed and self._aborted is None:
+                    lst.remove(req)  # type: ignore[union-attr]  # first is req: lst is a list
+                    if not lst:
+                        del self._posted[req.tag]
+                    self._inflight[c.peer] = req
+                    taken.append((c, req))
+        for c, req in cand:
+            if (c, req) not in taken:
+                self._give(c)
+        return taken
+
+    def _settle_many(self, taken: List[Tuple[_Conn, RecvReq]], hdr: bytearray, prog: "np.ndarray") -> None:
+        """After :meth:`wait_many`'s reads: complete what arrived, hand every other connection back to its decoder."""
+        lost: List[Tuple[_Conn, str]] = []
+        for i, (c, req) in enumerate(taken):
+            state, hgot, pgot, length, err = (int(x) for x in prog[_PROG * i : _PROG * (i + 1)])
+            src = c.peer
+            if state == _ST_DONE:
+                with self._lock:
+                    self._inflight.pop(src, None)
+                    if req.status is None and req.error is None:
+                        req.status = Status(src, length)
+                    req.out = None  # type: ignore[assignment]  # drop the export, as _finish_locked does
+                continue
+            if state in (_ST_EOF, _ST_ERROR):
+                c.dead = True
+                what = (
+                    f"rank {src} at {c.where} closed the connection"
+                    if state == _ST_EOF
+                    else self._lost_reason(c, OSError(err, os.strerror(err)))
+                )
+                if hgot or pgot:
+                    what += f" inside a message ({hgot} header and {pgot} payload bytes read)"
+                lost.append((c, what))
+                continue
+            # pending (deadline, abort) or diverted: the decoder takes over at the byte reached
+            dec = c.dec
+            assert dec is not None
+            try:
+                with self._lock:
+                    self._inflight.pop(src, None)
+                    lst = self._posted.setdefault(req.tag, [])
+                    lst.insert(0, req)  # it was the first match: it stays the first
+                if hgot:
+                    dec.get_buffer()[:hgot] = hdr[24 * i : 24 * i + hgot]
+                    dec.buffer_updated(hgot)
+                if state != _ST_DIVERTED and hgot == 24 and pgot:
+                    ev = dec.next_event()
+                    assert isinstance(ev, FrameStart), ev
+                    with self._lock:
+                        c.rx = rx = self._place_frame_locked(dec, src, ev, None)
+                    c.watch = rx.target if type(rx.target) is RecvReq else None
+                    dec.buffer_updated(pgot)  # already in the target's first pgot bytes
+            except ProtocolError as e:  # a diverted header that is garbage: as _pump reports it
+                c.dead = True
+                lost.append((c, f"protocol error on the connection to rank {src} at {c.where}: {e}"))
+        for c, _ in taken:
+            self._give(c)
+        for c, what in lost:
+            self._conn_lost(c, what)
 
     def _wait_slice(self, req: EngineRequest, timeout: float) -> None:
         """Wait for ``req`` at most ``timeout`` seconds, reading its socket if we can; never raises for time.

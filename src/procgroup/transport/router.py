@@ -30,7 +30,7 @@ instances (loopback, shm, tcp) for ANY_SOURCE to span them.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..deadline import Deadline
 from ..errors import ClosedError, ConfigError, DistTimeoutError
@@ -333,6 +333,33 @@ class RouterTransport(Transport):
     def _kick(self) -> None:
         if self._bell is not None:
             self._bell.kick()
+
+    def wait_many(self, reqs: Sequence[Request], deadline: Optional[Deadline]) -> None:
+        """Make progress on several receives at once where one sub-transport can (tcp's ``wait_many``: one
+        compiled read of every socket), driving shm progress between its slices; never raises: each request's
+        ``wait`` then reports its outcome (most return at once)."""
+        inner: List[Request] = []
+        owner: Any = None
+        for q in reqs:
+            r = q._inner if type(q) is _Routed else q
+            if type(r) is not RecvReq:
+                continue
+            o = getattr(r, "owner", None)
+            if o is None or getattr(o, "wait_many", None) is None or (owner is not None and o is not owner):
+                continue
+            owner = o
+            inner.append(r)
+        if owner is None or len(inner) < 2:
+            return
+        bell = self._bell
+        snap = [bell.snapshot() if bell is not None else 0]
+
+        def between() -> None:
+            self._kick()
+            if bell is not None:
+                snap[0] = bell.snapshot()
+
+        owner.wait_many(inner, deadline, lambda: self._direct_slice(snap[0]), between)
 
     def _direct_slice(self, snap: int) -> float:
         """How long a tcp waiter may read its socket before the next shm progress pass.

@@ -125,7 +125,9 @@ class TcpTransport(TcpReading):
         self._cond = threading.Condition(self._lock)
         self._secret = secret
         self._max_frame = max_frame_size
-        self._spin = (options or TcpOptions()).spin_us * 1e-6  # see TcpReading._pump
+        opts = options or TcpOptions()
+        self._spin = opts.spin_us * 1e-6  # see TcpReading._pump
+        self._native = opts.native  # TcpReading.wait_many's compiled loop, where built
         self._deadline = as_deadline(deadline)
         self._conns: Dict[int, _Conn] = {}
         self._inflight: Dict[int, Union[RecvReq, Unexpected]] = {}  # per peer: the message being received
