@@ -620,8 +620,9 @@ class TcpReading(EngineTransport):
     def _settle_many(self, taken: List[Tuple[_Conn, RecvReq]], hdr: bytearray, prog: "np.ndarray") -> None:
         """After :meth:`wait_many`'s reads: complete what arrived, hand every other connection back to its decoder."""
         lost: List[Tuple[_Conn, str]] = []
+        words = prog.tolist()
         for i, (c, req) in enumerate(taken):
-            state, hgot, pgot, length, err = (int(x) for x in prog[_PROG * i : _PROG * (i + 1)])
+            state, hgot, pgot, length, err = words[_PROG * i : _PROG * (i + 1)]
             src = c.peer
             if state == _ST_DONE:
                 with self._lock:

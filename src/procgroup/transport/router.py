@@ -73,6 +73,9 @@ class _Routed(Request):
         Returns its status, or raises its error (a timeout past ``deadline``).
         """
         inner = self._inner
+        st: Optional[Status] = getattr(inner, "status", None)
+        if st is not None:  # complete already (a wait_many read it): nothing to wait for, no shm pass needed
+            return st
         direct = getattr(getattr(inner, "owner", None), "_wait_slice", None)
         if direct is not None:  # tcp: read our own socket between shm progress passes
             router = self._router
