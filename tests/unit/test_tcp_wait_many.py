@@ -236,3 +236,31 @@ def test_procgroup_native_0_keeps_the_python_path(monkeypatch: Any) -> None:
     finally:
         for t in ts:
             t.close()
+
+
+def test_ctrl_c_during_the_wait_leaves_the_connection_usable(world: Any, path: Any) -> None:
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are delivered to the main thread only")
+    a, b = bytearray(5), bytearray(5)
+    ra, rb = world[1].irecv(0, TAG, a), world[1].irecv(2, TAG, b)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            world[1].wait_many([ra, rb], Deadline.after(10))
+            ra.wait(Deadline.after(10))  # the Python path: the interrupt comes here
+        assert time.monotonic() - t0 < 0.8  # the compiled loop returns at the signal, not at its 1 s slice
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    _wire(world, 0).sendall(_frame(TAG, b"after"))
+    _wire(world, 2).sendall(_frame(TAG, b"other"))
+    _wait_all(world[1], [ra, rb])
+    assert (bytes(a), bytes(b)) == (b"after", b"other")

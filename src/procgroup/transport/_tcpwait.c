@@ -13,7 +13,8 @@
    state (0 pending, 1 done, 2 diverted, 3 EOF, 4 error), header bytes read, payload bytes read, the payload's
    length, errno.  It tries each pending socket without blocking, yields the CPU between empty passes for
    spin_ns, then sleeps in poll() on the pending sockets and wake_fd (the transport's abort/close pipe).
-   Returns 0 when no connection is pending any more, 1 when slice_ns passed, 2 when wake_fd turned readable.
+   Returns 0 when no connection is pending any more, 1 when slice_ns passed or a signal came (the caller's
+   handler runs), 2 when wake_fd turned readable (or was closed).
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -160,7 +161,11 @@ static PyObject *read_frames(PyObject *self, PyObject *args) {
             pf[pending] = (struct pollfd){.fd = wake_fd, .events = POLLIN};
             int ms = (int)((end - t + 999999) / 1000000);
             int r = poll(pf, (nfds_t)pending + 1, ms);
-            if (r > 0 && (pf[pending].revents & POLLIN)) {
+            if (r < 0 && errno == EINTR) { /* a signal: back to Python, which runs its handler (Ctrl-C) */
+                code = R_SLICE;
+                break;
+            }
+            if (r > 0 && (pf[pending].revents & (POLLIN | POLLNVAL))) { /* abort or close (or the pipe gone) */
                 code = R_WOKEN;
                 break;
             }
