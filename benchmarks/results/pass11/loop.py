@@ -90,7 +90,9 @@ if prof is not None:
     import pstats
 
     sio = io.StringIO()
-    pstats.Stats(prof, stream=sio).sort_stats(os.environ.get("PSORT", "tottime")).print_stats(40)
+    pstats.Stats(prof, stream=sio).sort_stats(os.environ.get("PSORT", "tottime")).print_stats(
+        int(os.environ.get("PN", 40))
+    )
     open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"prof.{r}.txt"), "w").write(sio.getvalue())
 ru1 = resource.getrusage(resource.RUSAGE_SELF)
 mine = (
