@@ -264,3 +264,41 @@ def test_ctrl_c_during_the_wait_leaves_the_connection_usable(world: Any, path: A
     _wire(world, 2).sendall(_frame(TAG, b"other"))
     _wait_all(world[1], [ra, rb])
     assert (bytes(a), bytes(b)) == (b"after", b"other")
+
+
+def test_a_connection_is_not_held_while_another_thread_needs_it(world: Any, path: Any) -> None:
+    """Thread A waits for tag T from ranks 0 and 2 and holds both connections; then thread B waits for tag U from
+    rank 0, whose message comes first.  Rank 2 sends A's message only once B has its own: A must hand rank 0's
+    connection back at once (not hold it while it sleeps for rank 2), or B never reads and A waits until its
+    deadline."""
+    U = TAG + 5
+    a0, a2, bu = bytearray(3), bytearray(3), bytearray(3)
+    ra0, ra2 = world[1].irecv(0, TAG, a0), world[1].irecv(2, TAG, a2)
+    b_got = threading.Event()
+    took: List[float] = []
+
+    def thread_a() -> None:
+        t0 = time.monotonic()
+        _wait_all(world[1], [ra0, ra2], timeout=20)
+        took.append(time.monotonic() - t0)
+
+    def thread_b() -> None:
+        world[1].irecv(0, U, bu).wait(Deadline.after(20))
+        b_got.set()
+
+    def rank2() -> None:
+        if b_got.wait(20):
+            _wire(world, 2).sendall(_frame(TAG, b"a-2"))
+
+    ta = threading.Thread(target=thread_a, daemon=True)
+    ta.start()
+    time.sleep(0.1)  # A holds both connections now (its compiled wait, or its Python wait on the first)
+    tb, t2 = threading.Thread(target=thread_b, daemon=True), threading.Thread(target=rank2, daemon=True)
+    tb.start()
+    t2.start()
+    time.sleep(0.1)
+    _wire(world, 0).sendall(_frame(U, b"b-0") + _frame(TAG, b"a-0"))
+    for th in (ta, tb, t2):
+        th.join(25)
+    assert took and took[0] < 5.0, took
+    assert (bytes(a0), bytes(a2), bytes(bu)) == (b"a-0", b"a-2", b"b-0")

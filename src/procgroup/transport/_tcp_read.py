@@ -68,6 +68,7 @@ _GRACE = 0.02
 _IDLE = 0.05  # the watcher's longest sleep while connections wait for their re-arm
 _HAS_EPOLL = hasattr(select, "epoll")
 _sched_yield = getattr(os, "sched_yield", lambda: None)
+_MAXC = 64  # connections one read_frames call takes (its MAXC)
 _PROG = 5  # int64 words of read_frames' progress per connection: state, header bytes, payload bytes, length, errno
 _ST_DONE, _ST_DIVERTED, _ST_EOF, _ST_ERROR = 1, 2, 3, 4
 _WOKEN = 2
@@ -556,31 +557,51 @@ class TcpReading(EngineTransport):
         if not taken:
             return
         n = len(taken)
-        fds = tuple(c.fd for c, _ in taken)
-        tags = tuple(r.tag for _, r in taken)
-        outs = tuple(r.out for _, r in taken)
         hdr = bytearray(24 * n)
         prog = np.zeros(_PROG * n, np.int64)
+        spin = int(self._spin * 1e9)
         try:
-            while True:
+            while taken:
                 t = _SLICE if slice_for is None else slice_for()
                 if deadline is not None:
                     rem = deadline.remaining()
                     if rem <= 0:
                         break
                     t = min(t, rem)
+                fds = tuple(c.fd for c, _ in taken)
+                tags = tuple(r.tag for _, r in taken)
+                outs = tuple(r.out for _, r in taken)
                 try:
-                    code = _tcpwait.read_frames(
-                        fds, tags, outs, hdr, prog, int(self._spin * 1e9), max(1, int(t * 1e9)), self._wake_r
-                    )
+                    code = _tcpwait.read_frames(fds, tags, outs, hdr, prog, spin, max(1, int(t * 1e9)), self._wake_r)
                 except (ValueError, TypeError, BufferError, OverflowError):  # an odd buffer: req.wait does it
                     break
+                spin = 0  # spun once: a later call (after a slice or a hand-back) polls at once
+                if code == 3:  # some finished while others wait: give those back now, go on with the rest
+                    taken, hdr, prog = self._keep_pending(taken, hdr, prog)
+                    continue
                 if code != 1 or self._aborted is not None or self._closed:
                     break
                 if between is not None:
                     between()
         finally:
-            self._settle_many(taken, hdr, prog)
+            if taken:
+                self._settle_many(taken, hdr, prog)
+
+    def _keep_pending(
+        self, taken: List[Tuple[_Conn, RecvReq]], hdr: bytearray, prog: "np.ndarray"
+    ) -> Tuple[List[Tuple[_Conn, RecvReq]], bytearray, "np.ndarray"]:
+        """Settle (and give back) the finished connections of ``taken``; the pending ones with their progress."""
+        rows = prog.reshape(-1, _PROG)
+        pending = [i for i in range(len(taken)) if rows[i, 0] == 0]
+        done = [i for i in range(len(taken)) if rows[i, 0] != 0]
+        self._settle_many(
+            [taken[i] for i in done], bytearray().join(hdr[24 * i : 24 * i + 24] for i in done), rows[done].ravel()
+        )
+        return (
+            [taken[i] for i in pending],
+            bytearray().join(hdr[24 * i : 24 * i + 24] for i in pending),
+            rows[pending].ravel().copy(),
+        )
 
     def _take_many(self, reqs: Sequence[EngineRequest]) -> List[Tuple[_Conn, RecvReq]]:
         """The receives :meth:`wait_many` reads in C, each claimed (out of ``posted``, into ``inflight``), with their
@@ -601,6 +622,8 @@ class TcpReading(EngineTransport):
                 continue
             seen.add(req.peer)
             cand.append((c, req))
+            if len(cand) == _MAXC:
+                break
         taken: List[Tuple[_Conn, RecvReq]] = []
         with self._lock:
             for c, req in cand:

@@ -14,7 +14,10 @@
    length, errno.  It tries each pending socket without blocking, yields the CPU between empty passes for
    spin_ns, then sleeps in poll() on the pending sockets and wake_fd (the transport's abort/close pipe).
    Returns 0 when no connection is pending any more, 1 when slice_ns passed or a signal came (the caller's
-   handler runs), 2 when wake_fd turned readable (or was closed).
+   handler runs), 2 when wake_fd turned readable (or was closed), 3 when some connections are finished while
+   others are still pending: at once for a diverted one, else when the spin is over and it would sleep.  The
+   caller then gives the finished connections back (another thread may wait for one) and calls again with the
+   pending ones, so a connection is never held while this call sleeps for another.
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,7 +33,7 @@
 #define HDR 24
 #define MAXC 64
 enum { ST_PENDING = 0, ST_DONE = 1, ST_DIVERTED = 2, ST_EOF = 3, ST_ERROR = 4 };
-enum { R_ALL = 0, R_SLICE = 1, R_WOKEN = 2 };
+enum { R_ALL = 0, R_SLICE = 1, R_WOKEN = 2, R_PARTIAL = 3 };
 
 typedef struct {
     int64_t state, hgot, pgot, len, err;
@@ -55,6 +58,13 @@ static int expected_header(const unsigned char *h, uint64_t tag, uint64_t cap, u
         return 0;
     *len = n;
     return 1;
+}
+
+static int diverted(const prog_t *pr, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (pr[i].state == ST_DIVERTED)
+            return 1;
+    return 0;
 }
 
 /* Read what is ready on connection i; returns 1 when some byte came. */
@@ -147,6 +157,10 @@ static PyObject *read_frames(PyObject *self, PyObject *args) {
                 code = R_ALL;
                 break;
             }
+            if (diverted(pr, n)) { /* its connection goes back to Python now: another thread may want it */
+                code = R_PARTIAL;
+                break;
+            }
             if (progressed)
                 continue;
             int64_t t = now_ns();
@@ -157,6 +171,10 @@ static PyObject *read_frames(PyObject *self, PyObject *args) {
             if (t < spin_end) {
                 sched_yield();
                 continue;
+            }
+            if (pending < n) { /* about to sleep: give the finished connections back first */
+                code = R_PARTIAL;
+                break;
             }
             pf[pending] = (struct pollfd){.fd = wake_fd, .events = POLLIN};
             int ms = (int)((end - t + 999999) / 1000000);
@@ -188,7 +206,7 @@ fail:
 static PyMethodDef methods[] = {
     {"read_frames", read_frames, METH_VARARGS,
      "read_frames(fds, tags, outs, hdr, prog, spin_ns, slice_ns, wake_fd) -> 0 (none pending), 1 (slice over), "
-     "2 (woken): one single-frame message from each socket into its buffer, the GIL released (see the source)."},
+     "2 (woken), 3 (some finished, some pending): one single-frame message from each socket into its buffer, the GIL released (see the source)."},
     {NULL, NULL, 0, NULL},
 };
 
