@@ -302,3 +302,19 @@ def test_a_connection_is_not_held_while_another_thread_needs_it(world: Any, path
         th.join(25)
     assert took and took[0] < 5.0, took
     assert (bytes(a0), bytes(a2), bytes(bu)) == (b"a-0", b"a-2", b"b-0")
+
+
+def test_an_abort_in_the_middle_of_a_payload(world: Any, path: Any) -> None:
+    """The receive fails while its payload is half read: the decoder takes the connection over and discards the
+    rest (nothing is left posted, nothing lands in another buffer), and the receive reports the abort."""
+    wire = _frame(TAG, bytes(range(200)) * 50)
+    a, b = bytearray(10000), bytearray(2)
+    ra, rb = world[1].irecv(0, TAG, a), world[1].irecv(2, TAG, b)
+    _later(0.05, lambda: _wire(world, 0).sendall(wire[: 24 + 4000]))
+    _later(0.3, lambda: world[1].abort(RuntimeError("aborted mid-payload")))
+    t0 = time.monotonic()
+    world[1].wait_many([ra, rb], Deadline.after(20))
+    assert time.monotonic() - t0 < 5.0
+    with pytest.raises(RuntimeError, match="aborted mid-payload"):
+        ra.wait(Deadline.after(1))
+    assert ra not in world[1]._posted.get(TAG, [])  # type: ignore[attr-defined]  # (rb stays, as on the Python path)

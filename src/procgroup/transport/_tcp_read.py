@@ -70,8 +70,8 @@ _HAS_EPOLL = hasattr(select, "epoll")
 _sched_yield = getattr(os, "sched_yield", lambda: None)
 _MAXC = 64  # connections one read_frames call takes (its MAXC)
 _PROG = 5  # int64 words of read_frames' progress per connection: state, header bytes, payload bytes, length, errno
-_ST_DONE, _ST_DIVERTED, _ST_EOF, _ST_ERROR = 1, 2, 3, 4
-_WOKEN = 2
+_ST_DONE, _ST_DIVERTED, _ST_EOF, _ST_ERROR = 1, 2, 3, 4  # a connection's state in it
+_R_SLICE, _R_PARTIAL = 1, 3  # what read_frames returned: the slice is over; some finished while others wait
 _POLLIN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 if _HAS_EPOLL:
     _ARMED = select.EPOLLIN | select.EPOLLRDHUP | select.EPOLLONESHOT
@@ -576,10 +576,10 @@ class TcpReading(EngineTransport):
                 except (ValueError, TypeError, BufferError, OverflowError):  # an odd buffer: req.wait does it
                     break
                 spin = 0  # spun once: a later call (after a slice or a hand-back) polls at once
-                if code == 3:  # some finished while others wait: give those back now, go on with the rest
+                if code == _R_PARTIAL:  # some finished while others wait: give those back now, go on with the rest
                     taken, hdr, prog = self._keep_pending(taken, hdr, prog)
                     continue
-                if code != 1 or self._aborted is not None or self._closed:
+                if code != _R_SLICE or self._aborted is not None or self._closed:
                     break
                 if between is not None:
                     between()
@@ -668,21 +668,25 @@ class TcpReading(EngineTransport):
             # pending (deadline, abort) or diverted: the decoder takes over at the byte reached
             dec = c.dec
             assert dec is not None
+            live = req.status is None and req.error is None
+            partial = state != _ST_DIVERTED and hgot == 24 and pgot > 0  # inside its payload
             try:
                 with self._lock:
                     self._inflight.pop(src, None)
-                    lst = self._posted.setdefault(req.tag, [])
-                    lst.insert(0, req)  # it was the first match: it stays the first
+                    if live or partial:  # it was the first match: it stays the first (failed: placed to discard)
+                        self._posted.setdefault(req.tag, []).insert(0, req)
+                    else:  # failed meanwhile (abort, peer failure): nothing will complete it
+                        req.out = None  # type: ignore[assignment]  # drop the export
                 if hgot:
                     dec.get_buffer()[:hgot] = hdr[24 * i : 24 * i + hgot]
                     dec.buffer_updated(hgot)
-                if state != _ST_DIVERTED and hgot == 24 and pgot:
+                if partial:  # placed as _pump places a frame (a failed receive discards the rest)
                     ev = dec.next_event()
                     assert isinstance(ev, FrameStart), ev
                     with self._lock:
                         c.rx = rx = self._place_frame_locked(dec, src, ev, None)
                     c.watch = rx.target if type(rx.target) is RecvReq else None
-                    dec.buffer_updated(pgot)  # already in the target's first pgot bytes
+                    dec.buffer_updated(pgot)  # already in the target's first pgot bytes (or discarded)
             except ProtocolError as e:  # a diverted header that is garbage: as _pump reports it
                 c.dead = True
                 lost.append((c, f"protocol error on the connection to rank {src} at {c.where}: {e}"))
