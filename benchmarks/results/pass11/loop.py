@@ -56,6 +56,7 @@ if os.environ.get("STAGES"):
         broadcast=st.broadcast,
         host_reduce=lambda c, nb: timed("fold", st.host_reduce(c, nb)),
         host_broadcast=lambda c, nb: timed("spread", st.host_broadcast(c, nb)),
+        host_split=st.host_split,  # (before pass 14 it was left out: multileader then ran its host stages as messages)
     )
 size, iters = int(os.environ.get("SZ", 65536)), int(os.environ.get("IT", 300))
 op = os.environ.get("OP", "all_reduce")
