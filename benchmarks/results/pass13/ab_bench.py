@@ -15,12 +15,15 @@ import subprocess
 import sys
 import tempfile
 
-from ab_jobs import site_dir
+from ab_jobs import check_patch, site_dir
 
 
 def main() -> None:
     rounds, nproc, ops, sizes = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
     variants = [v.split("|") for v in sys.argv[5:]]
+    for _label, patch in variants:
+        if patch != "-":
+            check_patch(patch)
     site = site_dir()
     src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../src")
     res: dict = collections.defaultdict(list)
@@ -32,7 +35,9 @@ def main() -> None:
                 env["PG_PATCH"] = patch
             path = os.path.join(out, f"{label}.json")
             cmd = ["procgroup", "bench", "--nproc", nproc, "--ops", ops, "--sizes", sizes, "--repeat", "1"]
-            subprocess.run(cmd + ["--json", path], env=env, capture_output=True, cwd=out)
+            run = subprocess.run(cmd + ["--json", path], env=env, capture_output=True, cwd=out, text=True)
+            if run.returncode:
+                raise SystemExit(f"{label}: procgroup bench failed ({run.returncode}):\n{run.stderr[-2000:]}")
             for r in json.load(open(path))["results"]["procgroup"]:
                 if "median_s" in r:
                     res[(r["op"], r["nominal_bytes"], label)].append(r["median_s"] * 1e6)

@@ -16,6 +16,7 @@ state that one left -- and reversed two decisions (hierarchical against multilea
 reduce-scatter + all-gather between hosts at 256 KiB).  Two identical trees measured this way differ by 2 %.
 """
 
+import ast
 import os
 import re
 import statistics
@@ -24,17 +25,37 @@ import sys
 import tempfile
 
 _SITE = """
-import ast, importlib, os
-for kv in filter(None, os.environ.get("PG_PATCH", "").split(";")):
-    k, v = kv.split("=", 1)
-    mod, attr = k.rsplit(".", 1)
-    m = importlib.import_module(mod)
-    if "[" in attr:
-        a, key = attr[:-1].split("[")
-        getattr(m, a)[ast.literal_eval(key)] = ast.literal_eval(v)
-    else:
-        setattr(m, attr, ast.literal_eval(v))
+import ast, importlib, os, sys
+try:
+    for kv in filter(None, os.environ.get("PG_PATCH", "").split(";")):
+        k, v = kv.split("=", 1)
+        mod, attr = k.rsplit(".", 1)
+        m = importlib.import_module(mod)
+        if "[" in attr:
+            a, key = attr[:-1].split("[")
+            getattr(m, a)[ast.literal_eval(key)] = ast.literal_eval(v)
+        else:
+            getattr(m, attr)  # a name that does not exist is a typo, not a new constant
+            setattr(m, attr, ast.literal_eval(v))
+except Exception as e:  # a patch that does not apply must not run as the unpatched code (an A/A in disguise)
+    print(f"PG_PATCH does not apply: {e!r}", file=sys.stderr, flush=True)
+    os._exit(97)
 """
+
+
+def check_patch(patch: str) -> None:
+    """Raise SystemExit when a ``PG_PATCH`` value would not apply: every value must be a Python literal (pass 14 ran
+    ``1<<62``, which is not one, so its sitecustomize failed and both variants ran the same code)."""
+    for kv in filter(None, patch.split(";")):
+        k, _, v = kv.partition("=")
+        try:
+            ast.literal_eval(v)
+            if "[" in k:
+                ast.literal_eval(k[k.index("[") + 1 : -1])
+        except (ValueError, SyntaxError) as e:
+            raise SystemExit(
+                f"PG_PATCH {kv!r}: not a literal ({e}); write the number, e.g. 4611686018427387904"
+            ) from None
 
 
 def site_dir() -> str:
@@ -48,6 +69,10 @@ def site_dir() -> str:
 def main() -> None:
     rounds, sz, it = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     variants = [v.split("|") for v in sys.argv[4:]]
+    for _label, _tree, extra in variants:
+        for tok in extra.split():
+            if tok.startswith("PG_PATCH="):
+                check_patch(tok[len("PG_PATCH=") :])
     site = site_dir()
     times = {v[0]: [] for v in variants}
     cpu = {v[0]: [] for v in variants}
