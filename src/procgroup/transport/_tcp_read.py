@@ -11,6 +11,11 @@ posted buffers or the unexpected queue, waking their waiters).
   so a sender queued behind us on a busy CPU runs) and then ``poll`` (with the deadline as the timeout) when
   nothing is there, until its request completes.  No hand-off from another thread: the waiter is the reader,
   and a message that comes within the spin is read without a sleep and a wake-up.
+* A thread that waits for several receives from distinct peers at once (:meth:`TcpReading.wait_many`, the stages
+  between hosts) takes all their roles and reads every such socket in one compiled call (``_tcpwait``, optional,
+  the GIL released), each message header first and straight into its buffer, never a byte past it.  Whatever it
+  does not expect, and any connection that finishes before it would sleep for another, goes back to the decoder
+  at the exact byte reached.
 * If another thread holds the role, the waiter sleeps on the transport condition; the holder wakes it
   when it dispatches the waiter's message, or when it gives the role back (the waiter then takes it).
 * One *watcher* thread per transport notices what arrives while nobody waits: an ``epoll`` set with
