@@ -318,3 +318,23 @@ def test_an_abort_in_the_middle_of_a_payload(world: Any, path: Any) -> None:
     with pytest.raises(RuntimeError, match="aborted mid-payload"):
         ra.wait(Deadline.after(1))
     assert ra not in world[1]._posted.get(TAG, [])  # type: ignore[attr-defined]  # (rb stays, as on the Python path)
+
+
+def test_without_the_compiled_wait_one_line_says_so(monkeypatch: Any, caplog: Any) -> None:
+    import logging
+
+    monkeypatch.setattr(_tcp_read, "_tcpwait", None)
+    monkeypatch.setattr(_tcp_read, "_noticed", False)
+    ts = _form("tcp", 2, "many-notice")
+    try:
+        with caplog.at_level(logging.INFO, logger="procgroup.transport"):
+            for _ in range(3):
+                r = ts[1].irecv(0, TAG, bytearray(1))
+                ts[1].wait_many([r], Deadline.after(1))
+                ts[0].isend(1, TAG, b"x").wait(Deadline.after(5))
+                r.wait(Deadline.after(5))
+        lines = [rec.getMessage() for rec in caplog.records if "_tcpwait" in rec.getMessage()]
+        assert len(lines) == 1 and "not built" in lines[0], lines
+    finally:
+        for t in ts:
+            t.close()

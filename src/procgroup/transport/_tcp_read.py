@@ -83,6 +83,20 @@ if _HAS_EPOLL:
     _DISARMED = select.EPOLLONESHOT
 
 
+_noticed = False
+
+
+def _notice_once() -> None:
+    """One line (at INFO) the first time the compiled wait is wanted but was not built."""
+    global _noticed
+    if not _noticed:
+        _noticed = True
+        logger.info(
+            "procgroup: the compiled TCP wait (_tcpwait) was not built (no C compiler at install time?); the stages "
+            "between hosts read their sockets in Python (reinstall with a C compiler for it)"
+        )
+
+
 class _Inbound:
     """A message arriving in several pieces: its posted receive or unexpected entry, and (unexpected) its buffers."""
 
@@ -557,6 +571,8 @@ class TcpReading(EngineTransport):
         progress); the whole wait ends at the deadline.
         """
         if _tcpwait is None or not self._native or self._closed or self._aborted is not None:
+            if _tcpwait is None and self._native:
+                _notice_once()
             return
         taken = self._take_many(reqs)
         if not taken:
