@@ -52,12 +52,11 @@ def allreduce_direct(comm: Any, buf: np.ndarray, reduce: Kernel) -> None:
         k = j if j < r else j - 1
         return tmp[k * n : (k + 1) * n]
 
-    recvs = {j: comm.irecv(j, u8(slot(j)), _ALL) for j in range(p) if j != r}
+    recvs = [comm.irecv(j, u8(slot(j)), _ALL) for j in range(p) if j != r]
     sends: List[Optional[Request]] = [comm.isend(j, u8(buf), _ALL) for j in range(p) if j != r]
-    comm.wait_all(list(recvs.values()))  # all at once (tcp: one compiled read of every socket)
+    comm.wait_all(recvs)  # all at once (tcp: one compiled read of every socket)
     acc: Optional[np.ndarray] = None  # x0 op ... op x(r-1), folded while our sends are in flight
     for j in range(r):
-        recvs[j].wait(comm.deadline)
         if acc is None:
             acc = slot(j)
         else:
@@ -66,7 +65,6 @@ def allreduce_direct(comm: Any, buf: np.ndarray, reduce: Kernel) -> None:
     if acc is not None:
         reduce(buf, acc)  # x_r op (x0 ... x(r-1)): the same bits as the other order (commutative kernel)
     for j in range(r + 1, p):
-        recvs[j].wait(comm.deadline)
         reduce(buf, slot(j))
 
 
@@ -103,9 +101,8 @@ def allreduce_direct_rsag(comm: Any, buf: np.ndarray, reduce: Kernel) -> None:
         comm.isend(j, u8(buf[offs[j] : offs[j + 1]]), _RS) if offs[j + 1] > offs[j] else None for j in peers
     ]
     comm.wait_all(list(recvs.values()))
-    for j in peers:
-        if m:
-            reduce(mine, slot(j))
+    for j in recvs:
+        reduce(mine, slot(j))
     puts: List[Optional[Request]] = [comm.isend(j, u8(mine), _AG) for j in peers] if m else []
     comm.wait_all(gets)
     _wait(comm, sends)

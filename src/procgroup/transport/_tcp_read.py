@@ -83,6 +83,13 @@ if _HAS_EPOLL:
     _DISARMED = select.EPOLLONESHOT
 
 
+def _frame_args(
+    taken: List[Tuple["_Conn", RecvReq]],
+) -> Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[memoryview, ...]]:
+    """``read_frames``' sockets, tags and buffers for ``taken`` (see :meth:`TcpReading.wait_many`)."""
+    return tuple(c.fd for c, _ in taken), tuple(r.tag for _, r in taken), tuple(r.out for _, r in taken)
+
+
 _noticed = False
 
 
@@ -581,6 +588,7 @@ class TcpReading(EngineTransport):
         hdr = bytearray(24 * n)
         prog = np.zeros(_PROG * n, np.int64)
         spin = int(self._spin * 1e9)
+        fds, tags, outs = _frame_args(taken)
         try:
             while taken:
                 t = _SLICE if slice_for is None else slice_for()
@@ -589,9 +597,6 @@ class TcpReading(EngineTransport):
                     if rem <= 0:
                         break
                     t = min(t, rem)
-                fds = tuple(c.fd for c, _ in taken)
-                tags = tuple(r.tag for _, r in taken)
-                outs = tuple(r.out for _, r in taken)
                 try:
                     code = _tcpwait.read_frames(fds, tags, outs, hdr, prog, spin, max(1, int(t * 1e9)), self._wake_r)
                 except (ValueError, TypeError, BufferError, OverflowError):  # an odd buffer: req.wait does it
@@ -599,6 +604,7 @@ class TcpReading(EngineTransport):
                 spin = 0  # spun once: a later call (after a slice or a hand-back) polls at once
                 if code == _R_PARTIAL:  # some finished while others wait: give those back now, go on with the rest
                     taken, hdr, prog = self._keep_pending(taken, hdr, prog)
+                    fds, tags, outs = _frame_args(taken)
                     continue
                 if code != _R_SLICE or self._aborted is not None or self._closed:
                     break
