@@ -92,6 +92,28 @@ _WORKER = textwrap.dedent(
             dist.all_reduce(x, op=dist.ReduceOp.MAX)
             assert np.array_equal(x, np.max([vals(q, 40001, dt) for q in range(ws)], axis=0)), dt
             checks += 1
+        # ... and a reduce's root waiting for a late member: member 0 or 1 as root did not copy its buffer into the
+        # slots (nobody reads it), so its reduction after the sleep reads its own part from its buffer
+        for root in range(ws):
+            x = vals(r, 20001, "float32")
+            if r == (root + 1) % ws:
+                time.sleep(0.2)
+            dist.reduce(x, dst=root)
+            want = sum(vals(q, 20001, "float32") for q in range(ws)) if r == root else vals(r, 20001, "float32")
+            assert np.array_equal(x, want), root
+            checks += 1
+        # an all_gather whose input is this rank's block of the output (its part stays in place), on time and late
+        for n in (40001, 300001):
+            for late in (0, 1):
+                out = np.full(ws * n, -1, np.int32)
+                mine = out[r * n : (r + 1) * n]
+                mine[...] = np.arange(n, dtype=np.int32) * (r + 2)
+                if late and r == ws - 1:
+                    time.sleep(0.2)
+                dist.all_gather_into_tensor(out, mine)
+                want = np.concatenate([np.arange(n, dtype=np.int32) * (q + 2) for q in range(ws)])
+                assert np.array_equal(out, want), (n, late)
+                checks += 1
         for n in (40001, 300001):
             for root in range(ws):
                 b = np.arange(n, dtype=np.float64) + root if r == root else np.zeros(n)

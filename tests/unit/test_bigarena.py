@@ -329,6 +329,48 @@ def test_reduce_scatter_into_its_own_block_of_sendbuf(world: Any, p: int) -> Non
     _run(ts, body)
 
 
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_reduce_scatter_into_its_own_block_every_dtype_and_op(world: Any, p: int) -> None:
+    """recvbuf = this rank's own block of sendbuf (a multi-leader all_reduce's host stage): members 0 and 1 reduce
+    their own part where it lies (member 1 only with a ufunc kernel), the others copy it into the slot first;
+    every member, dtype and op gives the closed form, in one step and in several."""
+    ts = world(p)
+    cases = [(dt, op, m) for (dt, op, _) in _red_cases()[::4] for m in (1, 999, SLOT // 8 + 3)]
+    cases += [(dt, op, 1001) for dt in DTYPES for op in OPS if valid(op, dt)]
+
+    def body(r: int, make: Callable[[int], Comm]) -> None:
+        for k, (dt, op, m) in enumerate(cases):
+            send = contrib(dt, op, r, p * m)
+            recv = send[r * m : (r + 1) * m]
+            BIG.reduce_scatter_big(make(k + 1), send, recv, kernel(op, dt))
+            finalize(op, recv, p, dtype="bfloat16" if dt == "bfloat16" else None)
+            want = expected(dt, op, p, p * m)[r * m : (r + 1) * m]
+            check_reduced(dt, op, p, recv, f"case {k} {dt} {op.name} m={m} rank {r}", want=want)
+
+    _run(ts, body)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_all_gather_from_its_own_block_of_the_output(world: Any, p: int) -> None:
+    """sendbuf = this rank's block of recvbuf (in place): that block stays as it is, the others arrive; one step and
+    several, and a member that arrives late (the others' copy after the wait)."""
+    ts = world(p)
+    cases = [(dt, n) for j, n in enumerate(COUNTS) for dt in DTYPES[j::3]]
+
+    def body(r: int, make: Callable[[int], Comm]) -> None:
+        for k, (dt, n) in enumerate(cases):
+            recv = garbage(dt, p * n)
+            mine = recv[r * n : (r + 1) * n]
+            mine[...] = data(dt, r, n, k)
+            if k % 5 == 4 and r == p - 1:
+                time.sleep(0.05)
+            BIG.allgather_big(make(k + 1), mine, recv)
+            want = np.concatenate([data(dt, i, n, k) for i in range(p)])
+            assert recv.tobytes() == want.tobytes(), f"case {k} {dt} n={n} rank {r}"
+
+    _run(ts, body)
+
+
 def test_two_groups_run_big_slot_collectives_at_once_from_two_threads(world: Any) -> None:
     """Big slots are per group: the world and a second group (same members) at once never mix their data."""
     import threading

@@ -138,6 +138,16 @@ def _check(comm: Any, op: int, nbytes: int, dtype: np.dtype, root: int = -1, ste
     return zlib.crc32(_CHECK.pack(comm.check_word(), op, nbytes, root, dtype.num, step))
 
 
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """``a`` and ``b`` are the same elements of the same memory (address, shape, strides and dtype)."""
+    return (
+        a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+        and a.shape == b.shape
+        and a.strides == b.strides
+        and a.dtype == b.dtype
+    )
+
+
 def _typed(arrs: List[np.ndarray], nbytes: int, dt: np.dtype) -> List[np.ndarray]:
     return [x[:nbytes].view(dt) for x in arrs]
 
@@ -180,7 +190,8 @@ def _reduce_direct(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> No
     sr = getattr(big, "sync_reduce", None)  # the compiled path: copy in, sync and reduce in one call
     if sr is not None and buf.flags.c_contiguous:
         codes = _FUSED.get((getattr(reduce, "ufunc", None), dt))
-        if codes is not None and sr(buf, k, codes[0], codes[1], keep, comm.deadline, wait):
+        # a reduce's root: nobody reads its buffer, so (member 0 or 1) it reduces its own part from buf
+        if codes is not None and sr(buf, k, codes[0], codes[1], keep, comm.deadline, wait, root < 0):
             big.turn += 1
             return
     arrs = _typed(big.arrays[k], buf.nbytes, dt)
@@ -287,8 +298,12 @@ def reduce_scatter_big(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, redu
     big.begin(_check(comm, _OP_REDSCAT, recvbuf.nbytes, dt), dl)
     blocks = sendbuf[: p * m].reshape(p, m)
     # our own block stays in sendbuf for the reduction (saves its copy in), unless the result overwrites it
-    # before it is read (recvbuf inside sendbuf)
-    own_in_shm = np.may_share_memory(sendbuf, recvbuf)
+    # before it is read: recvbuf inside sendbuf, except where it is our block itself and _reduce_chain reads
+    # each of its elements before it writes it (member 0; member 1 when the kernel is a ufunc), as a multi-leader
+    # all_reduce's host stage does
+    own_in_shm = np.may_share_memory(sendbuf, recvbuf) and not (
+        _same(recvbuf, blocks[me]) and (me == 0 or (me == 1 and getattr(reduce, "ufunc", None) is not None))
+    )
     for a in range(0, m, step):
         k = min(step, m - a)
         arrs = _typed(big.arrays[big.turn & 1], p * k * isz, dt)
@@ -401,7 +416,7 @@ def bind_reduce(
     def fn(comm: Any, buf: np.ndarray) -> None:
         dl = comm.deadline
         begin(_check(comm, _OP_DIRECT, nbytes, dt, root), dl)
-        if buf.flags.c_contiguous and sync_reduce(buf, big.turn & 1, rop, rty, keep, dl, wait):
+        if buf.flags.c_contiguous and sync_reduce(buf, big.turn & 1, rop, rty, keep, dl, wait, root < 0):
             big.turn += 1
         else:  # not aligned: nothing was done, the general path
             _reduce_direct(comm, buf, reduce, root)
@@ -453,6 +468,7 @@ def allgather_big(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
     step = max(1, n) if one else _pipe_elems(sendbuf.nbytes, isz, big.slot_bytes, comm.size)
     big.begin(_check(comm, _OP_ALLGATHER, sendbuf.nbytes, dt, -1, min(step * isz, sendbuf.nbytes)), dl)
     out = recvbuf[: p * n].reshape(p, n)
+    in_place = _same(sendbuf, out[me])  # our part of recvbuf is sendbuf itself: it stays as it is
     sc = None  # the compiled path: copy in, sync and copy out in one call per step
     if sendbuf.flags.c_contiguous and recvbuf.flags.c_contiguous and recvbuf.dtype == sendbuf.dtype:
         sc = getattr(big, "sync_copy", None)
@@ -467,4 +483,7 @@ def allgather_big(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
         arrs[me][...] = sendbuf[a : a + k]
         big.sync(dl)
         for j in range(p):
-            out[j, a : a + k] = sendbuf[a : a + k] if j == me else arrs[j]
+            if j != me:
+                out[j, a : a + k] = arrs[j]
+            elif not in_place:
+                out[j, a : a + k] = sendbuf[a : a + k]

@@ -201,8 +201,9 @@ static PyObject *Big_settle(Big *b, PyObject *const *args, Py_ssize_t nargs) {
     return PyLong_FromLong(r == R_RING ? R_DONE : r); /* a settle publishes nothing: nobody to ring */
 }
 
-/* out = every member's buffer k from byte off on (this member's from `own` instead, where not NULL; it may be
- * out itself: each element is read before it is written), reduced in member order; -1: out of memory */
+/* out = every member's buffer k from byte off on (this member's from `own` instead, where not NULL), reduced in
+ * member order; -1: out of memory.  `own` may be out itself only for member 0 or 1: reduce_ptrs writes out from the
+ * first two members' elements before it reads the third's */
 static int big_reduce(Big *b, int k, Py_ssize_t off, char *out, Py_ssize_t nbytes, int op, int type, char *own) {
     char *stack[64], **src = b->n <= 64 ? stack : PyMem_Malloc((size_t)b->n * sizeof(char *));
     if (!src) {
@@ -226,8 +227,8 @@ static int big_reduce(Big *b, int k, Py_ssize_t off, char *out, Py_ssize_t nbyte
  * than a buffer: nothing done), else as sync; copies buf into this member's buffer k first and, when the sync
  * completed and `reduce`, reduces every member's buffer k into buf (member order) */
 static PyObject *Big_sync_reduce(Big *b, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "sync_reduce(buf, k, val, wait, check, op, type, reduce)");
+    if (nargs != 8 && nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "sync_reduce(buf, k, val, wait, check, op, type, reduce[, publish])");
         return NULL;
     }
     unsigned long long val;
@@ -238,7 +239,12 @@ static PyObject *Big_sync_reduce(Big *b, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     long k = PyLong_AsLong(args[1]);
     int red = PyObject_IsTrue(args[7]);
-    if ((k == -1 && PyErr_Occurred()) || red < 0) return NULL;
+    int pub = nargs == 9 ? PyObject_IsTrue(args[8]) : 1;
+    if ((k == -1 && PyErr_Occurred()) || red < 0 || pub < 0) return NULL;
+    if (!pub && (!red || b->me > 1)) {
+        PyErr_SetString(PyExc_ValueError, "big slots: only a reducing member 0 or 1 may skip publishing its buffer");
+        return NULL;
+    }
     Py_buffer v;
     if (PyObject_GetBuffer(args[0], &v, red ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) return NULL;
     int sz = type_size[type], r;
@@ -246,7 +252,9 @@ static PyObject *Big_sync_reduce(Big *b, PyObject *const *args, Py_ssize_t nargs
         r = R_MISALIGNED;
     } else {
         char *mine = b->buf[k][b->me];
-        if (v.len >= BIG_NOGIL) {
+        if (!pub) {
+            /* nobody reads our buffer (a reduce's root): the reduction reads our part from buf itself */
+        } else if (v.len >= BIG_NOGIL) {
             b->busy++;
             Py_BEGIN_ALLOW_THREADS copy_bytes(mine, v.buf, (size_t)v.len);
             Py_END_ALLOW_THREADS b->busy--;
@@ -254,7 +262,9 @@ static PyObject *Big_sync_reduce(Big *b, PyObject *const *args, Py_ssize_t nargs
             copy_bytes(mine, v.buf, (size_t)v.len);
         }
         r = b->released ? R_WAIT : big_sync(b, val, wait, check);
-        if (r >= 0 && red && !b->released && big_reduce(b, (int)k, 0, v.buf, v.len, op, type, NULL) < 0) r = -4;
+        if (r >= 0 && red && !b->released &&
+            big_reduce(b, (int)k, 0, v.buf, v.len, op, type, pub ? NULL : (char *)v.buf) < 0)
+            r = -4;
         if (b->released && !b->busy) big_free(b);
     }
     PyBuffer_Release(&v);
@@ -295,18 +305,25 @@ static PyObject *Big_reduce(Big *b, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
+/* copy member src's (src -1: every member's) chunk of buffer k into out (see sync_copy).  `own`: the data this
+ * member copied into its buffer (NULL: unknown); where its own part of out is that very memory (an all_gather
+ * whose input is its block of the output) that part is already in place and is not copied onto itself */
 static void big_copy_out(Big *b, int k, char *out, Py_ssize_t src, Py_ssize_t off, Py_ssize_t stride,
-                         Py_ssize_t chunk) {
+                         Py_ssize_t chunk, const char *own) {
     int nogil = chunk * (src >= 0 ? 1 : b->n) >= BIG_NOGIL;
     PyThreadState *ts = NULL;
     if (nogil) {
         b->busy++;
         ts = PyEval_SaveThread();
     }
-    if (src >= 0)
-        copy_bytes(out + off, b->buf[k][src], (size_t)chunk);
-    else
-        for (Py_ssize_t m = 0; m < b->n; m++) copy_bytes(out + m * stride + off, b->buf[k][m], (size_t)chunk);
+    if (src >= 0) {
+        if (!(src == b->me && own == out + off)) copy_bytes(out + off, b->buf[k][src], (size_t)chunk);
+    } else {
+        for (Py_ssize_t m = 0; m < b->n; m++) {
+            char *dst = out + m * stride + off;
+            if (!(m == b->me && own == dst)) copy_bytes(dst, b->buf[k][m], (size_t)chunk);
+        }
+    }
     if (nogil) {
         PyEval_RestoreThread(ts);
         b->busy--;
@@ -367,7 +384,8 @@ static PyObject *Big_sync_copy(Big *b, PyObject *const *args, Py_ssize_t nargs) 
             }
         }
         r = b->released ? R_WAIT : big_sync(b, val, wait, check);
-        if (r >= 0 && ho && !b->released) big_copy_out(b, (int)k, o.buf, src, off, stride, chunk);
+        if (r >= 0 && ho && !b->released)
+            big_copy_out(b, (int)k, o.buf, src, off, stride, chunk, hd && d.len == chunk ? (char *)d.buf : NULL);
         if (b->released && !b->busy) big_free(b);
     }
 out:
@@ -379,24 +397,30 @@ out:
 
 /* copy(out, k, src, off, stride, chunk): sync_copy's copy out of buffer k (after the caller saw the sync end) */
 static PyObject *Big_copy(Big *b, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "copy(out, k, src, off, stride, chunk)");
+    if (nargs != 6 && nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "copy(out, k, src, off, stride, chunk[, data])");
         return NULL;
     }
     if (big_live(b)) return NULL;
     long k = PyLong_AsLong(args[1]);
     if (k == -1 && PyErr_Occurred()) return NULL;
-    Py_buffer o;
+    Py_buffer o, d;
+    int hd = nargs == 7 && args[6] != Py_None;
     if (PyObject_GetBuffer(args[0], &o, PyBUF_WRITABLE) < 0) return NULL;
+    if (hd && PyObject_GetBuffer(args[6], &d, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&o);
+        return NULL;
+    }
     PyObject *a5[5] = {args[0], args[2], args[3], args[4], args[5]};
     Py_ssize_t src, off, stride, chunk;
     int bad = big_copy_args(b, a5, &o, &src, &off, &stride, &chunk);
     if (!bad && (k == 0 || k == 1)) {
-        big_copy_out(b, (int)k, o.buf, src, off, stride, chunk);
+        big_copy_out(b, (int)k, o.buf, src, off, stride, chunk, hd && d.len == chunk ? (char *)d.buf : NULL);
         if (b->released && !b->busy) big_free(b);
     } else if (!PyErr_Occurred()) {
         PyErr_SetString(PyExc_ValueError, "big slots: bad copy");
     }
+    if (hd) PyBuffer_Release(&d);
     PyBuffer_Release(&o);
     if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
@@ -419,15 +443,17 @@ static PyMethodDef Big_methods[] = {
     {"settle", (PyCFunction)(void (*)(void))Big_settle, METH_FASTCALL,
      "settle(val, check) -> -1 not yet, 0 every member passed step val (with check)"},
     {"sync_reduce", (PyCFunction)(void (*)(void))Big_sync_reduce, METH_FASTCALL,
-     "sync_reduce(buf, k, val, wait, check, op, type, reduce) -> as sync, or -3 (nothing done); copies buf into "
-     "buffer k first, reduces every member's buffer k into buf when complete and reduce"},
+     "sync_reduce(buf, k, val, wait, check, op, type, reduce[, publish]) -> as sync, or -3 (nothing done); copies "
+     "buf into buffer k first (not where publish is false: a reducing member 0 or 1 whose buffer nobody reads), "
+     "reduces every member's buffer k (its own part: buf, where not published) into buf when complete and reduce"},
     {"reduce", (PyCFunction)(void (*)(void))Big_reduce, METH_FASTCALL,
      "reduce(out, k, off, op, type): every member's buffer k from byte off, reduced into out"},
     {"sync_copy", (PyCFunction)(void (*)(void))Big_sync_copy, METH_FASTCALL,
      "sync_copy(data, k, val, wait, check, out, src, off, stride, chunk) -> as sync, or -3 (nothing done); copies "
      "data into buffer k first, and member src's buffer k (src -1: every member's) into out when complete"},
     {"copy", (PyCFunction)(void (*)(void))Big_copy, METH_FASTCALL,
-     "copy(out, k, src, off, stride, chunk): sync_copy's copy out"},
+     "copy(out, k, src, off, stride, chunk[, data]): sync_copy's copy out (data: what sync_copy copied in; this "
+     "member's part of out is not copied where it is that memory)"},
     {"arrived", (PyCFunction)Big_arrived, METH_NOARGS, "True when the last sync or settle is complete"},
     {"release", (PyCFunction)Big_release, METH_NOARGS, "drop the exports of the mappings"},
     {NULL, NULL, 0, NULL},

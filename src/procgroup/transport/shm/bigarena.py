@@ -235,10 +235,13 @@ class ShmBigArena(BigArena):
         reduce: bool,
         deadline: Optional[Deadline],
         wait: int = WAIT_ALL,
+        publish: bool = True,
     ) -> bool:
         """Copy ``buf`` into this member's buffer ``k``, :meth:`sync` (``wait`` as there), and (``reduce``)
         reduce every member's buffer ``k`` into ``buf`` in member order, in one compiled call (``op``/``dtype``:
-        the codes of :data:`~.arena.REDUCE_OPS`/:data:`~.arena.REDUCE_TYPES`).
+        the codes of :data:`~.arena.REDUCE_OPS`/:data:`~.arena.REDUCE_TYPES`).  ``publish`` False: nobody reads
+        this member's buffer (a reduce's root), so a reducing member 0 or 1 skips the copy in and reduces its own
+        part from ``buf`` (other members copy it in regardless).
 
         Returns False, having done nothing, where the compiled path is off or ``buf`` is not aligned to its
         element size or larger than a buffer: the caller then copies, syncs and reduces itself.
@@ -250,14 +253,15 @@ class ShmBigArena(BigArena):
             self.settle(deadline)
         self._enter()
         val = self.count + 1
-        r = nat.sync_reduce(buf, k, val, wait, self._check, op, dtype, reduce)
+        publish = publish or not reduce or self.index > 1
+        r = nat.sync_reduce(buf, k, val, wait, self._check, op, dtype, reduce, publish)
         if r == -3:
             return False
         self.count = val
         if r < 0:
             self._wait(val, self._check, deadline, nat.arrived)
             if reduce:
-                nat.reduce(buf, k, 0, op, dtype)
+                nat.reduce(buf, k, 0, op, dtype, None if publish else buf)
         elif r:
             self._ring_sleepers()
         self._done(val, wait)
@@ -285,7 +289,8 @@ class ShmBigArena(BigArena):
     ) -> bool:
         """Copy ``data`` (None: nothing) into this member's buffer ``k``, :meth:`sync`, and copy into ``out``
         (None: nothing) the first ``chunk`` bytes of member ``src``'s buffer ``k`` at byte ``off`` (``src`` -1:
-        every member ``m``'s at ``off + m * stride``), in one compiled call.
+        every member ``m``'s at ``off + m * stride``), in one compiled call.  Where this member's part of ``out``
+        is ``data`` itself (an all_gather whose input is its block of the output), that part is not copied.
 
         Returns False, having done nothing, where the compiled path is off or a size does not fit.
         """
@@ -303,7 +308,7 @@ class ShmBigArena(BigArena):
         if r < 0:
             self._wait(val, self._check, deadline, nat.arrived)
             if out is not None:
-                nat.copy(out, k, src, off, stride, chunk)
+                nat.copy(out, k, src, off, stride, chunk, data)
         elif r:
             self._ring_sleepers()
         return True
