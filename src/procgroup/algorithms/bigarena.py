@@ -302,7 +302,7 @@ def reduce_scatter_big(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, redu
     # each of its elements before it writes it (member 0; member 1 when the kernel is a ufunc), as a multi-leader
     # all_reduce's host stage does
     own_in_shm = np.may_share_memory(sendbuf, recvbuf) and not (
-        _same(recvbuf, blocks[me]) and (me == 0 or (me == 1 and getattr(reduce, "ufunc", None) is not None))
+        (me == 0 or (me == 1 and getattr(reduce, "ufunc", None) is not None)) and _same(recvbuf, blocks[me])
     )
     for a in range(0, m, step):
         k = min(step, m - a)
@@ -468,8 +468,8 @@ def allgather_big(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
     step = max(1, n) if one else _pipe_elems(sendbuf.nbytes, isz, big.slot_bytes, comm.size)
     big.begin(_check(comm, _OP_ALLGATHER, sendbuf.nbytes, dt, -1, min(step * isz, sendbuf.nbytes)), dl)
     out = recvbuf[: p * n].reshape(p, n)
-    in_place = _same(sendbuf, out[me])  # our part of recvbuf is sendbuf itself: it stays as it is
-    sc = None  # the compiled path: copy in, sync and copy out in one call per step
+    in_place: Optional[bool] = None  # our part of recvbuf is sendbuf itself (it stays as it is); the compiled call
+    sc = None  # sees that itself: the compiled path: copy in, sync and copy out in one call per step
     if sendbuf.flags.c_contiguous and recvbuf.flags.c_contiguous and recvbuf.dtype == sendbuf.dtype:
         sc = getattr(big, "sync_copy", None)
     for a in range(0, n, step):
@@ -482,6 +482,8 @@ def allgather_big(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
         big.turn += 1
         arrs[me][...] = sendbuf[a : a + k]
         big.sync(dl)
+        if in_place is None:
+            in_place = _same(sendbuf, out[me])
         for j in range(p):
             if j != me:
                 out[j, a : a + k] = arrs[j]
