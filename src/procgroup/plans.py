@@ -29,6 +29,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import algorithms as alg
+from .algorithms.allreduce import allreduce_hierarchical, allreduce_multileader
 from .algorithms.alltoall_shm import SALT, alltoall_shm, native_done, one_window, prepare, shm_applies
 from .algorithms.arena import (
     _EMPTY,
@@ -45,7 +46,8 @@ from .algorithms.arena import (
 )
 from .algorithms.bigarena import allreduce_big, bind_allgather, bind_bcast, bind_reduce, bind_reduce_scatter
 from .algorithms.comm import STEP_BITS, Comm
-from .algorithms.select import BIG_LIMIT, big_slots_for, choose_all_reduce
+from .algorithms.hierbind import bind_hierarchical, bind_multileader
+from .algorithms.select import BIG_LIMIT, big_slots_for, choose_all_reduce, tunables
 from .deadline import Deadline
 from .groupcore import PlanCore
 from .ops import ReduceOp, finalize
@@ -155,15 +157,21 @@ def all_reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, kern:
     """The plan of ``all_reduce`` of ``n`` elements of ``dt`` with ``op`` (``fast``: the engine's plan)."""
     avg = op is ReduceOp.AVG
     core: Callable[..., None]
+    spanning = None
     if fast is not None:
         core = fast
     else:
         algo = alg.all_reduce
         if _arena_fits(g, n * _itemsize(dt)) and choose_all_reduce(_probe(g), n * _itemsize(dt), n) is allreduce_arena:
             algo = allreduce_arena
+        else:
+            spanning = _spanning(g, n, dt, kern)  # a group spanning hosts: its all_reduce bound once
 
         def core(c: Any, a: Any) -> None:
             algo(c, a, kern)
+
+        if spanning is not None:
+            core = spanning
 
     if avg:
 
@@ -175,6 +183,12 @@ def all_reduce(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, kern:
 
         def fn(c: Any, a: Any, b: Any) -> None:
             fast(c, a)
+
+    elif spanning is not None:
+        sfn = spanning
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            sfn(c, a)
 
     elif algo is allreduce_arena and (ar := _compiled(g)) is not None and (codes := _fused_codes(kern, dt)):
         xr, rop, rty = ar.exchange_reduce, codes[0], codes[1]
@@ -422,6 +436,35 @@ def _bound_big(g: ProcessGroup, collective: str, nbytes: int, dt: Any, root: int
     if collective == "broadcast":
         return bind_bcast(big, nbytes, np.dtype(dt), root, g.rank())
     return bind_reduce(big, nbytes, np.dtype(dt), g.size(), g.rank(), root, kern)
+
+
+def _spanning(g: ProcessGroup, n: int, dt: Any, kern: Any) -> Any:
+    """``fn(comm, buf)``: the hierarchical or multi-leader all_reduce that algorithms.select takes for this size on a
+    group spanning hosts, bound once (algorithms.hierbind), where it binds; it runs select's choice instead once any
+    threshold differs from when it was bound (``select.tunables()``, compared per call).  Else None."""
+    ha = g._host_arena
+    if ha is None or isinstance(dt, str) or n == 0 or g.size() < 3:
+        return None
+    nb, dtn = n * _itemsize(dt), np.dtype(dt)
+    probe = Comm(g.world.transport, g.ranks, g.rank(), 0, Deadline(float("inf")), g._hosts, None, g.arena(), ha)
+    algo = choose_all_reduce(probe, nb, n)
+    if algo is allreduce_hierarchical:
+        bound = bind_hierarchical(probe, nb, n, dtn, kern)
+    elif algo is allreduce_multileader:
+        bound = bind_multileader(probe, nb, n, dtn, kern)
+    else:
+        return None
+    if bound is None:
+        return None
+    knobs = tunables()
+
+    def fn(c: Any, a: Any) -> None:
+        if tunables() == knobs:
+            bound(c, a)
+        else:  # a threshold or the stage choices changed since: select's choice now
+            alg.all_reduce(c, a, kern)
+
+    return fn
 
 
 def reduce_scatter(g: ProcessGroup, dt: Any, n: int, op: ReduceOp, dname: str, kern: Any, fast: Any) -> Plan:

@@ -108,6 +108,8 @@ from typing import Any, Callable, Dict, Optional, Sequence
 import numpy as np
 
 from ..errors import ConfigError
+from . import allreduce as _allreduce
+from . import bigarena as _bigarena
 from ._util import flat
 from .allreduce import (
     StageChoices,
@@ -164,6 +166,7 @@ __all__ = [
     "FORCE",
     "ALGORITHMS",
     "choose_all_reduce",
+    "tunables",
     "choose_all_reduce_flat",
     "choose_all_reduce_inter",
     "choose_broadcast",
@@ -245,6 +248,36 @@ INTER_RSAG_MAX = 1 << 62
 
 #: collective -> algorithm name, overriding the size-based choice
 FORCE: Dict[str, str] = {}
+
+
+def tunables() -> tuple:
+    """Every threshold the selection and the big slots' steps read, and the stage choices installed, as one value:
+    a plan that bound a choice (``plans``: a group spanning hosts) compares it per call and takes the selection's
+    choice once anything changed since."""
+    return (
+        ALLREDUCE_SMALL,
+        BCAST_SMALL,
+        REDUCE_SMALL,
+        HIERARCHICAL,
+        MULTILEADER_MIN,
+        INTER_DIRECT_MAX_P,
+        INTER_DIRECT_SMALL,
+        INTER_RSAG_MAX,
+        HOST_SLOTS_MAX,
+        HOST_SLOTS_BCAST_MAX,
+        HOST_SPLIT_MAX,
+        BIG_LIMIT["all_reduce"],
+        BIG_LIMIT["reduce"],
+        BIG_LIMIT["broadcast"],
+        _bigarena.DIRECT_MAX,
+        _bigarena.REDUCE_DIRECT_READS,
+        _bigarena.STEP_MAX,
+        _bigarena.PIPE_MIN,
+        _bigarena.PIPE_PARTS_PAIR,
+        _bigarena.PIPE_PARTS,
+        _allreduce._stages,
+    )
+
 
 ALGORITHMS: Dict[str, Dict[str, Callable[..., None]]] = {
     "all_reduce": {

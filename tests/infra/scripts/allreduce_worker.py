@@ -2,9 +2,10 @@
 
 Started once per rank by srun, mpirun or mpiexec.  It must find its rank, world size, local rank
 and node rank, and the rendezvous address, from the launcher's environment alone; then it checks
-all_reduce results (int64 SUM from 7 elements to 2 MiB, around the shared-slot thresholds, and a float64
-MAX, so both the latency and the bandwidth paths run, within a host over shm and across hosts over TCP)
-against their closed forms, checks the layout it was told to expect, and prints ONE line to stdout:
+all_reduce results (int64 SUM from 7 elements to 2 MiB, around the shared-slot thresholds, three calls each so
+the planned path runs too, float32 AVG and a float64 MAX, so both the latency and the bandwidth paths run, within
+a host over shm and across hosts over TCP) against their closed forms, checks the layout it was told to expect,
+and prints ONE line to stdout:
 
     PGW rank=R world=W local=L/LW node=N host=HOST ok
 
@@ -57,12 +58,21 @@ def main() -> int:
     problems = []
 
     for n in SIZES:
-        x = np.arange(1, n + 1, dtype=np.int64) * (rank + 1)
-        dist.all_reduce(x)  # default op: SUM
-        want = expected_sum(n, world)
-        if not np.array_equal(x, want):
-            bad = int(np.flatnonzero(x != want)[0])
-            problems.append(f"all_reduce(n={n})[{bad}]={x[bad]} expected {want[bad]}")
+        # three calls a size: the first builds the call's plan, the others run it (across hosts: the hierarchical
+        # or multi-leader all_reduce bound once, plans/algorithms.hierbind); each with other values
+        for rep in range(3):
+            x = np.arange(1, n + 1, dtype=np.int64) * (rank + 1 + rep)
+            dist.all_reduce(x)  # default op: SUM
+            want = expected_sum(n, world) + np.arange(1, n + 1, dtype=np.int64) * (rep * world)
+            if not np.array_equal(x, want):
+                bad = int(np.flatnonzero(x != want)[0])
+                problems.append(f"all_reduce(n={n}, call {rep})[{bad}]={x[bad]} expected {want[bad]}")
+    for rep in range(3):  # float32 AVG (the plan finalizes after the bound all_reduce), within and above the arena
+        for n in (1000, 30_001):
+            y = np.full(n, float(rank + rep), np.float32)
+            dist.all_reduce(y, op=dist.ReduceOp.AVG)
+            if not np.allclose(y, (world - 1) / 2 + rep):
+                problems.append(f"all_reduce AVG float32 n={n} call {rep}: {y[:3]}")
     m = np.full(5001, -float(rank), np.float64)
     m[rank % 5001] = 1e9 + rank
     dist.all_reduce(m, op=dist.ReduceOp.MAX)
