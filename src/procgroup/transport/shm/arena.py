@@ -174,10 +174,11 @@ def sleep_until(
             snap = seg.i[OFF_BELL // 4]  # before the check: a ring after it moves the doorbell
             if ready():
                 return
-            miss = missing()
+            # who is missing only matters past the deadline or once a rank failed (the error names them)
+            miss = missing() if t._failed or (deadline is not None and deadline.expired()) else None
         except ValueError:  # the views were released: the transport closed just now (raised above)
             continue
-        if deadline is not None and deadline.expired() or any(m in t._failed for m in miss):
+        if miss is not None and (deadline is not None and deadline.expired() or any(m in t._failed for m in miss)):
             raise_if_stuck(t.rank, what, miss, t._failed, deadline, members=members, where=where())
         bell.sleep(snap, slice_s if deadline is None else max(deadline.remaining(), 1e-4), ready)
 

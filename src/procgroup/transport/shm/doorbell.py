@@ -53,6 +53,7 @@ class Doorbell:
         "closed",
         "sleepers",
         "idle",
+        "_draining",
     )
 
     def __init__(
@@ -79,6 +80,8 @@ class Doorbell:
         self.sleepers = 0
         #: notified (lock held) when the last sleeper leaves; close waits on it before unmapping
         self.idle = threading.Condition(lock)
+        #: close is waiting on ``idle`` (lock held to change it): only then does the last sleeper notify it
+        self._draining = False
 
     # -- ringing (the hot path; lock held) ------------------------------------------------------
     def ring(self, seg: Segment, force: bool = False) -> None:
@@ -130,13 +133,18 @@ class Doorbell:
                         seg.i[OFF_SLEEP // 4] = 0
                     except ValueError:  # released during close
                         pass
-                self.idle.notify_all()
+                if self._draining:
+                    self.idle.notify_all()
 
     def wait_idle_locked(self, timeout: float) -> None:
         """Wait (``idle`` held) until no thread sleeps on the doorbell, at most ``timeout`` seconds."""
         end = time.monotonic() + timeout
-        while self.sleepers and time.monotonic() < end:
-            self.idle.wait(0.05)
+        self._draining = True
+        try:
+            while self.sleepers and time.monotonic() < end:
+                self.idle.wait(0.05)
+        finally:
+            self._draining = False
 
     # -- the public API -------------------------------------------------------------------------
     def snapshot(self) -> int:
