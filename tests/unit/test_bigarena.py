@@ -371,6 +371,51 @@ def test_all_gather_from_its_own_block_of_the_output(world: Any, p: int) -> None
     _run(ts, body)
 
 
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_bound_split_matches_the_split_every_member(world: Any, p: int) -> None:
+    """bind_split (a plan's multi-leader host stages in one compiled step each) against allreduce_big_split, members
+    on either path in the same call (rotating): reduce-scatter in place, ``between`` on each member's block, then
+    all-gather; every member, the compiled reductions' dtypes and ops, closed-form results.  Without the compiled
+    big slots (the memory hub) nothing binds."""
+    ts = world(p)
+    cases = [
+        (dt, op, m)
+        for dt in ("float32", "float64", "int32", "int64")
+        for op in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.PRODUCT)
+        for m in (1, 1001, SLOT // 8 // p)
+    ]
+    bound_calls = [0]
+
+    def body(r: int, make: Callable[[int], Comm]) -> None:
+        c0 = make(1)
+        big = c0.arena.big
+        for k, (dt, op, m) in enumerate(cases):
+            kern = kernel(op, dt)
+            fn = BIG.bind_split(big, p * m, np.dtype(dt), p, r, kern)
+            if world.kind == "memory":
+                assert fn is None
+            elif r == 0:
+                assert fn is not None, (dt, op, m)
+                bound_calls[0] += 1
+            buf = contrib(dt, op, r, p * m)
+
+            def between(block: np.ndarray) -> None:
+                block[...] = block * 3 if op is not ReduceOp.PRODUCT else block
+
+            comm = make(k + 2)
+            if fn is not None and (r + k) % 2 == 0:
+                fn(comm, buf, between)
+            else:
+                assert BIG.allreduce_big_split(comm, buf, kern, between)
+            want = expected(dt, op, p, p * m)
+            if op is not ReduceOp.PRODUCT:
+                want = want * 3
+            check_reduced(dt, op, p, buf, f"case {k} {dt} {op.name} m={m} rank {r}", want=want)
+
+    _run(ts, body)
+    assert world.kind == "memory" or bound_calls[0] == len(cases)
+
+
 def test_two_groups_run_big_slot_collectives_at_once_from_two_threads(world: Any) -> None:
     """Big slots are per group: the world and a second group (same members) at once never mix their data."""
     import threading

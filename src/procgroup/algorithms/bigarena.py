@@ -355,6 +355,48 @@ def bind_reduce_scatter(
     return fn
 
 
+def bind_split(
+    big: Any, n: int, dt: np.dtype, p: int, me: int, reduce: Reducer
+) -> Optional[Callable[[Any, np.ndarray, Callable[[np.ndarray], None]], None]]:
+    """:func:`allreduce_big_split` of ``n`` elements for a plan's repeated calls on member ``me`` of ``p``: where
+    the blocks are equal, the reduce-scatter and the all-gather each go in one step, the reduction has a compiled
+    kernel and the big slots run compiled, ``fn(comm, buf, between)`` copies the other blocks in, syncs, reduces
+    block ``me`` where it lies (members 0 and 1; the others copy theirs in too) in one compiled call, runs
+    ``between(block)``, and all-gathers the blocks in one compiled call (:func:`bind_allgather`); else None.  Same
+    steps and check words as :func:`reduce_scatter_big` and :func:`allgather_big`."""
+    codes = _FUSED.get((getattr(reduce, "ufunc", None), dt))
+    if n % p or codes is None or not getattr(big, "native", False):
+        return None
+    m = n // p
+    bb = m * dt.itemsize
+    if not 0 < p * bb <= big.slot_bytes:
+        return None
+    gather = bind_allgather(big, bb, dt)
+    if gather is None:
+        return None
+    begin, sync, reduce_into, arrays = big.begin, big.sync, big.reduce_into, big.arrays
+    rop, rty = codes
+
+    def fn(comm: Any, buf: np.ndarray, between: Callable[[np.ndarray], None]) -> None:
+        dl = comm.deadline
+        blocks = buf.reshape(p, m)
+        block = blocks[me]
+        begin(_check(comm, _OP_REDSCAT, bb, dt), dl)
+        k = big.turn & 1
+        mine = arrays[k][me][: p * bb].view(dt).reshape(p, m)
+        big.turn += 1
+        mine[:me] = blocks[:me]
+        mine[me + 1 :] = blocks[me + 1 :]
+        if me > 1:  # the compiled reduction reads a member 0 or 1's own part from the output itself, no other
+            mine[me] = block
+        sync(dl)
+        reduce_into(block, k, me * bb, rop, rty, block if me <= 1 else None)
+        between(block)
+        gather(comm, block, buf)
+
+    return fn
+
+
 def bind_allgather(big: Any, nbytes: int, dt: np.dtype) -> Optional[Callable[[Any, np.ndarray, np.ndarray], None]]:
     """:func:`allgather_big` of ``nbytes`` a member, for a plan's repeated calls: where the part goes in one step
     (:func:`_one_step`) and the big slots run compiled, ``fn(comm, sendbuf, recvbuf)`` does the check and the copy

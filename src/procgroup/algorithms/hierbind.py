@@ -24,7 +24,7 @@ import numpy as np
 from . import allreduce as _ar
 from ._util import SPAN, HostComm, SubComm
 from .allreduce import host_layout, uniform_layout
-from .bigarena import bcast_big, bind_bcast, bind_reduce, reduce_big
+from .bigarena import allreduce_big_split, bcast_big, bind_bcast, bind_reduce, bind_split, reduce_big
 
 __all__ = ["bind_hierarchical", "bind_multileader"]
 
@@ -123,6 +123,8 @@ def bind_multileader(probe: Any, nbytes: int, nelems: int, dt: np.dtype, reduce:
     split = st.host_split(HostComm(probe, mine, 1 * SPAN, ha), nbytes)
     if split is None:
         return None
+    # the host stages in one step each: their compiled one-call forms
+    fast = bind_split(ha.big, nelems, dt, per, li, reduce) if split is allreduce_big_split else None
     m = nelems // per
     across = st.all_reduce_flat(len(hosts), m * dt.itemsize, m)
     subs = _Subs(mine, ha, [h[li] for h in hosts])
@@ -136,7 +138,9 @@ def bind_multileader(probe: Any, nbytes: int, nelems: int, dt: np.dtype, reduce:
                 across(inter, block, reduce)
 
             between[0], between[1] = inter, part
-        if not split(host, buf, reduce, between[1]):  # not expected (blocks are equal): the algorithm itself
+        if fast is not None:
+            fast(host, buf, between[1])
+        elif not split(host, buf, reduce, between[1]):  # not expected (blocks are equal): the algorithm itself
             _ar.allreduce_multileader(c, buf, reduce)
 
     return fn
