@@ -1,9 +1,10 @@
 """Whole-run A/B of ``procgroup bench`` cases: each variant a whole bench run, variants alternating by round.
 
-    python ab_bench.py ROUNDS NPROC OPS SIZES 'label|PATCH' 'label|PATCH'
+    python ab_bench.py ROUNDS NPROC OPS SIZES 'label|PATCH[|TREE]' 'label|PATCH[|TREE]'
 
 ``PATCH`` is ``-`` (the checkout as it is) or ``module.NAME=literal;...`` (``NAME[key]=...`` for a dict entry),
-applied in every process of the run through a sitecustomize (see ab_jobs.py).  Prints per case the median over
+applied in every process of the run through a sitecustomize (see ab_jobs.py).  ``TREE`` (pass 15): another
+checkout to run instead of this one (a git worktree of an older commit, its C extensions built in place).  Prints per case the median over
 rounds of procgroup's median time, each round's value, and in how many rounds the second variant was faster.
 """
 
@@ -20,16 +21,17 @@ from ab_jobs import check_patch, site_dir
 
 def main() -> None:
     rounds, nproc, ops, sizes = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-    variants = [v.split("|") for v in sys.argv[5:]]
-    for _label, patch in variants:
+    variants = [(v.split("|") + [""])[:3] for v in sys.argv[5:]]
+    for _label, patch, _tree in variants:
         if patch != "-":
             check_patch(patch)
     site = site_dir()
-    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../src")
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../..")
     res: dict = collections.defaultdict(list)
     out = tempfile.mkdtemp(prefix="pg-ab-bench-")
     for k in range(rounds):
-        for label, patch in variants if k % 2 == 0 else variants[::-1]:
+        for label, patch, tree in variants if k % 2 == 0 else variants[::-1]:
+            src = os.path.join(tree or here, "src")
             env = dict(os.environ, PYTHONPATH=f"{site}:{os.path.abspath(src)}")
             if patch != "-":
                 env["PG_PATCH"] = patch
