@@ -116,15 +116,22 @@ def test_reduce_every_root_leaves_the_others_unchanged(world: Any, p: int) -> No
     _run(ts, body)
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["apart", "own-block"])
 @pytest.mark.parametrize("p", [2, 3, 4])
-def test_reduce_scatter_every_dtype(world: Any, p: int) -> None:
+def test_reduce_scatter_every_dtype(world: Any, p: int, in_place: bool) -> None:
+    """Into a buffer of its own, or into this rank's own block of sendbuf (a multi-leader all_reduce's host stage:
+    members 0 and 1 reduce their own part where it lies, member 1 only with a ufunc kernel, the others copy it into
+    the slot first); every dtype and op, in one step and in several."""
     ts = world(p)
     cases = [(dt, op, n) for (dt, op, n) in _red_cases() if n <= 3 * SLOT // 8 // p + 5]
+    if in_place:
+        cases = [(dt, op, m) for (dt, op, _) in _red_cases()[::4] for m in (1, 999, SLOT // 8 + 3)]
+        cases += [(dt, op, 1001) for dt in DTYPES for op in OPS if valid(op, dt)]
 
     def body(r: int, make: Callable[[int], Comm]) -> None:
         for k, (dt, op, n) in enumerate(cases):
             send = contrib(dt, op, r, p * n)
-            recv = garbage(dt, n)
+            recv = send[r * n : (r + 1) * n] if in_place else garbage(dt, n)
             BIG.reduce_scatter_big(make(k + 1), send, recv, kernel(op, dt))
             finalize(op, recv, p, dtype="bfloat16" if dt == "bfloat16" else None)
             want = expected(dt, op, p, p * n)[r * n : (r + 1) * n]
@@ -330,27 +337,6 @@ def test_reduce_scatter_into_its_own_block_of_sendbuf(world: Any, p: int) -> Non
 
 
 @pytest.mark.parametrize("p", [2, 3, 4])
-def test_reduce_scatter_into_its_own_block_every_dtype_and_op(world: Any, p: int) -> None:
-    """recvbuf = this rank's own block of sendbuf (a multi-leader all_reduce's host stage): members 0 and 1 reduce
-    their own part where it lies (member 1 only with a ufunc kernel), the others copy it into the slot first;
-    every member, dtype and op gives the closed form, in one step and in several."""
-    ts = world(p)
-    cases = [(dt, op, m) for (dt, op, _) in _red_cases()[::4] for m in (1, 999, SLOT // 8 + 3)]
-    cases += [(dt, op, 1001) for dt in DTYPES for op in OPS if valid(op, dt)]
-
-    def body(r: int, make: Callable[[int], Comm]) -> None:
-        for k, (dt, op, m) in enumerate(cases):
-            send = contrib(dt, op, r, p * m)
-            recv = send[r * m : (r + 1) * m]
-            BIG.reduce_scatter_big(make(k + 1), send, recv, kernel(op, dt))
-            finalize(op, recv, p, dtype="bfloat16" if dt == "bfloat16" else None)
-            want = expected(dt, op, p, p * m)[r * m : (r + 1) * m]
-            check_reduced(dt, op, p, recv, f"case {k} {dt} {op.name} m={m} rank {r}", want=want)
-
-    _run(ts, body)
-
-
-@pytest.mark.parametrize("p", [2, 3, 4])
 def test_all_gather_from_its_own_block_of_the_output(world: Any, p: int) -> None:
     """sendbuf = this rank's block of recvbuf (in place): that block stays as it is, the others arrive; one step and
     several, and a member that arrives late (the others' copy after the wait)."""
@@ -399,17 +385,17 @@ def test_bound_split_matches_the_split_every_member(world: Any, p: int) -> None:
                 bound_calls[0] += 1
             buf = contrib(dt, op, r, p * m)
 
-            def between(block: np.ndarray) -> None:
-                block[...] = block * 3 if op is not ReduceOp.PRODUCT else block
+            f = 1 if op is ReduceOp.PRODUCT else 3  # the stage between hosts, stood in for: block * f
+
+            def between(block: np.ndarray, f: int = f) -> None:
+                block[...] = block * f
 
             comm = make(k + 2)
             if fn is not None and (r + k) % 2 == 0:
                 fn(comm, buf, between)
             else:
                 assert BIG.allreduce_big_split(comm, buf, kern, between)
-            want = expected(dt, op, p, p * m)
-            if op is not ReduceOp.PRODUCT:
-                want = want * 3
+            want = expected(dt, op, p, p * m) * f
             check_reduced(dt, op, p, buf, f"case {k} {dt} {op.name} m={m} rank {r}", want=want)
 
     _run(ts, body)
