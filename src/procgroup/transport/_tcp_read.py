@@ -612,22 +612,24 @@ class TcpReading(EngineTransport):
                     between()
         finally:
             if taken:
-                self._settle_many(taken, hdr, prog)
+                self._settle_many(taken, hdr, prog.tolist())
 
     def _keep_pending(
         self, taken: List[Tuple[_Conn, RecvReq]], hdr: bytearray, prog: "np.ndarray"
     ) -> Tuple[List[Tuple[_Conn, RecvReq]], bytearray, "np.ndarray"]:
         """Settle (and give back) the finished connections of ``taken``; the pending ones with their progress."""
-        rows = prog.reshape(-1, _PROG)
-        pending = [i for i in range(len(taken)) if rows[i, 0] == 0]
-        done = [i for i in range(len(taken)) if rows[i, 0] != 0]
+        words = prog.tolist()
+        done = [i for i in range(len(taken)) if words[_PROG * i]]
+        pending = [i for i in range(len(taken)) if not words[_PROG * i]]
         self._settle_many(
-            [taken[i] for i in done], bytearray().join(hdr[24 * i : 24 * i + 24] for i in done), rows[done].ravel()
+            [taken[i] for i in done],
+            bytearray().join(hdr[24 * i : 24 * i + 24] for i in done),
+            [w for i in done for w in words[_PROG * i : _PROG * i + _PROG]],
         )
         return (
             [taken[i] for i in pending],
             bytearray().join(hdr[24 * i : 24 * i + 24] for i in pending),
-            rows[pending].ravel().copy(),
+            np.array([w for i in pending for w in words[_PROG * i : _PROG * i + _PROG]], np.int64),
         )
 
     def _take_many(self, reqs: Sequence[EngineRequest]) -> List[Tuple[_Conn, RecvReq]]:
@@ -667,19 +669,21 @@ class TcpReading(EngineTransport):
                 self._give(c)
         return taken
 
-    def _settle_many(self, taken: List[Tuple[_Conn, RecvReq]], hdr: bytearray, prog: "np.ndarray") -> None:
-        """After :meth:`wait_many`'s reads: complete what arrived, hand every other connection back to its decoder."""
+    def _settle_many(self, taken: List[Tuple[_Conn, RecvReq]], hdr: bytearray, words: List[int]) -> None:
+        """After :meth:`wait_many`'s reads (``words``: read_frames' progress as a list): complete what arrived, hand
+        every other connection back to its decoder."""
         lost: List[Tuple[_Conn, str]] = []
-        words = prog.tolist()
+        with self._lock:  # what arrived whole, under one hold of the lock
+            for i, (c, req) in enumerate(taken):
+                if words[_PROG * i] == _ST_DONE:
+                    self._inflight.pop(c.peer, None)
+                    if req.status is None and req.error is None:
+                        req.status = Status(c.peer, words[_PROG * i + 3])
+                    req.out = None  # type: ignore[assignment]  # drop the export, as _finish_locked does
         for i, (c, req) in enumerate(taken):
             state, hgot, pgot, length, err = words[_PROG * i : _PROG * (i + 1)]
             src = c.peer
             if state == _ST_DONE:
-                with self._lock:
-                    self._inflight.pop(src, None)
-                    if req.status is None and req.error is None:
-                        req.status = Status(src, length)
-                    req.out = None  # type: ignore[assignment]  # drop the export, as _finish_locked does
                 continue
             if state in (_ST_EOF, _ST_ERROR):
                 c.dead = True
