@@ -4,8 +4,9 @@
 
 ``PATCH`` is ``-`` (the checkout as it is) or ``module.NAME=literal;...`` (``NAME[key]=...`` for a dict entry),
 applied in every process of the run through a sitecustomize (see ab_jobs.py).  ``TREE`` (pass 15): another
-checkout to run instead of this one (a git worktree of an older commit, its C extensions built in place).  Prints per case the median over
-rounds of procgroup's median time, each round's value, and in how many rounds the second variant was faster.
+checkout to run instead of this one (a git worktree of an older commit, its C extensions built in place).
+Prints per case the median over rounds of procgroup's median time, each round's value, and in how many rounds the
+second variant was faster.
 """
 
 import collections
