@@ -33,8 +33,9 @@ SMALL = 7
 LARGE = 1 << 18  # int64 -> 2 MiB
 #: around the shared-slot thresholds of a host's ranks (hierarchical all_reduce across hosts): the arena's
 #: payload exactly (32,704 bytes = 4088 int64), one element more (big slots), and 800 KB; from 1 MiB the
-#: multi-leader all_reduce, its host stages in the big slots (2 MiB) or, with an odd count, on the ring
-SIZES = (SMALL, 4088, 4089, 100_003, LARGE, LARGE + 1)
+#: multi-leader all_reduce, its host stages in the big slots (1 MiB: one step each, compiled once planned; 2 MiB:
+#: several) or, with an odd count, on the ring
+SIZES = (SMALL, 4088, 4089, 100_003, LARGE // 2, LARGE, LARGE + 1)
 
 
 def expected_sum(n: int, world: int) -> np.ndarray:
