@@ -139,17 +139,13 @@ class Comm(Messaging):
         return self.tag | step
 
     def isend(self, peer: int, buf: Buffer, step: int = 0) -> Request:
-        if not 0 <= step < _STEP_LIMIT:  # (_t inlined: one call less per message)
-            self._t(step)
-        return self.transport.isend(self.ranks[peer], self.tag | step, buf)
+        return self.transport.isend(self.ranks[peer], self._t(step), buf)
 
     def _wait_many(self) -> Optional[Callable[[Sequence[Request], Optional[Deadline]], None]]:
         return getattr(self.transport, "wait_many", None)
 
     def irecv(self, peer: int, out: Buffer, step: int = 0) -> Request:
-        if not 0 <= step < _STEP_LIMIT:
-            self._t(step)
-        return self.transport.irecv(self.ranks[peer], self.tag | step, out)
+        return self.transport.irecv(self.ranks[peer], self._t(step), out)
 
     # -- resources ----------------------------------------------------------------
     def scratch(self, nbytes: int, slot: int = 0) -> np.ndarray:

@@ -235,13 +235,8 @@ class RouterTransport(Transport):
         """
         if self._closed:
             raise ClosedError(f"rank {self.rank}: send to rank {dst} on a closed router transport")
-        t = self._per_peer.get(dst) if dst != self.rank else self._self  # (_route and _wrap inlined: the hot path)
-        if t is None:
-            t = self._route(dst, "send to")  # raises
-        req = t.isend(dst, tag, data)
-        if self._shm is None or t is self._shm or isinstance(req, CompletedRequest):
-            return req
-        return _Routed(self, req)
+        t = self._route(dst, "send to")
+        return self._wrap(t, t.isend(dst, tag, data))
 
     def irecv(self, src: int, tag: int, out: Buffer) -> Request:
         """Receive from ``src`` through its sub-transport.
@@ -251,13 +246,8 @@ class RouterTransport(Transport):
         if self._closed:
             raise ClosedError(f"rank {self.rank}: recv on a closed router transport")
         if src != ANY_SOURCE:
-            t = self._per_peer.get(src) if src != self.rank else self._self
-            if t is None:
-                t = self._route(src, "recv from")  # raises
-            req = t.irecv(src, tag, out)
-            if self._shm is None or t is self._shm or isinstance(req, CompletedRequest):
-                return req
-            return _Routed(self, req)
+            t = self._route(src, "recv from")
+            return self._wrap(t, t.irecv(src, tag, out))
         if len(self._subs) == 1:
             return self._subs[0].irecv(ANY_SOURCE, tag, out)
         group = ClaimGroup()
