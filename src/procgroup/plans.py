@@ -127,8 +127,10 @@ def remember(g: ProcessGroup, key: tuple, plan: Plan) -> Plan:
 
 
 def _probe(g: ProcessGroup) -> Comm:
-    """A Comm of ``g`` for asking the selection (no messages: size, hosts and arena only)."""
-    return Comm(g.world.transport, g.ranks, g.rank(), 0, Deadline(float("inf")), g._hosts, None, g.arena())
+    """A Comm of ``g`` for asking the selection (no messages: size, hosts, the arena and, for a group spanning
+    hosts, its host's slots; ``g.arena()`` makes both on first use)."""
+    arena = g.arena()
+    return Comm(g.world.transport, g.ranks, g.rank(), 0, Deadline(float("inf")), g._hosts, None, arena, g._host_arena)
 
 
 def _compiled(g: ProcessGroup) -> Any:
@@ -442,12 +444,12 @@ def _spanning(g: ProcessGroup, n: int, dt: Any, kern: Any) -> Any:
     """``fn(comm, buf)``: the hierarchical or multi-leader all_reduce that algorithms.select takes for this size on a
     group spanning hosts, bound once (algorithms.hierbind), where it binds; it runs select's choice instead once any
     threshold differs from when it was bound (``select.tunables()``, compared per call).  Else None."""
-    arena = g.arena()  # (made on first use, with the host's slots of a group spanning hosts)
-    ha = g._host_arena
-    if ha is None or isinstance(dt, str) or n == 0 or g.size() < 3:
+    if isinstance(dt, str) or n == 0 or g.size() < 3:
+        return None
+    probe = _probe(g)
+    if probe.host_arena is None:
         return None
     nb, dtn = n * _itemsize(dt), np.dtype(dt)
-    probe = Comm(g.world.transport, g.ranks, g.rank(), 0, Deadline(float("inf")), g._hosts, None, arena, ha)
     algo = choose_all_reduce(probe, nb, n)
     if algo is allreduce_hierarchical:
         bound = bind_hierarchical(probe, nb, n, dtn, kern)
