@@ -47,7 +47,7 @@ from .algorithms.arena import (
 from .algorithms.bigarena import allreduce_big, bind_allgather, bind_bcast, bind_reduce, bind_reduce_scatter
 from .algorithms.comm import STEP_BITS, Comm
 from .algorithms.hierbind import bind_hierarchical, bind_multileader
-from .algorithms.select import BIG_LIMIT, big_slots_for, choose_all_reduce, tunables
+from .algorithms.select import BIG_LIMIT, big_limit, big_slots_for, choose_all_reduce, tunables
 from .deadline import Deadline
 from .groupcore import PlanCore
 from .ops import ReduceOp, finalize
@@ -232,9 +232,10 @@ def broadcast(g: ProcessGroup, dt: Any, n: int, root: int, dname: str, fast: Any
         return plan
     if fast is None and algo is alg.broadcast and (bfn := _bound_big(g, "broadcast", n * _itemsize(dt), dt, root)):
         nb = n * _itemsize(dt)
+        members = len(g.arena().members)
 
         def fn(c: Any, a: Any, b: Any) -> None:
-            if nb <= BIG_LIMIT["broadcast"]:
+            if nb <= big_limit("broadcast", members):
                 bfn(c, a)  # the big slots' one-step broadcast in one compiled call
             else:
                 algo(c, a, root)  # the limit was lowered since the plan was built: select's choice

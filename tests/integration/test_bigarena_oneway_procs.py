@@ -206,7 +206,18 @@ elif mode == "limit":
         assert np.array_equal(rs, total(m)), i
         counts.append(len(msgs) - before)
     assert counts[0] == counts[1] == counts[4] == 0 and counts[2] == counts[3] >= 5, counts  # each op's messages
-    print(f"rank {r} ok {counts}", flush=True)
+    # a group of two has its own, lower broadcast limit (BIG_LIMIT_PAIR), also compared per call: lowered, a pair's
+    # broadcast goes as a message and a larger group's stays in the big slots; raised again, the slots
+    pair = []
+    for lowered in (True, False, True):
+        S.BIG_LIMIT_PAIR["broadcast"] = 0 if lowered else 32 << 20
+        before = len(msgs)
+        b = vals(p - 1, n) if r == p - 1 else np.zeros(n, np.int64)
+        dist.broadcast(b, src=p - 1)
+        assert np.array_equal(b, vals(p - 1, n)), lowered
+        pair.append(len(msgs) - before)
+    assert pair == ([1, 0, 1] if p == 2 else [0, 0, 0]), pair
+    print(f"rank {r} ok {counts} {pair}", flush=True)
 elif mode == "steps":
     # the default 1 MiB buffers: all_gather parts and broadcasts around STEP_MAX (512 KiB), in one step, two and
     # three, each called three times so that the warm calls run from a plan (compiled) where they can

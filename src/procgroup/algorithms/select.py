@@ -72,25 +72,26 @@ transport get them; ``PROCGROUP_SHM_BIG_SLOT=0``), a broadcast above ``ONECOPY_M
 every rank straight out of the root's buffer (``algorithms.onecopy``), and an all_gather above
 ``ONECOPY_MIN['all_gather']`` by every rank out of every other's ``sendbuf``; else they take the table above.
 
-``BIG_LIMIT[collective]`` hands calls above it back to the table above (the
-message algorithms, with the single-copy path for large messages).  The
-limits come from same-process A/B runs on the 2-CPU host (benchmarks/ab_bigslots.py: the algorithms
-alternating per iteration, time = max over ranks, median; N=2 and N=4, 64 KiB-64 MiB): the big slots took
-0.3x-0.9x of the message algorithms' time for all_reduce, reduce and reduce_scatter at every size, so those
-have no limit.  Nor have broadcast and all_gather (2026-11-28, after the compiled big-slot copies): broadcast
-N=2 4 / 16 / 32 / 64 MiB big 0.37 / 0.82 / 0.95 / 0.97x the messages' time (the rendezvous read by two
-threads), N=4 16 / 64 MiB 0.66 / 0.69x and 0.80 / 0.73x the one-copy reads'; all_gather N=2 4 / 8 / 32 MiB a
-rank 0.95 / 0.90 / 0.86x the messages' (ring of rendezvous reads) and 0.91-1.0x the one-copy reads' (read
-first or local copy first), N=4 2 / 4 / 16 MiB a rank 0.69 / 0.69 / 0.80x the one-copy reads'.  (They had
-stopped at 16 and 2 MiB when the big slots' copies were pure Python.)  all_to_all (benchmarks/ab_alltoall.py,
-loaded 2-CPU host, equal splits): the big slots took 0.8x the messages' time up to a 1 MiB stream at N=2
-(2 MiB per rank), 0.98x at 1.5 MiB, 1.07x-1.34x from 2 MiB (two copies against the single-copy path's
-one); at N=4 0.3x-0.9x up to 1.5 MiB, 1.3x-1.4x at 6 MiB: the limit was a 1 MiB stream.  Since the streams
-above it are read straight from the senders (one copy, ``algorithms.onecopy``), the big slots still win at a
-2 MiB stream at N=2 (4 MiB per rank: 343-347 against 410-432 us) and tie at N=4 (1.5 and 3 MiB streams:
-0.8-0.9 and 1.5-1.9 ms both); at a 3 MiB stream N=2 ties and from 4 MiB the reads win (N=2 4 MiB 0.90-0.99
-against 1.04 ms; rechecked 2026-11-28: big 1.21x / 1.08x the reads' at 4 / 16 MiB N=2, 1.09-1.45x at N=4):
-the limit is a 2 MiB stream.
+``BIG_LIMIT[collective]`` hands calls above it back to the table above (the message algorithms, with the
+single-copy path for large messages).  The limits come from same-process A/B runs on the 2-CPU host
+(benchmarks/ab_bigslots.py: the algorithms alternating per iteration, time = max over ranks, median; N=2 and N=4,
+64 KiB-64 MiB): the big slots took 0.3x-0.9x of the message algorithms' time for all_reduce, reduce and
+reduce_scatter at every size, so those have no limit.  Nor have broadcast and all_gather (2026-11-28, after the
+compiled big-slot copies): broadcast N=2 4 / 16 / 32 / 64 MiB big 0.37 / 0.82 / 0.95 / 0.97x the messages' time
+(the rendezvous read by two threads), N=4 16 / 64 MiB 0.66 / 0.69x and 0.80 / 0.73x the one-copy reads' -- except a
+group of two above 32 MiB (``BIG_LIMIT_PAIR``: those same-process A/Bs read a root buffer of untouched zero pages,
+which stays in the cache; with written data whole jobs put the rendezvous ahead at 48 / 64 MiB, 0.84 / 0.86x);
+all_gather N=2 4 / 8 / 32 MiB a rank 0.95 / 0.90 / 0.86x the messages' (ring of rendezvous reads) and 0.91-1.0x the
+one-copy reads' (read first or local copy first), N=4 2 / 4 / 16 MiB a rank 0.69 / 0.69 / 0.80x the one-copy
+reads'.  (They had stopped at 16 and 2 MiB when the big slots' copies were pure Python.)  all_to_all
+(benchmarks/ab_alltoall.py, loaded 2-CPU host, equal splits): the big slots took 0.8x the messages' time up to a 1
+MiB stream at N=2 (2 MiB per rank), 0.98x at 1.5 MiB, 1.07x-1.34x from 2 MiB (two copies against the single-copy
+path's one); at N=4 0.3x-0.9x up to 1.5 MiB, 1.3x-1.4x at 6 MiB: the limit was a 1 MiB stream.  Since the streams
+above it are read straight from the senders (one copy, ``algorithms.onecopy``), the big slots still win at a 2 MiB
+stream at N=2 (4 MiB per rank: 343-347 against 410-432 us) and tie at N=4 (1.5 and 3 MiB streams: 0.8-0.9 and
+1.5-1.9 ms both); at a 3 MiB stream N=2 ties and from 4 MiB the reads win (N=2 4 MiB 0.90-0.99 against 1.04 ms;
+rechecked 2026-11-28: big 1.21x / 1.08x the reads' at 4 / 16 MiB N=2, 1.09-1.45x at N=4): the limit is a 2 MiB
+stream.
 
 Every choice is computed from values all ranks of the call agree on (the
 group size and the per-rank message size), so all ranks pick the same
@@ -161,7 +162,9 @@ __all__ = [
     "ALLTOALL_SMALL",
     "HIERARCHICAL",
     "BIG_LIMIT",
+    "BIG_LIMIT_PAIR",
     "ONECOPY_MIN",
+    "big_limit",
     "big_slots_for",
     "FORCE",
     "ALGORITHMS",
@@ -209,6 +212,14 @@ BIG_LIMIT: Dict[str, int] = {
     "all_gather": 1 << 62,
     "all_to_all": 2 << 20,
 }
+#: collective -> a lower BIG_LIMIT for a group of two ranks.  A broadcast through the big slots copies the data
+#: twice (the root into the slots, the other rank out of them, pipelined on both CPUs); the message path is the
+#: rendezvous, one copy out of the root's buffer.  Once the data no longer fits the 32 MiB last-level cache, the
+#: second copy costs memory bandwidth: N=2 on the 2-CPU host, whole jobs alternating (5 rounds, slowest rank per
+#: call, median), messages against big slots 16 / 32 / 48 / 64 MiB 1.57 / 1.09 / 0.84 / 0.86x (0, 2, 5, 5 of 5
+#: rounds won); ``procgroup bench`` 6 rounds 4 / 16 / 64 MiB 2.12 / 0.97 / 0.77x.  At N=4 the big slots still
+#: lead (64 MiB 0.99x, and 0.73x the one-copy reads): every reader reading the root's memory at once is slower.
+BIG_LIMIT_PAIR: Dict[str, int] = {"broadcast": 32 << 20}
 #: collective -> the fewest bytes above which a group of three or more ranks of one host without big slots reads
 #: the parts straight out of their owners' memory (``algorithms.onecopy``): N=4, one-copy reads against the
 #: messages, broadcast 16 / 64 MiB 0.82 / 0.95x, all_gather 2 / 4 / 16 MiB a rank 0.54 / 1.04 / 1.02x; N=3
@@ -332,12 +343,19 @@ def _forced(collective: str) -> Optional[Callable[..., None]]:
 
 
 # ----------------------------------------------------------------------------- choices
+def big_limit(collective: str, members: int) -> int:
+    """The most bytes of ``collective`` that go through the big slots of a group of ``members`` ranks
+    (``BIG_LIMIT``, and ``BIG_LIMIT_PAIR`` for two)."""
+    lim = BIG_LIMIT[collective]
+    return min(lim, BIG_LIMIT_PAIR.get(collective, lim)) if members == 2 else lim
+
+
 def big_slots_for(a: Any, collective: str, nbytes: int) -> Any:
     """The arena ``a``'s big slots where ``collective`` of ``nbytes`` takes them (above the arena's slot, within
-    BIG_LIMIT); else None (also for no arena).  The selection below and the plans (``procgroup.plans``) decide
-    alike through it."""
+    :func:`big_limit`); else None (also for no arena).  The selection below and the plans (``procgroup.plans``)
+    decide alike through it."""
     big = None if a is None else a.big
-    return big if big is not None and a.max_bytes < nbytes <= BIG_LIMIT[collective] else None
+    return big if big is not None and a.max_bytes < nbytes <= big_limit(collective, len(a.members)) else None
 
 
 def _big(comm: Any, collective: str, nbytes: int) -> bool:
