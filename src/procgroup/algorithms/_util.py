@@ -20,7 +20,7 @@ Scratch slots
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -186,6 +186,14 @@ class SubComm(Messaging):
     def _wait_many(self) -> Any:
         f = getattr(self.parent, "_wait_many", None)
         return f() if f is not None else None
+
+    def try_exchange(self, sends: Sequence[Tuple[int, Any]], recvs: Sequence[Tuple[int, Any]], step: int = 0) -> Any:
+        """The parent's ``try_exchange`` with this sub-group's ranks and steps."""
+        f = getattr(self.parent, "try_exchange", None)
+        if f is None:
+            return None
+        m = self.members
+        return f([(m[p], b) for p, b in sends], [(m[p], o) for p, o in recvs], self.step_base + step)
 
 
 class HostComm(SubComm):

@@ -22,7 +22,7 @@ ranks as threads or as processes.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -87,6 +87,16 @@ class Messaging:
         """The transport's ``wait_many`` (see :meth:`wait_all`), or None."""
         return None
 
+    def try_exchange(
+        self, sends: Sequence[Tuple[int, Buffer]], recvs: Sequence[Tuple[int, Buffer]], step: int = 0
+    ) -> Optional[List[Request]]:
+        """Send each ``(peer, buf)`` of ``sends`` and receive each ``(peer, out)`` of ``recvs`` (distinct peers),
+        all at ``step``, in one call where the transport has one (tcp: the receives claimed and read in compiled
+        calls, none of the per-message layers), and wait for the receives; returns the sends' requests (wait for
+        them before reusing their buffers).  None where there is no such call (nothing done): post and wait as
+        usual.  The messages on the wire are those of ``isend`` / ``irecv``, so peers may take either path."""
+        return None
+
     def recv(self, peer: int, out: Buffer, step: int = 0) -> Status:
         return self.irecv(peer, out, step).wait(self.deadline)
 
@@ -146,6 +156,22 @@ class Comm(Messaging):
 
     def irecv(self, peer: int, out: Buffer, step: int = 0) -> Request:
         return self.transport.irecv(self.ranks[peer], self._t(step), out)
+
+    def try_exchange(
+        self, sends: Sequence[Tuple[int, Buffer]], recvs: Sequence[Tuple[int, Buffer]], step: int = 0
+    ) -> Optional[List[Request]]:
+        """:meth:`Messaging.try_exchange` through the transport's ``exchange`` (the router's, tcp's), where it has
+        one and takes the phase."""
+        ex = getattr(self.transport, "exchange", None)
+        if ex is None:
+            return None
+        tag, ranks = self._t(step), self.ranks
+        got = ex([(ranks[p], tag, b) for p, b in sends], [(ranks[p], tag, o) for p, o in recvs], self.deadline)
+        if got is None:
+            return None
+        for q in got[1]:
+            q.wait(self.deadline)
+        return got[0]
 
     # -- resources ----------------------------------------------------------------
     def scratch(self, nbytes: int, slot: int = 0) -> np.ndarray:

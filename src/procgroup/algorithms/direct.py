@@ -89,6 +89,24 @@ def allreduce_direct_rsag(comm: Any, buf: np.ndarray, reduce: Kernel) -> None:
         return tmp[k * m : (k + 1) * m]
 
     peers = [(r + k) % p for k in range(1, p)]
+    if m and all(offs[j + 1] > offs[j] for j in peers):
+        # both phases in one call each where the transport has one (tcp between hosts: no per-message layers)
+        sent = comm.try_exchange(
+            [(j, u8(buf[offs[j] : offs[j + 1]])) for j in peers], [(j, u8(slot(j))) for j in peers], _RS
+        )
+        if sent is not None:
+            for j in peers:
+                reduce(mine, slot(j))
+            got = comm.try_exchange(
+                [(j, u8(mine)) for j in peers], [(j, u8(buf[offs[j] : offs[j + 1]])) for j in peers], _AG
+            )
+            if got is None:  # the phase goes as messages
+                back = [comm.irecv(j, u8(buf[offs[j] : offs[j + 1]]), _AG) for j in peers]
+                got = [comm.isend(j, u8(mine), _AG) for j in peers]
+                comm.wait_all(back)
+            _wait(comm, sent)
+            _wait(comm, got)
+            return
     recvs = {j: comm.irecv(j, u8(slot(j)), _RS) for j in peers} if m else {}
     # the all-gather's receives are posted now too, into the blocks that the reduce-scatter sends from: rank j's
     # block comes back only after j has received our part of it (it reduces every part first), so it never

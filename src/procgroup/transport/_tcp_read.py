@@ -59,7 +59,13 @@ try:  # the optional compiled wait for several receives (setup.py builds it wher
 except ImportError:  # pragma: no cover - depends on the build
     _tcpwait = None  # type: ignore[assignment]
 
-__all__ = ["TcpReading"]
+
+def compiled_read() -> bool:
+    """Whether the compiled read of several sockets (``_tcpwait``) was built (``TcpTransport.exchange`` needs it)."""
+    return _tcpwait is not None
+
+
+__all__ = ["TcpReading", "compiled_read"]
 
 logger = logging.getLogger("procgroup.transport")
 
@@ -582,8 +588,20 @@ class TcpReading(EngineTransport):
                 _notice_once()
             return
         taken = self._take_many(reqs)
-        if not taken:
-            return
+        if taken:
+            self._read_taken(taken, deadline, slice_for, between)
+
+    def _read_taken(
+        self,
+        taken: List[Tuple[_Conn, RecvReq]],
+        deadline: Optional[Deadline],
+        slice_for: Optional[Callable[[], float]],
+        between: Optional[Callable[[], None]],
+    ) -> None:
+        """Read the claimed receives ``taken`` (their roles held, each in ``_inflight``) in compiled calls until
+        all arrived, the deadline, an abort or a message read_frames does not expect; settle them (every role
+        given back, the unfinished receives posted again for the decoder)."""
+        assert _tcpwait is not None
         n = len(taken)
         hdr = bytearray(24 * n)
         prog = np.zeros(_PROG * n, np.int64)

@@ -364,6 +364,34 @@ class RouterTransport(Transport):
 
         owner.wait_many(inner, deadline, lambda: self._direct_slice(snap[0]), between)
 
+    def exchange(
+        self, sends: Sequence[Tuple[int, int, Buffer]], recvs: Sequence[Tuple[int, int, Buffer]], deadline: Any
+    ) -> Optional[Tuple[List[Request], List[Request]]]:
+        """One phase of sends and receives ((rank, tag, buffer); distinct sources) in one call of the sub-transport
+        that reaches every peer (tcp's ``exchange``: the receives claimed and read in compiled calls, shm progress
+        driven between its slices); None where no sub-transport does it (nothing done): the caller posts and waits
+        as usual.  Else the sends' and the receives' requests; the receives are finished or handed back to the
+        decoder, and their ``wait`` reports the outcome."""
+        if self._closed or not recvs:
+            return None
+        t = self._per_peer.get(recvs[0][0])
+        ex = getattr(t, "exchange", None)
+        if t is None or ex is None or any(self._per_peer.get(q[0]) is not t for q in (*sends, *recvs)):
+            return None
+        if self._shm is None:
+            got = ex(sends, recvs, deadline)
+        else:
+            bell = self._bell
+            snap = [bell.snapshot() if bell is not None else 0]
+
+            def between() -> None:
+                self._kick()
+                if bell is not None:
+                    snap[0] = bell.snapshot()
+
+            got = ex(sends, recvs, deadline, lambda: self._direct_slice(snap[0]), between)
+        return None if got is None else ([self._wrap(t, q) for q in got[0]], [self._wrap(t, q) for q in got[1]])
+
     def _direct_slice(self, snap: int) -> float:
         """How long a tcp waiter may read its socket before the next shm progress pass.
 

@@ -37,10 +37,10 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Set, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from ..config import TcpOptions
-from ..deadline import as_deadline
+from ..deadline import Deadline, as_deadline
 from ..errors import (
     AuthenticationError,
     BrokenError,
@@ -60,10 +60,11 @@ from ..protocol.frames import (
     VERSION,
     message_frames,
 )
+from . import _tcp_read
 from ._engine import RecvReq, SendReq, Unexpected
 from ._engine import delete_key_quiet as _delete_key
-from ._tcp_read import TcpReading, _Conn
-from .base import CompletedRequest, Request, Status
+from ._tcp_read import _MAXC, _PROG, TcpReading, _Conn
+from .base import TAG_LIMIT, CompletedRequest, Request, Status, as_bytes_view, as_writable_view
 
 __all__ = ["TcpTransport"]
 
@@ -301,6 +302,65 @@ class TcpTransport(TcpReading):
             raise
         with self._form_cv:
             self._conns[peer] = _Conn(peer, s, where)
+
+    # -- one phase of a stage between hosts -----------------------------------------------------
+    def exchange(
+        self,
+        sends: Sequence[Tuple[int, int, Any]],
+        recvs: Sequence[Tuple[int, int, Any]],
+        deadline: Optional[Deadline],
+        slice_for: Optional[Callable[[], float]] = None,
+        between: Optional[Callable[[], None]] = None,
+    ) -> Optional[Tuple[List[Request], List[RecvReq]]]:
+        """One phase of a collective between hosts in one call: claim the receives ``recvs`` ((source, tag,
+        buffer), distinct sources), send ``sends`` ((destination, tag, buffer)), then read every receive in
+        compiled calls (``slice_for()``: how long to read before ``between()`` runs, as in :meth:`wait_many`).
+
+        The receives skip the engine's matching: each is claimed straight into ``_inflight`` with its connection's
+        role, which needs the role free, the decoder at a message boundary, no message of that tag unexpected or
+        posted, and no peer failed.  Where any of that does not hold, or the compiled read was not built, nothing
+        is done and None is returned (the caller posts and waits as usual).  Else (the sends' requests, the
+        receives): the sends as :meth:`isend` makes them, each receive finished or handed back to the decoder
+        exactly as :meth:`wait_many` hands it back, so its ``wait`` reports the outcome.
+        """
+        if not _tcp_read.compiled_read() or not self._native or len(recvs) > _MAXC:
+            return None
+        taken: List[Tuple[_Conn, RecvReq]] = []
+        held: List[_Conn] = []
+        try:
+            for src, tag, out in recvs:
+                c = self._conns.get(src)
+                if c is None or c.dead or c in held or not self._take(c):
+                    return None
+                held.append(c)
+                if c.dec is None or not c.dec.at_boundary or c.rx is not None:
+                    return None
+                taken.append((c, RecvReq(self, src, tag, as_writable_view(out))))
+            views = [(dst, tag, as_bytes_view(data)) for dst, tag, data in sends]
+            with self._lock:
+                if self._closed or self._aborted is not None or self._failed:
+                    return None
+                if any(dst not in self._conns or not 0 <= tag < TAG_LIMIT for dst, tag, _ in views):
+                    return None
+                for c, req in taken:
+                    if c.peer in self._inflight or self._unexpected.get(req.tag) or self._posted.get(req.tag):
+                        return None
+                for c, req in taken:
+                    self._inflight[c.peer] = req
+            held = []
+        finally:
+            for c in held:
+                self._give(c)
+        sent: List[Request] = []
+        try:
+            for dst, tag, view in views:
+                self.bytes_sent += view.nbytes
+                sent.append(self._send_remote(dst, tag, view))
+        except BaseException:  # a peer failed: the receives go back to the decoder first
+            self._settle_many(taken, bytearray(24 * len(taken)), [0] * (_PROG * len(taken)))
+            raise
+        self._read_taken(taken, deadline, slice_for, between)
+        return sent, [req for _, req in taken]
 
     # -- sending -------------------------------------------------------------------------------
     def _send_remote(self, dst: int, tag: int, view: memoryview) -> Request:

@@ -1,0 +1,239 @@
+"""TCP: one phase of a stage between hosts in one call (``TcpTransport.exchange``, ``Comm.try_exchange``; issue 14).
+
+Ranks are threads over real sockets (``_form``).  ``exchange`` claims the phase's receives with their connections'
+reading roles, sends, and reads every receive with the compiled ``read_frames``; where it cannot claim them (the
+compiled read not built, a role taken, an earlier message of the tag already read) it does nothing and returns None.
+Raw frames written into a peer's socket reach every hand-back: another tag first, EOF mid-message, the deadline.
+The messages on the wire are those of ``isend``, so a rank on the usual path meets a rank on this one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Iterator, List
+
+import numpy as np
+import pytest
+
+from procgroup.algorithms.comm import Comm
+from procgroup.algorithms.direct import allreduce_direct_rsag
+from procgroup.deadline import Deadline
+from procgroup.errors import DistTimeoutError, PeerFailureError
+from procgroup.ops import ReduceOp, reducer
+from procgroup.protocol.frames import encode_header
+from procgroup.transport import _tcp_read
+from procgroup.transport.tcp import TcpTransport
+
+from .test_transport_conformance import _form
+
+pytestmark = pytest.mark.timeout(60)
+
+TAG = 91
+
+
+class _Counting:
+    """Stands in for the compiled module: counts calls of read_frames."""
+
+    def __init__(self, mod: Any) -> None:
+        self.mod, self.calls = mod, 0
+
+    def read_frames(self, *a: Any) -> int:
+        self.calls += 1
+        return int(self.mod.read_frames(*a))
+
+
+@pytest.fixture
+def counting(monkeypatch: Any) -> Iterator[_Counting]:
+    if _tcp_read._tcpwait is None:
+        pytest.skip("the compiled _tcpwait was not built")
+    c = _Counting(_tcp_read._tcpwait)
+    monkeypatch.setattr(_tcp_read, "_tcpwait", c)
+    yield c
+
+
+@pytest.fixture
+def world() -> Iterator[List[Any]]:
+    ts = _form("tcp", 3, f"exchange{time.monotonic_ns()}")
+    yield ts
+    for t in ts:
+        t.close()
+
+
+def _frame(tag: int, payload: bytes) -> bytes:
+    return encode_header(tag, len(payload), 0) + payload
+
+
+def _run(fns: List[Any]) -> List[Any]:
+    out: List[Any] = [None] * len(fns)
+    errs: List[BaseException] = []
+
+    def go(i: int) -> None:
+        try:
+            out[i] = fns[i]()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errs.append(e)
+
+    th = [threading.Thread(target=go, args=(i,)) for i in range(len(fns))]
+    for x in th:
+        x.start()
+    for x in th:
+        x.join(30)
+    if errs:
+        raise errs[0]
+    return out
+
+
+def _phase(t: Any, r: int, tag: int, n: int) -> Any:
+    """Rank ``r`` sends ``r*10+j`` bytes of value to each other rank j and receives theirs; its received arrays.
+    Where ``exchange`` refuses the phase, the usual isend / irecv do it."""
+    peers = [(r + 1) % 3, (r + 2) % 3]
+    outs = {j: np.zeros(n, np.uint8) for j in peers}
+    sends = [(j, tag, np.full(n, r * 10 + j, np.uint8)) for j in peers]
+    got = t.exchange(sends, [(j, tag, outs[j]) for j in peers], None)
+    if got is None:  # refused (a peer's message came first and the watcher read it): the usual path, as Comm does
+        got = ([t.isend(j, tg, b) for j, tg, b in sends], [t.irecv(j, tag, outs[j]) for j in peers])
+    dl = Deadline.after(10)
+    for q in got[1] + got[0]:
+        q.wait(dl)
+    return outs
+
+
+@pytest.mark.parametrize("n", [1, 1000, 300_000])
+def test_three_ranks_exchange_in_one_call_each(world: List[Any], counting: _Counting, n: int) -> None:
+    for k in range(3):
+        outs = _run([lambda r=r, k=k: _phase(world[r], r, TAG + k, n) for r in range(3)])
+        for r in range(3):
+            for j, o in outs[r].items():
+                assert (o == j * 10 + r).all(), (k, r, j)
+    assert counting.calls >= 1
+
+
+def test_a_rank_on_the_usual_path_meets_one_in_one_call(world: List[Any], counting: _Counting) -> None:
+    n = 70_000
+
+    def usual(r: int) -> Any:
+        t, peers = world[r], [(r + 1) % 3, (r + 2) % 3]
+        outs = {j: np.zeros(n, np.uint8) for j in peers}
+        rr = [t.irecv(j, TAG, outs[j]) for j in peers]
+        ss = [t.isend(j, TAG, np.full(n, r * 10 + j, np.uint8)) for j in peers]
+        for q in rr + ss:
+            q.wait(Deadline.after(10))
+        return outs
+
+    outs = _run([lambda: _phase(world[0], 0, TAG, n), lambda: usual(1), lambda: _phase(world[2], 2, TAG, n)])
+    for r in range(3):
+        for j, o in outs[r].items():
+            assert (o == j * 10 + r).all(), (r, j)
+
+
+def test_nothing_is_done_where_the_phase_cannot_be_claimed(world: List[Any], counting: _Counting) -> None:
+    """An earlier message of the tag already read (unexpected), or a role another thread holds: None, no byte sent,
+    and the usual receive still gets the message."""
+    t1 = world[1]
+    early = world[0].isend(1, TAG, b"early")
+    dl = Deadline.after(10)
+    early.wait(dl)
+    while not t1._unexpected.get(TAG):  # the watcher reads it (no receive posted)
+        time.sleep(0.01)
+    out = bytearray(5)
+    assert t1.exchange([(0, TAG, b"never")], [(0, TAG, out)], dl) is None
+    assert t1.irecv(0, TAG, out).wait(dl).nbytes == 5 and bytes(out) == b"early"
+    c = t1._conns[2]
+    assert t1._take(c)
+    try:
+        assert t1.exchange([(2, TAG + 1, b"never")], [(2, TAG + 1, bytearray(1))], dl) is None
+    finally:
+        t1._give(c)
+    # nothing of either refused call reached the peers: their next message of those tags is the real one
+    world[1].isend(0, TAG + 5, b"x").wait(dl)
+    assert world[0].irecv(1, TAG + 5, bytearray(1)).wait(dl).nbytes == 1
+    assert counting.calls == 0
+
+
+def test_a_message_of_another_tag_first_is_handed_back_and_the_phase_completes(
+    world: List[Any], counting: _Counting
+) -> None:
+    t1 = world[1]
+    a, b = bytearray(4), bytearray(4)
+
+    def peers() -> None:
+        time.sleep(0.05)
+        world[0]._conns[1].sock.sendall(_frame(TAG + 7, b"OTHR") + _frame(TAG, b"aaaa"))
+        world[2]._conns[1].sock.sendall(_frame(TAG, b"cccc"))
+
+    th = threading.Thread(target=peers)
+    th.start()
+    dl = Deadline.after(10)
+    got = t1.exchange([], [(0, TAG, a), (2, TAG, b)], dl)
+    assert got is not None
+    for q in got[1]:
+        q.wait(dl)
+    th.join()
+    assert (bytes(a), bytes(b)) == (b"aaaa", b"cccc")
+    other = bytearray(4)
+    assert t1.irecv(0, TAG + 7, other).wait(dl).nbytes == 4 and bytes(other) == b"OTHR"
+    assert counting.calls >= 1
+
+
+def test_the_deadline_ends_the_phase_with_the_usual_timeout(world: List[Any], counting: _Counting) -> None:
+    dl = Deadline.after(0.3)
+    got = world[1].exchange([], [(0, TAG, bytearray(8)), (2, TAG, bytearray(8))], dl)
+    assert got is not None
+    with pytest.raises(DistTimeoutError):
+        for q in got[1]:
+            q.wait(dl)
+    # the receives went back to the engine: a message that comes later completes them
+    world[0].isend(1, TAG, b"12345678").wait(Deadline.after(5))
+    assert got[1][0].wait(Deadline.after(5)).nbytes == 8
+
+
+def test_eof_in_the_middle_of_a_message_fails_the_peer(world: List[Any], counting: _Counting) -> None:
+    def cut() -> None:
+        time.sleep(0.05)
+        s = world[0]._conns[1].sock
+        s.sendall(_frame(TAG, b"abcdefgh")[:30])
+        s.close()
+
+    th = threading.Thread(target=cut)
+    th.start()
+    dl = Deadline.after(10)
+    got = world[1].exchange([], [(0, TAG, bytearray(8))], dl)
+    th.join()
+    assert got is not None
+    with pytest.raises(PeerFailureError, match="rank 0"):
+        got[1][0].wait(dl)
+
+
+def test_the_direct_all_reduce_takes_one_call_a_phase(world: List[Any], counting: _Counting) -> None:
+    """``allreduce_direct_rsag`` over Comms of tcp transports: both phases through ``try_exchange``, every dtype's
+    sum in closed form, and the same result as the message path (``try_exchange`` refused)."""
+    for dt in ("int32", "float64", "uint8"):
+        for fast in (True, False):
+            n = 30_001
+
+            def rank(r: int, dt: str = dt, n: int = n) -> Any:
+                c = Comm(world[r], list(range(3)), r, 1 << 20, Deadline.after(20))
+                buf = (np.arange(n) % 50 + r).astype(dt)
+                allreduce_direct_rsag(c, buf, reducer(ReduceOp.SUM, dt))
+                return buf
+
+            real, real_ex, taken = Comm.try_exchange, TcpTransport.exchange, []
+
+            def ex(self: Any, *a: Any, _real: Any = real_ex, _taken: List[bool] = taken) -> Any:
+                got = _real(self, *a)
+                _taken.append(got is not None)
+                return got
+
+            TcpTransport.exchange = ex  # type: ignore[method-assign]
+            if not fast:
+                Comm.try_exchange = lambda *a, **k: None  # type: ignore[method-assign,assignment]
+            try:
+                outs = _run([lambda r=r: rank(r) for r in range(3)])
+            finally:
+                Comm.try_exchange = real  # type: ignore[method-assign]
+                TcpTransport.exchange = real_ex  # type: ignore[method-assign]
+            want = (3 * (np.arange(n) % 50) + 3).astype(dt)
+            for o in outs:
+                assert np.array_equal(o, want), (dt, fast)
+            assert any(taken) if fast else not taken, (dt, fast, taken)
