@@ -25,22 +25,12 @@ from procgroup.protocol.frames import encode_header
 from procgroup.transport import _tcp_read
 from procgroup.transport.tcp import TcpTransport
 
+from .test_tcp_wait_many import _Counting
 from .test_transport_conformance import _form
 
 pytestmark = pytest.mark.timeout(60)
 
 TAG = 91
-
-
-class _Counting:
-    """Stands in for the compiled module: counts calls of read_frames."""
-
-    def __init__(self, mod: Any) -> None:
-        self.mod, self.calls = mod, 0
-
-    def read_frames(self, *a: Any) -> int:
-        self.calls += 1
-        return int(self.mod.read_frames(*a))
 
 
 @pytest.fixture

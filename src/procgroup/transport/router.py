@@ -354,6 +354,11 @@ class RouterTransport(Transport):
             inner.append(r)
         if owner is None or len(inner) < 2:
             return
+        owner.wait_many(inner, deadline, *self._progress())
+
+    def _progress(self) -> Tuple[Callable[[], float], Callable[[], None]]:
+        """``(slice_for, between)`` for a tcp read of several sockets: how long to read before the next shm progress
+        pass (:meth:`_direct_slice`, against the doorbell as of the last pass), and that pass."""
         bell = self._bell
         snap = [bell.snapshot() if bell is not None else 0]
 
@@ -362,7 +367,7 @@ class RouterTransport(Transport):
             if bell is not None:
                 snap[0] = bell.snapshot()
 
-        owner.wait_many(inner, deadline, lambda: self._direct_slice(snap[0]), between)
+        return (lambda: self._direct_slice(snap[0])), between
 
     def exchange(
         self, sends: Sequence[Tuple[int, int, Buffer]], recvs: Sequence[Tuple[int, int, Buffer]], deadline: Any
@@ -378,18 +383,7 @@ class RouterTransport(Transport):
         ex = getattr(t, "exchange", None)
         if t is None or ex is None or any(self._per_peer.get(q[0]) is not t for q in (*sends, *recvs)):
             return None
-        if self._shm is None:
-            got = ex(sends, recvs, deadline)
-        else:
-            bell = self._bell
-            snap = [bell.snapshot() if bell is not None else 0]
-
-            def between() -> None:
-                self._kick()
-                if bell is not None:
-                    snap[0] = bell.snapshot()
-
-            got = ex(sends, recvs, deadline, lambda: self._direct_slice(snap[0]), between)
+        got = ex(sends, recvs, deadline, *self._progress())
         return None if got is None else ([self._wrap(t, q) for q in got[0]], [self._wrap(t, q) for q in got[1]])
 
     def _direct_slice(self, snap: int) -> float:
