@@ -64,7 +64,7 @@ from . import _tcp_read
 from ._engine import RecvReq, SendReq, Unexpected
 from ._engine import delete_key_quiet as _delete_key
 from ._tcp_read import _MAXC, _PROG, TcpReading, _Conn
-from .base import TAG_LIMIT, CompletedRequest, Request, Status, as_bytes_view, as_writable_view
+from .base import CompletedRequest, Request, Status, as_writable_view
 
 __all__ = ["TcpTransport"]
 
@@ -320,8 +320,8 @@ class TcpTransport(TcpReading):
         role, which needs the role free, the decoder at a message boundary, no message of that tag unexpected or
         posted, and no peer failed.  Where any of that does not hold, or the compiled read was not built, nothing
         is done and None is returned (the caller posts and waits as usual).  Else (the sends' requests, the
-        receives): the sends as :meth:`isend` makes them, each receive finished or handed back to the decoder
-        exactly as :meth:`wait_many` hands it back, so its ``wait`` reports the outcome.
+        receives): the sends made by :meth:`isend` (its checks and errors), each receive finished or handed back
+        to the decoder exactly as :meth:`wait_many` hands it back, so its ``wait`` reports the outcome.
         """
         if not _tcp_read.compiled_read() or not self._native or len(recvs) > _MAXC:
             return None
@@ -336,11 +336,8 @@ class TcpTransport(TcpReading):
                 if c.dec is None or not c.dec.at_boundary or c.rx is not None:
                     return None
                 taken.append((c, RecvReq(self, src, tag, as_writable_view(out))))
-            views = [(dst, tag, as_bytes_view(data)) for dst, tag, data in sends]
             with self._lock:
                 if self._closed or self._aborted is not None or self._failed:
-                    return None
-                if any(dst not in self._conns or not 0 <= tag < TAG_LIMIT for dst, tag, _ in views):
                     return None
                 for c, req in taken:
                     if c.peer in self._inflight or self._unexpected.get(req.tag) or self._posted.get(req.tag):
@@ -351,12 +348,9 @@ class TcpTransport(TcpReading):
         finally:
             for c in held:
                 self._give(c)
-        sent: List[Request] = []
         try:
-            for dst, tag, view in views:
-                self.bytes_sent += view.nbytes
-                sent.append(self._send_remote(dst, tag, view))
-        except BaseException:  # a peer failed: the receives go back to the decoder first
+            sent = [self.isend(dst, tag, data) for dst, tag, data in sends]
+        except BaseException:  # a peer failed, or a bad send: the receives go back to the decoder first
             self._settle_many(taken, bytearray(24 * len(taken)), [0] * (_PROG * len(taken)))
             raise
         self._read_taken(taken, deadline, slice_for, between)
