@@ -1,8 +1,9 @@
-"""TCP: one phase of a stage between hosts in one call (``TcpTransport.exchange``, ``Comm.try_exchange``; issue 14).
+"""TCP: one phase of a stage between hosts in one call, bound once (``TcpTransport.phase``, ``Comm.phase``; issue 14).
 
-Ranks are threads over real sockets (``_form``).  ``exchange`` claims the phase's receives with their connections'
-reading roles, sends, and reads every receive with the compiled ``read_frames``; where it cannot claim them (the
-compiled read not built, a role taken, an earlier message of the tag already read) it does nothing and returns None.
+Ranks are threads over real sockets (``_form``).  A bound phase's ``start`` claims the receives with their
+connections' reading roles, sends, and reads every receive with the compiled ``read_frames``; where it cannot claim
+them (the compiled read not built, a role taken, an earlier message of the tag already read) it does nothing and
+returns None.
 Raw frames written into a peer's socket reach every hand-back: another tag first, EOF mid-message, the deadline.
 The messages on the wire are those of ``isend``, so a rank on the usual path meets a rank on this one.
 """
@@ -16,6 +17,7 @@ from typing import Any, Iterator, List
 import numpy as np
 import pytest
 
+from procgroup.algorithms._util import SPAN, SubComm
 from procgroup.algorithms.comm import Comm
 from procgroup.algorithms.direct import allreduce_direct_rsag
 from procgroup.deadline import Deadline
@@ -23,7 +25,7 @@ from procgroup.errors import DistTimeoutError, PeerFailureError
 from procgroup.ops import ReduceOp, reducer
 from procgroup.protocol.frames import encode_header
 from procgroup.transport import _tcp_read
-from procgroup.transport.tcp import TcpTransport
+from procgroup.transport._tcp_phase import TcpPhase
 
 from .test_tcp_wait_many import _Counting
 from .test_transport_conformance import _form
@@ -48,6 +50,16 @@ def world() -> Iterator[List[Any]]:
     yield ts
     for t in ts:
         t.close()
+
+
+def _exchange(t: Any, sends: List[Any], recvs: List[Any], dl: Any) -> Any:
+    """``(sends' requests, receives)`` of a phase of ``sends`` / ``recvs`` ((rank, tag, buffer), one tag) bound on
+    ``t``, or None where it was not taken."""
+    ph = t.phase([d for d, _, _ in sends], [s for s, _, _ in recvs])
+    assert ph is not None
+    tag = (sends or recvs)[0][1]
+    assert all(q[1] == tag for q in sends + recvs)
+    return ph.start(tag, [b for _, _, b in sends], [o for _, _, o in recvs], dl)
 
 
 def _frame(tag: int, payload: bytes) -> bytes:
@@ -80,7 +92,7 @@ def _phase(t: Any, r: int, tag: int, n: int) -> Any:
     peers = [(r + 1) % 3, (r + 2) % 3]
     outs = {j: np.zeros(n, np.uint8) for j in peers}
     sends = [(j, tag, np.full(n, r * 10 + j, np.uint8)) for j in peers]
-    got = t.exchange(sends, [(j, tag, outs[j]) for j in peers], None)
+    got = _exchange(t, sends, [(j, tag, outs[j]) for j in peers], None)
     if got is None:  # refused (a peer's message came first and the watcher read it): the usual path, as Comm does
         got = ([t.isend(j, tg, b) for j, tg, b in sends], [t.irecv(j, tag, outs[j]) for j in peers])
     dl = Deadline.after(10)
@@ -127,12 +139,12 @@ def test_nothing_is_done_where_the_phase_cannot_be_claimed(world: List[Any], cou
     while not t1._unexpected.get(TAG):  # the watcher reads it (no receive posted)
         time.sleep(0.01)
     out = bytearray(5)
-    assert t1.exchange([(0, TAG, b"never")], [(0, TAG, out)], dl) is None
+    assert _exchange(t1, [(0, TAG, b"never")], [(0, TAG, out)], dl) is None
     assert t1.irecv(0, TAG, out).wait(dl).nbytes == 5 and bytes(out) == b"early"
     c = t1._conns[2]
     assert t1._take(c)
     try:
-        assert t1.exchange([(2, TAG + 1, b"never")], [(2, TAG + 1, bytearray(1))], dl) is None
+        assert _exchange(t1, [(2, TAG + 1, b"never")], [(2, TAG + 1, bytearray(1))], dl) is None
     finally:
         t1._give(c)
     # nothing of either refused call reached the peers: their next message of those tags is the real one
@@ -155,7 +167,7 @@ def test_a_message_of_another_tag_first_is_handed_back_and_the_phase_completes(
     th = threading.Thread(target=peers)
     th.start()
     dl = Deadline.after(10)
-    got = t1.exchange([], [(0, TAG, a), (2, TAG, b)], dl)
+    got = _exchange(t1, [], [(0, TAG, a), (2, TAG, b)], dl)
     assert got is not None
     for q in got[1]:
         q.wait(dl)
@@ -168,7 +180,7 @@ def test_a_message_of_another_tag_first_is_handed_back_and_the_phase_completes(
 
 def test_the_deadline_ends_the_phase_with_the_usual_timeout(world: List[Any], counting: _Counting) -> None:
     dl = Deadline.after(0.3)
-    got = world[1].exchange([], [(0, TAG, bytearray(8)), (2, TAG, bytearray(8))], dl)
+    got = _exchange(world[1], [], [(0, TAG, bytearray(8)), (2, TAG, bytearray(8))], dl)
     assert got is not None
     with pytest.raises(DistTimeoutError):
         for q in got[1]:
@@ -188,7 +200,7 @@ def test_eof_in_the_middle_of_a_message_fails_the_peer(world: List[Any], countin
     th = threading.Thread(target=cut)
     th.start()
     dl = Deadline.after(10)
-    got = world[1].exchange([], [(0, TAG, bytearray(8))], dl)
+    got = _exchange(world[1], [], [(0, TAG, bytearray(8))], dl)
     th.join()
     assert got is not None
     with pytest.raises(PeerFailureError, match="rank 0"):
@@ -196,8 +208,8 @@ def test_eof_in_the_middle_of_a_message_fails_the_peer(world: List[Any], countin
 
 
 def test_the_direct_all_reduce_takes_one_call_a_phase(world: List[Any], counting: _Counting) -> None:
-    """``allreduce_direct_rsag`` over Comms of tcp transports: both phases through ``try_exchange``, every dtype's
-    sum in closed form, and the same result as the message path (``try_exchange`` refused)."""
+    """``allreduce_direct_rsag`` over Comms of tcp transports: both phases through a bound phase, every dtype's
+    sum in closed form, and the same result as the message path (no phase bound)."""
     for dt in ("int32", "float64", "uint8"):
         for fast in (True, False):
             n = 30_001
@@ -208,22 +220,55 @@ def test_the_direct_all_reduce_takes_one_call_a_phase(world: List[Any], counting
                 allreduce_direct_rsag(c, buf, reducer(ReduceOp.SUM, dt))
                 return buf
 
-            real, real_ex, taken = Comm.try_exchange, TcpTransport.exchange, []
+            real, real_start, taken = Comm.phase, TcpPhase.start, []
 
-            def ex(self: Any, *a: Any, _real: Any = real_ex, _taken: List[bool] = taken) -> Any:
+            def start(self: Any, *a: Any, _real: Any = real_start, _taken: List[bool] = taken) -> Any:
                 got = _real(self, *a)
                 _taken.append(got is not None)
                 return got
 
-            TcpTransport.exchange = ex  # type: ignore[method-assign]
+            TcpPhase.start = start  # type: ignore[method-assign]
             if not fast:
-                Comm.try_exchange = lambda *a, **k: None  # type: ignore[method-assign,assignment]
+                Comm.phase = lambda *a, **k: None  # type: ignore[method-assign,assignment]
             try:
                 outs = _run([lambda r=r: rank(r) for r in range(3)])
             finally:
-                Comm.try_exchange = real  # type: ignore[method-assign]
-                TcpTransport.exchange = real_ex  # type: ignore[method-assign]
+                Comm.phase = real  # type: ignore[method-assign]
+                TcpPhase.start = real_start  # type: ignore[method-assign]
             want = (3 * (np.arange(n) % 50) + 3).astype(dt)
             for o in outs:
                 assert np.array_equal(o, want), (dt, fast)
             assert any(taken) if fast else not taken, (dt, fast, taken)
+
+
+def test_a_comm_binds_each_phase_once_and_its_later_calls_reuse_it(world: List[Any], counting: _Counting) -> None:
+    """A plan's Comm keeps its bound phases: later calls (a new tag and deadline each, as the group sets them) run
+    through the same objects, with the call's own tag on the wire, and a sub-group binds through its parent."""
+    comms = [Comm(world[r], list(range(3)), r, 1 << 20, Deadline.after(20)) for r in range(3)]
+    subs = [SubComm(c, [2, 0, 1], 2 * SPAN) for c in comms]  # the leaders' sub-group of a hierarchical call
+    n = 9_000
+    bound: List[Any] = []
+    for call in range(4):
+        for c in comms:
+            c.tag, c.deadline = ((1 << 20) + call) << 16, Deadline.after(20)
+
+        def rank(r: int, call: int = call) -> Any:
+            buf = (np.arange(n) % 7 + r + call).astype(np.int64)
+            sub = subs[r]
+            sub.deadline = comms[r].deadline
+            allreduce_direct_rsag(sub if call % 2 else comms[r], buf, reducer(ReduceOp.SUM, "int64"))
+            return buf
+
+        outs = _run([lambda r=r: rank(r) for r in range(3)])
+        want = 3 * (np.arange(n) % 7) + 3 + 3 * call
+        for o in outs:
+            assert np.array_equal(o, want), call
+        bound.append([dict(c._phases) for c in comms])
+    # both phases bound (the first call may find a peer's message read already: its second phase then goes as
+    # messages), and every later call runs through the objects an earlier one bound
+    assert all(len(b) == 4 and all(v is not None for v in b.values()) for b in bound[-1])
+    assert all(len(s._phases) == 2 and set(s._phases.values()) <= set(c._phases.values()) for s, c in zip(subs, comms))
+    assert all(bound[-1][r][key] is b[r][key] for b in bound for r in range(3) for key in b[r])
+    # nothing of any call is left behind: no unexpected message, no posted receive, no connection in flight
+    for t in world:
+        assert not t._unexpected and not t._posted and not t._inflight

@@ -20,7 +20,7 @@ Scratch slots
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -158,7 +158,7 @@ class SubComm(Messaging):
     algorithm runs on it unchanged.  Scratch is the parent's.
     """
 
-    __slots__ = ("parent", "members", "rank", "size", "hosts", "deadline", "step_base")
+    __slots__ = ("parent", "members", "rank", "size", "hosts", "deadline", "step_base", "_phases")
     arena = None  # a sub-group has no shared slots of its own: its algorithms use messages
 
     def __init__(self, parent: Any, members: Sequence[int], step_base: int) -> None:
@@ -169,6 +169,7 @@ class SubComm(Messaging):
         self.hosts = [parent.hosts[m] for m in self.members]
         self.deadline = parent.deadline
         self.step_base = step_base
+        self._phases: Dict[Any, Any] = {}
 
     @property
     def ranks(self) -> List[int]:
@@ -187,13 +188,18 @@ class SubComm(Messaging):
         f = getattr(self.parent, "_wait_many", None)
         return f() if f is not None else None
 
-    def try_exchange(self, sends: Sequence[Tuple[int, Any]], recvs: Sequence[Tuple[int, Any]], step: int = 0) -> Any:
-        """The parent's ``try_exchange`` with this sub-group's ranks and steps."""
-        f = getattr(self.parent, "try_exchange", None)
-        if f is None:
-            return None
+    def phase(self, send_to: Sequence[int], recv_from: Sequence[int], step: int = 0) -> Any:
+        """The parent's ``phase`` with this sub-group's ranks and steps (bound once per sub-group)."""
+        key = (tuple(send_to), tuple(recv_from), step)
+        try:
+            return self._phases[key]
+        except KeyError:
+            pass
+        f = getattr(self.parent, "phase", None)
         m = self.members
-        return f([(m[p], b) for p, b in sends], [(m[p], o) for p, o in recvs], self.step_base + step)
+        ph = f([m[p] for p in send_to], [m[p] for p in recv_from], self.step_base + step) if f is not None else None
+        self._phases[key] = ph
+        return ph
 
 
 class HostComm(SubComm):

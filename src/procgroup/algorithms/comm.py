@@ -22,14 +22,14 @@ ranks as threads or as processes.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..deadline import Deadline
 from ..transport.base import Arena, Buffer, Request, Status, Transport
 
-__all__ = ["Comm", "Messaging", "ScratchPool", "STEP_BITS"]
+__all__ = ["Comm", "Messaging", "Phase", "ScratchPool", "STEP_BITS"]
 
 STEP_BITS = 16
 _STEP_LIMIT = 1 << STEP_BITS
@@ -87,14 +87,14 @@ class Messaging:
         """The transport's ``wait_many`` (see :meth:`wait_all`), or None."""
         return None
 
-    def try_exchange(
-        self, sends: Sequence[Tuple[int, Buffer]], recvs: Sequence[Tuple[int, Buffer]], step: int = 0
-    ) -> Optional[List[Request]]:
-        """Send each ``(peer, buf)`` of ``sends`` and receive each ``(peer, out)`` of ``recvs`` (distinct peers),
-        all at ``step``, in one call where the transport has one (tcp: the receives claimed and read in compiled
-        calls, none of the per-message layers), and wait for the receives; returns the sends' requests (wait for
-        them before reusing their buffers).  None where there is no such call (nothing done): post and wait as
-        usual.  The messages on the wire are those of ``isend`` / ``irecv``, so peers may take either path."""
+    def phase(self, send_to: Sequence[int], recv_from: Sequence[int], step: int = 0) -> Optional["Phase"]:
+        """A phase bound once: sends to each peer of ``send_to`` and receives from each of ``recv_from`` (distinct
+        peers), all at ``step``, in one call from the algorithm where the transport has one (tcp between hosts: the
+        receives claimed and read in compiled calls, none of the per-message layers).  ``phase.run(sends, recvs)``
+        (buffers in the order of the peers) waits for the receives and returns the sends still pending (wait for
+        them before reusing their buffers), or None where it could not take that call (nothing done: post and wait
+        as usual).  None where there is no such call.  The messages on the wire are those of ``isend`` / ``irecv``,
+        so peers may take either path."""
         return None
 
     def recv(self, peer: int, out: Buffer, step: int = 0) -> Status:
@@ -110,7 +110,19 @@ class Messaging:
 
 
 class Comm(Messaging):
-    __slots__ = ("transport", "ranks", "rank", "size", "tag", "deadline", "hosts", "_scratch", "arena", "host_arena")
+    __slots__ = (
+        "transport",
+        "ranks",
+        "rank",
+        "size",
+        "tag",
+        "deadline",
+        "hosts",
+        "_scratch",
+        "arena",
+        "host_arena",
+        "_phases",
+    )
 
     def __init__(
         self,
@@ -137,6 +149,7 @@ class Comm(Messaging):
         #: when the group spans hosts: the shared slots of its members on this host (members in group order), used
         #: by the host-local stages of the hierarchical all_reduce; else None
         self.host_arena = host_arena
+        self._phases: Dict[Tuple[Tuple[int, ...], Tuple[int, ...], int], Optional[Phase]] = {}
 
     def check_word(self) -> int:
         """What the members of this call agree on (sequence number and fingerprint), as a u32 for the arena."""
@@ -157,21 +170,20 @@ class Comm(Messaging):
     def irecv(self, peer: int, out: Buffer, step: int = 0) -> Request:
         return self.transport.irecv(self.ranks[peer], self._t(step), out)
 
-    def try_exchange(
-        self, sends: Sequence[Tuple[int, Buffer]], recvs: Sequence[Tuple[int, Buffer]], step: int = 0
-    ) -> Optional[List[Request]]:
-        """:meth:`Messaging.try_exchange` through the transport's ``exchange`` (the router's, tcp's), where it has
-        one and takes the phase."""
-        ex = getattr(self.transport, "exchange", None)
-        if ex is None:
-            return None
-        tag, ranks = self._t(step), self.ranks
-        got = ex([(ranks[p], tag, b) for p, b in sends], [(ranks[p], tag, o) for p, o in recvs], self.deadline)
-        if got is None:
-            return None
-        for q in got[1]:
-            q.wait(self.deadline)
-        return got[0]
+    def phase(self, send_to: Sequence[int], recv_from: Sequence[int], step: int = 0) -> Optional["Phase"]:
+        """:meth:`Messaging.phase` through the transport's ``phase`` (the router's, tcp's), bound once per peers and
+        step for this Comm (its calls reuse it: the tag and deadline are read at each ``run``)."""
+        key = (tuple(send_to), tuple(recv_from), step)
+        try:
+            return self._phases[key]
+        except KeyError:
+            pass
+        self._t(step)  # its range
+        bind = getattr(self.transport, "phase", None)
+        inner = bind([self.ranks[p] for p in send_to], [self.ranks[p] for p in recv_from]) if bind else None
+        ph = None if inner is None else Phase(self, inner, step)
+        self._phases[key] = ph
+        return ph
 
     # -- resources ----------------------------------------------------------------
     def scratch(self, nbytes: int, slot: int = 0) -> np.ndarray:
@@ -179,3 +191,19 @@ class Comm(Messaging):
 
     def global_rank(self, group_rank: int) -> int:
         return self.ranks[group_rank]
+
+
+class Phase:
+    """A transport's bound phase (``run(tag, sends, recvs, deadline)``) at one step of a Comm: see
+    :meth:`Messaging.phase`."""
+
+    __slots__ = ("comm", "inner", "step")
+
+    def __init__(self, comm: Comm, inner: Any, step: int) -> None:
+        self.comm, self.inner, self.step = comm, inner, step
+
+    def run(self, sends: Sequence[Buffer], recvs: Sequence[Buffer]) -> Optional[List[Request]]:
+        """Send ``sends`` and receive into ``recvs`` (in the order of the bound peers) at the Comm's current call;
+        the sends still pending, or None where nothing was done (post and wait as usual)."""
+        c = self.comm
+        return self.inner.run(c.tag | self.step, sends, recvs, c.deadline)

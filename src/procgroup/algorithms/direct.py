@@ -89,20 +89,20 @@ def allreduce_direct_rsag(comm: Any, buf: np.ndarray, reduce: Kernel) -> None:
         return tmp[k * m : (k + 1) * m]
 
     peers = [(r + k) % p for k in range(1, p)]
-    if m and all(offs[j + 1] > offs[j] for j in peers):
-        # both phases in one call each where the transport has one (tcp between hosts: no per-message layers)
-        sent = comm.try_exchange(
-            [(j, u8(buf[offs[j] : offs[j + 1]])) for j in peers], [(j, u8(slot(j))) for j in peers], _RS
-        )
+    bind: Any = getattr(comm, "phase", None)
+    rs = bind(peers, peers, _RS) if bind is not None and m and all(offs[j + 1] > offs[j] for j in peers) else None
+    if rs is not None:
+        # both phases in one call each, bound once (tcp between hosts: no per-message layers)
+        blocks = [u8(buf[offs[j] : offs[j + 1]]) for j in peers]
+        sent = rs.run(blocks, [u8(slot(j)) for j in peers])
         if sent is not None:
             for j in peers:
                 reduce(mine, slot(j))
-            got = comm.try_exchange(
-                [(j, u8(mine)) for j in peers], [(j, u8(buf[offs[j] : offs[j + 1]])) for j in peers], _AG
-            )
+            own, ag = u8(mine), bind(peers, peers, _AG)
+            got = ag.run([own] * len(peers), blocks) if ag is not None else None
             if got is None:  # the phase goes as messages
-                back = [comm.irecv(j, u8(buf[offs[j] : offs[j + 1]]), _AG) for j in peers]
-                got = [comm.isend(j, u8(mine), _AG) for j in peers]
+                back = [comm.irecv(j, b, _AG) for j, b in zip(peers, blocks)]
+                got = [comm.isend(j, own, _AG) for j in peers]
                 comm.wait_all(back)
             _wait(comm, sent)
             _wait(comm, got)

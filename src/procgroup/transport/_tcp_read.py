@@ -61,7 +61,7 @@ except ImportError:  # pragma: no cover - depends on the build
 
 
 def compiled_read() -> bool:
-    """Whether the compiled read of several sockets (``_tcpwait``) was built (``TcpTransport.exchange`` needs it)."""
+    """Whether the compiled read of several sockets (``_tcpwait``) was built (``TcpTransport.phase`` needs it)."""
     return _tcpwait is not None
 
 

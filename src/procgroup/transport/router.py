@@ -369,22 +369,16 @@ class RouterTransport(Transport):
 
         return (lambda: self._direct_slice(snap[0])), between
 
-    def exchange(
-        self, sends: Sequence[Tuple[int, int, Buffer]], recvs: Sequence[Tuple[int, int, Buffer]], deadline: Any
-    ) -> Optional[Tuple[List[Request], List[Request]]]:
-        """One phase of sends and receives ((rank, tag, buffer); distinct sources) in one call of the sub-transport
-        that reaches every peer (tcp's ``exchange``: the receives claimed and read in compiled calls, shm progress
-        driven between its slices); None where no sub-transport does it (nothing done): the caller posts and waits
-        as usual.  Else the sends' and the receives' requests; the receives are finished or handed back to the
-        decoder, and their ``wait`` reports the outcome."""
-        if self._closed or not recvs:
+    def phase(self, send_to: Sequence[int], recv_from: Sequence[int]) -> Optional["_RoutedPhase"]:
+        """A phase of sends to ``send_to`` and receives from ``recv_from`` bound once, through the sub-transport that
+        reaches every one of them (tcp's ``phase``: see ``transport._tcp_phase``), shm progress driven while it
+        reads; None where no sub-transport binds it (post and wait as usual)."""
+        t = self._per_peer.get(recv_from[0]) if recv_from else None
+        bind = getattr(t, "phase", None)
+        if t is None or bind is None or any(self._per_peer.get(p) is not t for p in (*send_to, *recv_from)):
             return None
-        t = self._per_peer.get(recvs[0][0])
-        ex = getattr(t, "exchange", None)
-        if t is None or ex is None or any(self._per_peer.get(q[0]) is not t for q in (*sends, *recvs)):
-            return None
-        got = ex(sends, recvs, deadline, *self._progress())
-        return None if got is None else ([self._wrap(t, q) for q in got[0]], [self._wrap(t, q) for q in got[1]])
+        inner = bind(send_to, recv_from)
+        return None if inner is None else _RoutedPhase(self, t, inner)
 
     def _direct_slice(self, snap: int) -> float:
         """How long a tcp waiter may read its socket before the next shm progress pass.
@@ -426,3 +420,23 @@ class RouterTransport(Transport):
 
     def __repr__(self) -> str:
         return f"<RouterTransport rank {self.rank} of {self.world_size}: {', '.join(t.kind for t in self._subs)}>"
+
+
+class _RoutedPhase:
+    """A sub-transport's bound phase seen through the router: ``run`` drives shm progress between the compiled
+    read's slices, and a receive or send left to wait is waited for as the router's request (shm progress too)."""
+
+    __slots__ = ("router", "t", "inner")
+
+    def __init__(self, router: RouterTransport, t: Transport, inner: Any) -> None:
+        self.router, self.t, self.inner = router, t, inner
+
+    def run(self, tag: int, sends: Sequence[Buffer], recvs: Sequence[Buffer], deadline: Any) -> Optional[List[Request]]:
+        """The bound phase's ``run`` (None: nothing done, post and wait as usual)."""
+        r = self.router
+        if r._closed:
+            return None
+        return self.inner.run(tag, sends, recvs, deadline, r._progress, self._wrap)  # type: ignore[no-any-return]
+
+    def _wrap(self, q: Request) -> Request:
+        return self.router._wrap(self.t, q)

@@ -37,10 +37,10 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Union
 
 from ..config import TcpOptions
-from ..deadline import Deadline, as_deadline
+from ..deadline import as_deadline
 from ..errors import (
     AuthenticationError,
     BrokenError,
@@ -63,8 +63,9 @@ from ..protocol.frames import (
 from . import _tcp_read
 from ._engine import RecvReq, SendReq, Unexpected
 from ._engine import delete_key_quiet as _delete_key
-from ._tcp_read import _MAXC, _PROG, TcpReading, _Conn
-from .base import CompletedRequest, Request, Status, as_writable_view
+from ._tcp_phase import TcpPhase
+from ._tcp_read import _MAXC, TcpReading, _Conn
+from .base import CompletedRequest, Request, Status
 
 __all__ = ["TcpTransport"]
 
@@ -304,61 +305,23 @@ class TcpTransport(TcpReading):
             self._conns[peer] = _Conn(peer, s, where)
 
     # -- one phase of a stage between hosts -----------------------------------------------------
-    def exchange(
-        self,
-        sends: Sequence[Tuple[int, int, Any]],
-        recvs: Sequence[Tuple[int, int, Any]],
-        deadline: Optional[Deadline],
-        slice_for: Optional[Callable[[], float]] = None,
-        between: Optional[Callable[[], None]] = None,
-    ) -> Optional[Tuple[List[Request], List[RecvReq]]]:
-        """One phase of a collective between hosts in one call: claim the receives ``recvs`` ((source, tag,
-        buffer), distinct sources), send ``sends`` ((destination, tag, buffer)), then read every receive in
-        compiled calls (``slice_for()``: how long to read before ``between()`` runs, as in :meth:`wait_many`).
-
-        The receives skip the engine's matching: each is claimed straight into ``_inflight`` with its connection's
-        role, which needs the role free, the decoder at a message boundary, no message of that tag unexpected or
-        posted, and no peer failed.  Where any of that does not hold, or the compiled read was not built, nothing
-        is done and None is returned (the caller posts and waits as usual).  Else (the sends' requests, the
-        receives): the sends made by :meth:`isend` (its checks and errors), each receive finished or handed back
-        to the decoder exactly as :meth:`wait_many` hands it back, so its ``wait`` reports the outcome.
-        """
-        if not _tcp_read.compiled_read() or not self._native or len(recvs) > _MAXC:
+    def phase(self, send_to: Sequence[int], recv_from: Sequence[int]) -> Optional[TcpPhase]:
+        """A phase of sends to ``send_to`` and receives from ``recv_from`` (distinct ranks each) bound once: see
+        :mod:`._tcp_phase`.  None where a rank is not a connected peer or the compiled read was not built (or
+        ``PROCGROUP_NATIVE=0``), or more receives than one compiled read takes: post and wait as usual."""
+        if not _tcp_read.compiled_read() or not self._native or len(recv_from) > _MAXC:
             return None
-        taken: List[Tuple[_Conn, RecvReq]] = []
-        held: List[_Conn] = []
-        try:
-            for src, tag, out in recvs:
-                c = self._conns.get(src)
-                if c is None or c.dead or c in held or not self._take(c):
-                    return None
-                held.append(c)
-                if c.dec is None or not c.dec.at_boundary or c.rx is not None:
-                    return None
-                taken.append((c, RecvReq(self, src, tag, as_writable_view(out))))
-            with self._lock:
-                if self._closed or self._aborted is not None or self._failed:
-                    return None
-                for c, req in taken:
-                    if c.peer in self._inflight or self._unexpected.get(req.tag) or self._posted.get(req.tag):
-                        return None
-                for c, req in taken:
-                    self._inflight[c.peer] = req
-            held = []
-        finally:
-            for c in held:
-                self._give(c)
-        try:
-            sent = [self.isend(dst, tag, data) for dst, tag, data in sends]
-        except BaseException:  # a peer failed, or a bad send: the receives go back to the decoder first
-            self._settle_many(taken, bytearray(24 * len(taken)), [0] * (_PROG * len(taken)))
-            raise
-        self._read_taken(taken, deadline, slice_for, between)
-        return sent, [req for _, req in taken]
+        if len(set(recv_from)) != len(recv_from) or any(p not in self._conns for p in (*send_to, *recv_from)):
+            return None
+        return TcpPhase(self, send_to, recv_from)
 
     # -- sending -------------------------------------------------------------------------------
     def _send_remote(self, dst: int, tag: int, view: memoryview) -> Request:
-        c = self._conns[dst]
+        return self._send_now(self._conns[dst], tag, view) or CompletedRequest(Status(dst, view.nbytes))
+
+    def _send_now(self, c: _Conn, tag: int, view: memoryview) -> Optional[Request]:
+        """Send one message to ``c``'s peer: None where the kernel took all of it at once (``MSG_DONTWAIT``), else
+        the request the writer thread finishes; raises PeerFailureError where the connection is lost."""
         n = view.nbytes
         if n > self._max_frame:
             return self._send_multi(c, tag, view)
@@ -366,7 +329,9 @@ class TcpTransport(TcpReading):
         err: Optional[OSError] = None
         with c.send_lock:
             if c.broken is not None:
-                raise PeerFailureError(f"rank {self.rank}: send to rank {dst} (tag {tag}) failed: {c.broken}", peer=dst)
+                raise PeerFailureError(
+                    f"rank {self.rank}: send to rank {c.peer} (tag {tag}) failed: {c.broken}", peer=c.peer
+                )
             sent = 0
             if not c.queue:
                 try:
@@ -376,15 +341,15 @@ class TcpTransport(TcpReading):
                 except OSError as e:
                     err = e
                 if err is None and sent == HEADER_SIZE + n:
-                    return CompletedRequest(Status(dst, n))
+                    return None
             if err is None:
-                req = SendReq(self, dst, tag, view)
+                req = SendReq(self, c.peer, tag, view)
                 req.extra = _Outgoing([hdr, view], sent)
                 self._enqueue(c, req)
                 return req
         reason = self._lost_reason(c, err)
         self._conn_lost(c, reason)
-        raise PeerFailureError(f"rank {self.rank}: send to rank {dst} (tag {tag}) failed: {reason}", peer=dst)
+        raise PeerFailureError(f"rank {self.rank}: send to rank {c.peer} (tag {tag}) failed: {reason}", peer=c.peer)
 
     def _send_multi(self, c: _Conn, tag: int, view: memoryview) -> Request:
         parts: List[Union[bytes, memoryview]] = []
