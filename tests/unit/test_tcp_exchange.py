@@ -1,15 +1,17 @@
-"""TCP: one phase of a stage between hosts in one call, bound once (``TcpTransport.phase``, ``Comm.phase``; issue 14).
+"""TCP: the phases of a stage between hosts, one call each, bound once (``TcpTransport.phases``, ``Comm.phases``;
+issue 14).
 
-Ranks are threads over real sockets (``_form``).  A bound phase's ``start`` claims the receives with their
-connections' reading roles, sends, and reads every receive with the compiled ``read_frames``; where it cannot claim
-them (the compiled read not built, a role taken, an earlier message of the tag already read) it does nothing and
-returns None.
+Ranks are threads over real sockets (``_form``).  A bound phase's ``start`` claims the connections' reading roles
+(kept until ``end()``), sends, and reads every receive with the compiled ``read_frames``; where it cannot claim them
+(the compiled read not built, a role taken, an earlier message of the tag already read) it does nothing and returns
+None.
 Raw frames written into a peer's socket reach every hand-back: another tag first, EOF mid-message, the deadline.
 The messages on the wire are those of ``isend``, so a rank on the usual path meets a rank on this one.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any, Iterator, List
@@ -25,7 +27,7 @@ from procgroup.errors import DistTimeoutError, PeerFailureError
 from procgroup.ops import ReduceOp, reducer
 from procgroup.protocol.frames import encode_header
 from procgroup.transport import _tcp_read
-from procgroup.transport._tcp_phase import TcpPhase
+from procgroup.transport._tcp_phase import TcpPhases
 
 from .test_tcp_wait_many import _Counting
 from .test_transport_conformance import _form
@@ -53,13 +55,16 @@ def world() -> Iterator[List[Any]]:
 
 
 def _exchange(t: Any, sends: List[Any], recvs: List[Any], dl: Any) -> Any:
-    """``(sends' requests, receives)`` of a phase of ``sends`` / ``recvs`` ((rank, tag, buffer), one tag) bound on
-    ``t``, or None where it was not taken."""
-    ph = t.phase([d for d, _, _ in sends], [s for s, _, _ in recvs])
+    """``(sends' requests, receives not arrived whole)`` of a phase of ``sends`` / ``recvs`` ((rank, tag, buffer),
+    one tag) bound on ``t``, or None where it was not taken; the roles given back after it."""
+    ph = t.phases([d for d, _, _ in sends], [s for s, _, _ in recvs])
     assert ph is not None
     tag = (sends or recvs)[0][1]
     assert all(q[1] == tag for q in sends + recvs)
-    return ph.start(tag, [b for _, _, b in sends], [o for _, _, o in recvs], dl)
+    try:
+        return ph.start(tag, [b for _, _, b in sends], [o for _, _, o in recvs], dl)
+    finally:
+        ph.end()
 
 
 def _frame(tag: int, payload: bytes) -> bytes:
@@ -168,7 +173,7 @@ def test_a_message_of_another_tag_first_is_handed_back_and_the_phase_completes(
     th.start()
     dl = Deadline.after(10)
     got = _exchange(t1, [], [(0, TAG, a), (2, TAG, b)], dl)
-    assert got is not None
+    assert got is not None and got[1]  # the message of the other tag: handed back, its receive waited for
     for q in got[1]:
         q.wait(dl)
     th.join()
@@ -208,8 +213,8 @@ def test_eof_in_the_middle_of_a_message_fails_the_peer(world: List[Any], countin
 
 
 def test_the_direct_all_reduce_takes_one_call_a_phase(world: List[Any], counting: _Counting) -> None:
-    """``allreduce_direct_rsag`` over Comms of tcp transports: both phases through a bound phase, every dtype's
-    sum in closed form, and the same result as the message path (no phase bound)."""
+    """``allreduce_direct_rsag`` over Comms of tcp transports: both phases through the bound phases, every dtype's
+    sum in closed form, and the same result as the message path (no phases bound)."""
     for dt in ("int32", "float64", "uint8"):
         for fast in (True, False):
             n = 30_001
@@ -220,21 +225,21 @@ def test_the_direct_all_reduce_takes_one_call_a_phase(world: List[Any], counting
                 allreduce_direct_rsag(c, buf, reducer(ReduceOp.SUM, dt))
                 return buf
 
-            real, real_start, taken = Comm.phase, TcpPhase.start, []
+            real, real_start, taken = Comm.phases, TcpPhases.start, []
 
             def start(self: Any, *a: Any, _real: Any = real_start, _taken: List[bool] = taken) -> Any:
                 got = _real(self, *a)
                 _taken.append(got is not None)
                 return got
 
-            TcpPhase.start = start  # type: ignore[method-assign]
+            TcpPhases.start = start  # type: ignore[method-assign]
             if not fast:
-                Comm.phase = lambda *a, **k: None  # type: ignore[method-assign,assignment]
+                Comm.phases = lambda *a, **k: None  # type: ignore[method-assign,assignment]
             try:
                 outs = _run([lambda r=r: rank(r) for r in range(3)])
             finally:
-                Comm.phase = real  # type: ignore[method-assign]
-                TcpPhase.start = real_start  # type: ignore[method-assign]
+                Comm.phases = real  # type: ignore[method-assign]
+                TcpPhases.start = real_start  # type: ignore[method-assign]
             want = (3 * (np.arange(n) % 50) + 3).astype(dt)
             for o in outs:
                 assert np.array_equal(o, want), (dt, fast)
@@ -243,7 +248,8 @@ def test_the_direct_all_reduce_takes_one_call_a_phase(world: List[Any], counting
 
 def test_a_comm_binds_each_phase_once_and_its_later_calls_reuse_it(world: List[Any], counting: _Counting) -> None:
     """A plan's Comm keeps its bound phases: later calls (a new tag and deadline each, as the group sets them) run
-    through the same objects, with the call's own tag on the wire, and a sub-group binds through its parent."""
+    through the same objects, with the call's own tag on the wire, and a sub-group binds through its parent; no
+    role stays claimed after a call."""
     comms = [Comm(world[r], list(range(3)), r, 1 << 20, Deadline.after(20)) for r in range(3)]
     subs = [SubComm(c, [2, 0, 1], 2 * SPAN) for c in comms]  # the leaders' sub-group of a hierarchical call
     n = 9_000
@@ -264,11 +270,91 @@ def test_a_comm_binds_each_phase_once_and_its_later_calls_reuse_it(world: List[A
         for o in outs:
             assert np.array_equal(o, want), call
         bound.append([dict(c._phases) for c in comms])
-    # both phases bound (the first call may find a peer's message read already: its second phase then goes as
-    # messages), and every later call runs through the objects an earlier one bound
-    assert all(len(b) == 4 and all(v is not None for v in b.values()) for b in bound[-1])
-    assert all(len(s._phases) == 2 and set(s._phases.values()) <= set(c._phases.values()) for s, c in zip(subs, comms))
+    # bound once (the Comm's own peers and, where the sub-group orders them differently, the sub-group's), every
+    # later call through the objects an earlier one bound, the sub-group's through its parent's
+    assert all(1 <= len(b) <= 2 and all(v is not None for v in b.values()) for b in bound[-1])
+    inner = [{id(v.inner) for v in c._phases.values()} for c in comms]
+    assert all(len(s._phases) == 1 and {id(v.inner) for v in s._phases.values()} <= i for s, i in zip(subs, inner))
     assert all(bound[-1][r][key] is b[r][key] for b in bound for r in range(3) for key in b[r])
+    assert not any(c.role.locked() for t in world for c in t._conns.values())
     # nothing of any call is left behind: no unexpected message, no posted receive, no connection in flight
     for t in world:
         assert not t._unexpected and not t._posted and not t._inflight
+
+
+def test_the_roles_stay_claimed_between_phases_until_end(world: List[Any], counting: _Counting) -> None:
+    """After a phase whose messages all arrived, its connections stay claimed (nobody else reads them, so the next
+    phase needs no new claim); ``end()`` gives them back, and a usual receive then reads the connection."""
+    n = 5000
+    phs = [world[r].phases([(r + 1) % 3, (r + 2) % 3], [(r + 1) % 3, (r + 2) % 3]) for r in range(3)]
+
+    def rank(r: int) -> Any:
+        outs = [np.zeros(n, np.uint8), np.zeros(n, np.uint8)]
+        for k in range(2):
+            sends = [np.full(n, 10 * r + k, np.uint8)] * 2
+            got = phs[r].start(TAG + k, sends, outs, Deadline.after(10))
+            assert got is not None and got == ([], []), got
+            assert all(c.role.locked() for c in phs[r].rconns)
+            assert [int(o[0]) for o in outs] == [10 * ((r + 1) % 3) + k, 10 * ((r + 2) % 3) + k]
+        return True
+
+    # claimed before any message flies (fresh connections are the watcher's: it would read an early message)
+    assert all(ph._claim() for ph in phs)
+    try:
+        assert _run([lambda r=r: rank(r) for r in range(3)]) == [True] * 3
+    finally:
+        for ph in phs:
+            ph.end()
+    assert not any(c.role.locked() for t in world for c in t._conns.values())
+    world[0].isend(1, TAG + 9, b"after").wait(Deadline.after(5))
+    out = bytearray(5)
+    assert world[1].irecv(0, TAG + 9, out).wait(Deadline.after(5)).nbytes == 5 and bytes(out) == b"after"
+
+
+def test_an_abort_during_a_phase_fails_it_at_once_with_the_abort_error(world: List[Any], counting: _Counting) -> None:
+    err = RuntimeError("aborted by the test")
+    threading.Timer(0.2, lambda: world[1].abort(err)).start()
+    ph = world[1].phases([], [0, 2])
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="aborted by the test"):
+        ph.run(TAG, [], [bytearray(8), bytearray(8)], Deadline.after(20))
+    assert time.monotonic() - t0 < 5
+    assert not ph.held and not any(c.role.locked() for c in world[1]._conns.values())
+
+
+def test_read_frames_holds_a_finished_connection_while_it_sleeps_for_another() -> None:
+    """``read_frames(..., hold=True)`` sleeps for the pending socket with a finished one kept (it returns once all
+    arrived); without ``hold`` it returns 3 first, so the caller can give the finished connection back."""
+    if _tcp_read._tcpwait is None:
+        pytest.skip("the compiled _tcpwait was not built")
+    import socket
+
+    for hold in (False, True):
+        pairs = [socket.socketpair() for _ in range(2)]
+        try:
+            pairs[0][1].sendall(_frame(TAG, b"first"))
+            later = threading.Timer(0.1, lambda p=pairs: p[1][1].sendall(_frame(TAG, b"later")))
+            later.start()
+            outs = (bytearray(5), bytearray(5))
+            prog = np.zeros(10, np.int64)
+            fds = tuple(p[0].fileno() for p in pairs)
+            r, w = os.pipe()
+            try:
+                code = _tcp_read._tcpwait.read_frames(fds, (TAG, TAG), outs, bytearray(48), prog, 0, 5 * 10**9, r, hold)
+                if not hold:  # the finished one first; then the caller waits for the pending one alone
+                    assert code == 3 and prog[0] == 1 and prog[5] == 0, (code, prog)
+                    rest = np.zeros(5, np.int64)
+                    code = _tcp_read._tcpwait.read_frames(
+                        fds[1:], (TAG,), outs[1:], bytearray(24), rest, 0, 5 * 10**9, r
+                    )
+                    prog[5:] = rest
+                assert code == 0 and prog[0] == 1 and prog[5] == 1, (hold, code, prog)
+                assert bytes(outs[0]) == b"first" and bytes(outs[1]) == b"later"
+            finally:
+                later.join()
+                os.close(r)
+                os.close(w)
+        finally:
+            for a, b in pairs:
+                a.close()
+                b.close()

@@ -188,16 +188,17 @@ class SubComm(Messaging):
         f = getattr(self.parent, "_wait_many", None)
         return f() if f is not None else None
 
-    def phase(self, send_to: Sequence[int], recv_from: Sequence[int], step: int = 0) -> Any:
-        """The parent's ``phase`` with this sub-group's ranks and steps (bound once per sub-group)."""
-        key = (tuple(send_to), tuple(recv_from), step)
+    def phases(self, send_to: Sequence[int], recv_from: Sequence[int]) -> Any:
+        """The parent's ``phases`` with this sub-group's ranks, at its steps (bound once per sub-group)."""
+        key = (tuple(send_to), tuple(recv_from))
         try:
             return self._phases[key]
         except KeyError:
             pass
-        f = getattr(self.parent, "phase", None)
+        f = getattr(self.parent, "phases", None)
         m = self.members
-        ph = f([m[p] for p in send_to], [m[p] for p in recv_from], self.step_base + step) if f is not None else None
+        ph = f([m[p] for p in send_to], [m[p] for p in recv_from]) if f is not None else None
+        ph = ph.at(self.step_base) if ph is not None else None
         self._phases[key] = ph
         return ph
 

@@ -29,7 +29,7 @@ import numpy as np
 from ..deadline import Deadline
 from ..transport.base import Arena, Buffer, Request, Status, Transport
 
-__all__ = ["Comm", "Messaging", "Phase", "ScratchPool", "STEP_BITS"]
+__all__ = ["Comm", "Messaging", "Phases", "ScratchPool", "STEP_BITS"]
 
 STEP_BITS = 16
 _STEP_LIMIT = 1 << STEP_BITS
@@ -87,14 +87,15 @@ class Messaging:
         """The transport's ``wait_many`` (see :meth:`wait_all`), or None."""
         return None
 
-    def phase(self, send_to: Sequence[int], recv_from: Sequence[int], step: int = 0) -> Optional["Phase"]:
-        """A phase bound once: sends to each peer of ``send_to`` and receives from each of ``recv_from`` (distinct
-        peers), all at ``step``, in one call from the algorithm where the transport has one (tcp between hosts: the
-        receives claimed and read in compiled calls, none of the per-message layers).  ``phase.run(sends, recvs)``
-        (buffers in the order of the peers) waits for the receives and returns the sends still pending (wait for
-        them before reusing their buffers), or None where it could not take that call (nothing done: post and wait
-        as usual).  None where there is no such call.  The messages on the wire are those of ``isend`` / ``irecv``,
-        so peers may take either path."""
+    def phases(self, send_to: Sequence[int], recv_from: Sequence[int]) -> Optional["Phases"]:
+        """Phases bound once: each sends to every peer of ``send_to`` and receives from every one of ``recv_from``
+        (distinct peers), all at one step, in one call from the algorithm where the transport has one (tcp between
+        hosts: the receives read in compiled calls, none of the per-message layers).  ``phases.run(step, sends,
+        recvs)`` (buffers in the order of the peers) waits for the receives and returns the sends still pending
+        (wait for them before reusing their buffers), or None where it could not take that call (nothing done:
+        post and wait as usual); ``phases.end()`` after the call's last phase (the connections stay claimed
+        between phases).  None where there is no such call.  The messages on the wire are those of ``isend`` /
+        ``irecv``, so peers may take either path."""
         return None
 
     def recv(self, peer: int, out: Buffer, step: int = 0) -> Status:
@@ -149,7 +150,7 @@ class Comm(Messaging):
         #: when the group spans hosts: the shared slots of its members on this host (members in group order), used
         #: by the host-local stages of the hierarchical all_reduce; else None
         self.host_arena = host_arena
-        self._phases: Dict[Tuple[Tuple[int, ...], Tuple[int, ...], int], Optional[Phase]] = {}
+        self._phases: Dict[Tuple[Tuple[int, ...], Tuple[int, ...]], Optional[Phases]] = {}
 
     def check_word(self) -> int:
         """What the members of this call agree on (sequence number and fingerprint), as a u32 for the arena."""
@@ -170,18 +171,17 @@ class Comm(Messaging):
     def irecv(self, peer: int, out: Buffer, step: int = 0) -> Request:
         return self.transport.irecv(self.ranks[peer], self._t(step), out)
 
-    def phase(self, send_to: Sequence[int], recv_from: Sequence[int], step: int = 0) -> Optional["Phase"]:
-        """:meth:`Messaging.phase` through the transport's ``phase`` (the router's, tcp's), bound once per peers and
-        step for this Comm (its calls reuse it: the tag and deadline are read at each ``run``)."""
-        key = (tuple(send_to), tuple(recv_from), step)
+    def phases(self, send_to: Sequence[int], recv_from: Sequence[int]) -> Optional["Phases"]:
+        """:meth:`Messaging.phases` through the transport's ``phases`` (the router's, tcp's), bound once per peers
+        for this Comm (its calls reuse them: the tag and deadline are read at each ``run``)."""
+        key = (tuple(send_to), tuple(recv_from))
         try:
             return self._phases[key]
         except KeyError:
             pass
-        self._t(step)  # its range
-        bind = getattr(self.transport, "phase", None)
+        bind = getattr(self.transport, "phases", None)
         inner = bind([self.ranks[p] for p in send_to], [self.ranks[p] for p in recv_from]) if bind else None
-        ph = None if inner is None else Phase(self, inner, step)
+        ph = None if inner is None else Phases(self, inner, 0)
         self._phases[key] = ph
         return ph
 
@@ -193,17 +193,23 @@ class Comm(Messaging):
         return self.ranks[group_rank]
 
 
-class Phase:
-    """A transport's bound phase (``run(tag, sends, recvs, deadline)``) at one step of a Comm: see
-    :meth:`Messaging.phase`."""
+class Phases:
+    """A transport's bound phases (``run(tag, sends, recvs, deadline)``, ``end()``) on a Comm, at steps from
+    ``base`` on: see :meth:`Messaging.phases`."""
 
-    __slots__ = ("comm", "inner", "step")
+    __slots__ = ("comm", "inner", "base", "end")
 
-    def __init__(self, comm: Comm, inner: Any, step: int) -> None:
-        self.comm, self.inner, self.step = comm, inner, step
+    def __init__(self, comm: Comm, inner: Any, base: int) -> None:
+        self.comm, self.inner, self.base = comm, inner, base
+        #: give the connections back (after the call's last phase, and on any way out of the call)
+        self.end: Callable[[], None] = inner.end
 
-    def run(self, sends: Sequence[Buffer], recvs: Sequence[Buffer]) -> Optional[List[Request]]:
-        """Send ``sends`` and receive into ``recvs`` (in the order of the bound peers) at the Comm's current call;
-        the sends still pending, or None where nothing was done (post and wait as usual)."""
+    def at(self, base: int) -> "Phases":
+        """The same phases at steps from ``base`` on (a sub-group's range)."""
+        return Phases(self.comm, self.inner, self.base + base)
+
+    def run(self, step: int, sends: Sequence[Buffer], recvs: Sequence[Buffer]) -> Optional[List[Request]]:
+        """Send ``sends`` and receive into ``recvs`` (in the order of the bound peers) at ``step`` of the Comm's
+        current call; the sends still pending, or None where nothing was done (post and wait as usual)."""
         c = self.comm
-        return self.inner.run(c.tag | self.step, sends, recvs, c.deadline)
+        return self.inner.run(c._t(self.base + step), sends, recvs, c.deadline)

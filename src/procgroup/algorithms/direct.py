@@ -89,17 +89,22 @@ def allreduce_direct_rsag(comm: Any, buf: np.ndarray, reduce: Kernel) -> None:
         return tmp[k * m : (k + 1) * m]
 
     peers = [(r + k) % p for k in range(1, p)]
-    bind: Any = getattr(comm, "phase", None)
-    rs = bind(peers, peers, _RS) if bind is not None and m and all(offs[j + 1] > offs[j] for j in peers) else None
-    if rs is not None:
-        # both phases in one call each, bound once (tcp between hosts: no per-message layers)
+    bind: Any = getattr(comm, "phases", None)
+    ex = bind(peers, peers) if bind is not None and m and all(offs[j + 1] > offs[j] for j in peers) else None
+    if ex is not None:
+        # both phases in one call each, bound once (tcp between hosts: no per-message layers); the connections
+        # stay claimed from the first phase to end()
         blocks = [u8(buf[offs[j] : offs[j + 1]]) for j in peers]
-        sent = rs.run(blocks, [u8(slot(j)) for j in peers])
+        try:
+            sent = ex.run(_RS, blocks, [u8(slot(j)) for j in peers])
+            if sent is not None:
+                for j in peers:
+                    reduce(mine, slot(j))
+                own = u8(mine)
+                got = ex.run(_AG, [own] * len(peers), blocks)
+        finally:
+            ex.end()
         if sent is not None:
-            for j in peers:
-                reduce(mine, slot(j))
-            own, ag = u8(mine), bind(peers, peers, _AG)
-            got = ag.run([own] * len(peers), blocks) if ag is not None else None
             if got is None:  # the phase goes as messages
                 back = [comm.irecv(j, b, _AG) for j, b in zip(peers, blocks)]
                 got = [comm.isend(j, own, _AG) for j in peers]

@@ -61,11 +61,17 @@ except ImportError:  # pragma: no cover - depends on the build
 
 
 def compiled_read() -> bool:
-    """Whether the compiled read of several sockets (``_tcpwait``) was built (``TcpTransport.phase`` needs it)."""
+    """Whether the compiled read of several sockets (``_tcpwait``) was built (``TcpTransport.phases`` needs it)."""
     return _tcpwait is not None
 
 
-__all__ = ["TcpReading", "compiled_read"]
+def read_frames() -> Callable[..., int]:
+    """The compiled ``read_frames`` (see ``_tcpwait.c``); only where :func:`compiled_read`."""
+    assert _tcpwait is not None
+    return _tcpwait.read_frames
+
+
+__all__ = ["TcpReading", "compiled_read", "read_frames"]
 
 logger = logging.getLogger("procgroup.transport")
 

@@ -1,6 +1,6 @@
 /* The TCP transport's compiled wait for several receives at once (optional; see _tcp_many.py).
 
-   read_frames(fds, tags, outs, hdr, prog, spin_ns, slice_ns, wake_fd) -> 0 | 1 | 2
+   read_frames(fds, tags, outs, hdr, prog, spin_ns, slice_ns, wake_fd[, hold]) -> 0 | 1 | 2 | 3
 
    Reads, with the GIL released, one single-frame message from each socket fds[i] straight into outs[i]: the
    24-byte frame header (protocol/frames.py) into hdr[24 i:], then exactly its payload.  It never reads a byte
@@ -17,7 +17,9 @@
    handler runs), 2 when wake_fd turned readable (or was closed), 3 when some connections are finished while
    others are still pending: at once for a diverted one, else when the spin is over and it would sleep.  The
    caller then gives the finished connections back (another thread may wait for one) and calls again with the
-   pending ones, so a connection is never held while this call sleeps for another.
+   pending ones, so a connection is never held while this call sleeps for another.  With hold true (a caller that
+   keeps every connection's role for the whole call anyway) it sleeps for the pending ones instead; a diverted
+   connection still returns 3 at once.
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -115,12 +117,12 @@ static PyObject *read_frames(PyObject *self, PyObject *args) {
     PyObject *fds_o, *tags_o, *outs_o;
     Py_buffer hdr, prog, outs[MAXC];
     long long spin_ns, slice_ns;
-    int wake_fd, fds[MAXC], code = R_SLICE;
+    int wake_fd, hold = 0, fds[MAXC], code = R_SLICE;
     unsigned long long tags[MAXC];
     Py_ssize_t n, i, held = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!O!O!w*w*LLi", &PyTuple_Type, &fds_o, &PyTuple_Type, &tags_o, &PyTuple_Type, &outs_o,
-                          &hdr, &prog, &spin_ns, &slice_ns, &wake_fd))
+    if (!PyArg_ParseTuple(args, "O!O!O!w*w*LLi|p", &PyTuple_Type, &fds_o, &PyTuple_Type, &tags_o, &PyTuple_Type,
+                          &outs_o, &hdr, &prog, &spin_ns, &slice_ns, &wake_fd, &hold))
         return NULL;
     n = PyTuple_GET_SIZE(fds_o);
     if (n > MAXC || PyTuple_GET_SIZE(tags_o) != n || PyTuple_GET_SIZE(outs_o) != n || hdr.len < HDR * n ||
@@ -172,7 +174,7 @@ static PyObject *read_frames(PyObject *self, PyObject *args) {
                 sched_yield();
                 continue;
             }
-            if (pending < n) { /* about to sleep: give the finished connections back first */
+            if (pending < n && !hold) { /* about to sleep: give the finished connections back first */
                 code = R_PARTIAL;
                 break;
             }
@@ -205,7 +207,7 @@ fail:
 
 static PyMethodDef methods[] = {
     {"read_frames", read_frames, METH_VARARGS,
-     "read_frames(fds, tags, outs, hdr, prog, spin_ns, slice_ns, wake_fd) -> 0 (none pending), 1 (slice over), "
+     "read_frames(fds, tags, outs, hdr, prog, spin_ns, slice_ns, wake_fd[, hold]) -> 0 (none pending), 1 (slice over), "
      "2 (woken), 3 (some finished, some pending): one single-frame message from each socket into its buffer, the GIL released (see the source)."},
     {NULL, NULL, 0, NULL},
 };

@@ -9,5 +9,6 @@ def read_frames(
     spin_ns: int,
     slice_ns: int,
     wake_fd: int,
+    hold: bool = ...,
     /,
 ) -> int: ...

@@ -369,16 +369,16 @@ class RouterTransport(Transport):
 
         return (lambda: self._direct_slice(snap[0])), between
 
-    def phase(self, send_to: Sequence[int], recv_from: Sequence[int]) -> Optional["_RoutedPhase"]:
-        """A phase of sends to ``send_to`` and receives from ``recv_from`` bound once, through the sub-transport that
-        reaches every one of them (tcp's ``phase``: see ``transport._tcp_phase``), shm progress driven while it
-        reads; None where no sub-transport binds it (post and wait as usual)."""
+    def phases(self, send_to: Sequence[int], recv_from: Sequence[int]) -> Optional["_RoutedPhases"]:
+        """Phases of sends to ``send_to`` and receives from ``recv_from`` bound once, through the sub-transport that
+        reaches every one of them (tcp's ``phases``: see ``transport._tcp_phase``), shm progress driven while it
+        reads; None where no sub-transport binds them (post and wait as usual)."""
         t = self._per_peer.get(recv_from[0]) if recv_from else None
-        bind = getattr(t, "phase", None)
+        bind = getattr(t, "phases", None)
         if t is None or bind is None or any(self._per_peer.get(p) is not t for p in (*send_to, *recv_from)):
             return None
         inner = bind(send_to, recv_from)
-        return None if inner is None else _RoutedPhase(self, t, inner)
+        return None if inner is None else _RoutedPhases(self, t, inner)
 
     def _direct_slice(self, snap: int) -> float:
         """How long a tcp waiter may read its socket before the next shm progress pass.
@@ -422,19 +422,21 @@ class RouterTransport(Transport):
         return f"<RouterTransport rank {self.rank} of {self.world_size}: {', '.join(t.kind for t in self._subs)}>"
 
 
-class _RoutedPhase:
-    """A sub-transport's bound phase seen through the router: ``run`` drives shm progress between the compiled
+class _RoutedPhases:
+    """A sub-transport's bound phases seen through the router: ``run`` drives shm progress between the compiled
     read's slices, and a receive or send left to wait is waited for as the router's request (shm progress too)."""
 
-    __slots__ = ("router", "t", "inner")
+    __slots__ = ("router", "t", "inner", "end")
 
     def __init__(self, router: RouterTransport, t: Transport, inner: Any) -> None:
         self.router, self.t, self.inner = router, t, inner
+        self.end: Callable[[], None] = inner.end
 
     def run(self, tag: int, sends: Sequence[Buffer], recvs: Sequence[Buffer], deadline: Any) -> Optional[List[Request]]:
-        """The bound phase's ``run`` (None: nothing done, post and wait as usual)."""
+        """The bound phases' ``run`` (None: nothing done, post and wait as usual)."""
         r = self.router
         if r._closed:
+            self.inner.end()
             return None
         return self.inner.run(tag, sends, recvs, deadline, r._progress, self._wrap)  # type: ignore[no-any-return]
 

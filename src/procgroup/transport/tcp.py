@@ -63,7 +63,7 @@ from ..protocol.frames import (
 from . import _tcp_read
 from ._engine import RecvReq, SendReq, Unexpected
 from ._engine import delete_key_quiet as _delete_key
-from ._tcp_phase import TcpPhase
+from ._tcp_phase import TcpPhases
 from ._tcp_read import _MAXC, TcpReading, _Conn
 from .base import CompletedRequest, Request, Status
 
@@ -305,15 +305,15 @@ class TcpTransport(TcpReading):
             self._conns[peer] = _Conn(peer, s, where)
 
     # -- one phase of a stage between hosts -----------------------------------------------------
-    def phase(self, send_to: Sequence[int], recv_from: Sequence[int]) -> Optional[TcpPhase]:
-        """A phase of sends to ``send_to`` and receives from ``recv_from`` (distinct ranks each) bound once: see
+    def phases(self, send_to: Sequence[int], recv_from: Sequence[int]) -> Optional[TcpPhases]:
+        """Phases of sends to ``send_to`` and receives from ``recv_from`` (distinct ranks each) bound once: see
         :mod:`._tcp_phase`.  None where a rank is not a connected peer or the compiled read was not built (or
         ``PROCGROUP_NATIVE=0``), or more receives than one compiled read takes: post and wait as usual."""
         if not _tcp_read.compiled_read() or not self._native or len(recv_from) > _MAXC:
             return None
         if len(set(recv_from)) != len(recv_from) or any(p not in self._conns for p in (*send_to, *recv_from)):
             return None
-        return TcpPhase(self, send_to, recv_from)
+        return TcpPhases(self, send_to, recv_from)
 
     # -- sending -------------------------------------------------------------------------------
     def _send_remote(self, dst: int, tag: int, view: memoryview) -> Request:
