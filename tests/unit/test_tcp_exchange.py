@@ -21,7 +21,7 @@ import pytest
 
 from procgroup.algorithms._util import SPAN, SubComm
 from procgroup.algorithms.comm import Comm
-from procgroup.algorithms.direct import allreduce_direct_rsag
+from procgroup.algorithms.direct import allreduce_direct, allreduce_direct_rsag
 from procgroup.deadline import Deadline
 from procgroup.errors import DistTimeoutError, PeerFailureError
 from procgroup.ops import ReduceOp, reducer
@@ -212,9 +212,10 @@ def test_eof_in_the_middle_of_a_message_fails_the_peer(world: List[Any], countin
         got[1][0].wait(dl)
 
 
-def test_the_direct_all_reduce_takes_one_call_a_phase(world: List[Any], counting: _Counting) -> None:
-    """``allreduce_direct_rsag`` over Comms of tcp transports: both phases through the bound phases, every dtype's
-    sum in closed form, and the same result as the message path (no phases bound)."""
+@pytest.mark.parametrize("alg", [allreduce_direct, allreduce_direct_rsag])
+def test_the_direct_all_reduce_takes_one_call_a_phase(world: List[Any], counting: _Counting, alg: Any) -> None:
+    """The direct all-reduces over Comms of tcp transports: every phase through the bound phases, every dtype's sum
+    in closed form, and the same result as the message path (no phases bound)."""
     for dt in ("int32", "float64", "uint8"):
         for fast in (True, False):
             n = 30_001
@@ -222,7 +223,7 @@ def test_the_direct_all_reduce_takes_one_call_a_phase(world: List[Any], counting
             def rank(r: int, dt: str = dt, n: int = n) -> Any:
                 c = Comm(world[r], list(range(3)), r, 1 << 20, Deadline.after(20))
                 buf = (np.arange(n) % 50 + r).astype(dt)
-                allreduce_direct_rsag(c, buf, reducer(ReduceOp.SUM, dt))
+                alg(c, buf, reducer(ReduceOp.SUM, dt))
                 return buf
 
             real, real_start, taken = Comm.phases, TcpPhases.start, []

@@ -52,9 +52,20 @@ def allreduce_direct(comm: Any, buf: np.ndarray, reduce: Kernel) -> None:
         k = j if j < r else j - 1
         return tmp[k * n : (k + 1) * n]
 
-    recvs = [comm.irecv(j, u8(slot(j)), _ALL) for j in range(p) if j != r]
-    sends: List[Optional[Request]] = [comm.isend(j, u8(buf), _ALL) for j in range(p) if j != r]
-    comm.wait_all(recvs)  # all at once (tcp: one compiled read of every socket)
+    peers = [j for j in range(p) if j != r]
+    bind: Any = getattr(comm, "phases", None)
+    ex = bind(peers, peers) if bind is not None else None
+    sent: Optional[List[Request]] = None
+    if ex is not None:  # the phase in one call, bound once (tcp between hosts: no per-message layers)
+        try:
+            sent = ex.run(_ALL, [u8(buf)] * len(peers), [u8(slot(j)) for j in peers])
+        finally:
+            ex.end()
+    sends: List[Optional[Request]] = list(sent) if sent is not None else []
+    if sent is None:
+        recvs = [comm.irecv(j, u8(slot(j)), _ALL) for j in peers]
+        sends = [comm.isend(j, u8(buf), _ALL) for j in peers]
+        comm.wait_all(recvs)  # all at once (tcp: one compiled read of every socket)
     acc: Optional[np.ndarray] = None  # x0 op ... op x(r-1), folded while our sends are in flight
     for j in range(r):
         if acc is None:
