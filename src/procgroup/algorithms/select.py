@@ -250,8 +250,10 @@ INTER_DIRECT_MAX_P = 8
 #: ahead of recursive doubling / ring (those 1.02-1.22x at 64 KiB-4 MiB).  Timed as whole jobs instead (pass
 #: 13, 3 netns hosts x 2 ranks, hierarchical all_reduce, 6 rounds alternating, slowest rank per call, median),
 #: direct reduce-scatter + all-gather against direct: 64 KiB 1.17x (0 of 6 rounds faster), 128 KiB 1.05x (3 of
-#: 6), 256 KiB 0.89x (5 of 6), 512 KiB 0.71x (6 of 6), 1 MiB 0.74x (6 of 6)
-INTER_DIRECT_SMALL = 128 * 1024
+#: 6), 256 KiB 0.89x (5 of 6), 512 KiB 0.71x (6 of 6), 1 MiB 0.74x (6 of 6).  Once both ran their phases through
+#: the bound phases (pass 17, ``Comm.phases``; the same whole-job A/B), direct reduce-scatter + all-gather against
+#: direct: 32 KiB 1.27x (0 of 6), 64 KiB 1.08x (2 of 6), 128 KiB 0.87x (6 of 6), 256 KiB 0.74x (6 of 6)
+INTER_DIRECT_SMALL = 64 * 1024
 #: ... and the direct reduce-scatter + all-gather up to here (bytes of the stage), the flat rows (ring) above:
 #: no limit, the same A/B at 4-16 MiB per rank (stages of 2-8 MiB) gave the ring 0.98-1.07x its time and
 #: 1.07-1.10x its CPU (a knob for hosts where many concurrent streams lose)
