@@ -359,3 +359,26 @@ def test_read_frames_holds_a_finished_connection_while_it_sleeps_for_another() -
             for a, b in pairs:
                 a.close()
                 b.close()
+
+
+def test_an_error_between_slices_hands_a_half_read_message_back_to_the_decoder(
+    world: List[Any], counting: _Counting
+) -> None:
+    """The router's progress pass (``between``) raising after a slice that read half a message: the error
+    propagates, the roles are given back, and the decoder goes on from the byte reached: the rest of that message
+    lands in its (abandoned) receive, and the next message on the connection arrives whole."""
+    frame = _frame(TAG, bytes(range(200)))
+    s = world[0]._conns[1].sock
+    s.sendall(frame[:100])  # the header and 76 payload bytes
+
+    def boom() -> None:
+        raise RuntimeError("progress failed")
+
+    ph = world[1].phases([], [0])
+    with pytest.raises(RuntimeError, match="progress failed"):
+        ph.start(TAG, [], [bytearray(200)], Deadline.after(10), lambda: 0.05, boom)
+    assert not ph.held and not world[1]._conns[0].role.locked()
+    s.sendall(frame[100:] + _frame(TAG + 1, b"next message"))
+    out = bytearray(12)
+    assert world[1].irecv(0, TAG + 1, out).wait(Deadline.after(10)).nbytes == 12
+    assert bytes(out) == b"next message"

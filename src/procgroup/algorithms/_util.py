@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..transport.base import Request
-from .comm import Messaging
+from .comm import Messaging, cached_phases
 
 __all__ = [
     "SLOT_TMP",
@@ -190,17 +190,13 @@ class SubComm(Messaging):
 
     def phases(self, send_to: Sequence[int], recv_from: Sequence[int]) -> Any:
         """The parent's ``phases`` with this sub-group's ranks, at its steps (bound once per sub-group)."""
-        key = (tuple(send_to), tuple(recv_from))
-        try:
-            return self._phases[key]
-        except KeyError:
-            pass
-        f = getattr(self.parent, "phases", None)
-        m = self.members
-        ph = f([m[p] for p in send_to], [m[p] for p in recv_from]) if f is not None else None
-        ph = ph.at(self.step_base) if ph is not None else None
-        self._phases[key] = ph
-        return ph
+
+        def bind() -> Any:
+            f, m = getattr(self.parent, "phases", None), self.members
+            ph = f([m[p] for p in send_to], [m[p] for p in recv_from]) if f is not None else None
+            return ph.at(self.step_base) if ph is not None else None
+
+        return cached_phases(self._phases, send_to, recv_from, bind)
 
 
 class HostComm(SubComm):

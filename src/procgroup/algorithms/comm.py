@@ -29,7 +29,7 @@ import numpy as np
 from ..deadline import Deadline
 from ..transport.base import Arena, Buffer, Request, Status, Transport
 
-__all__ = ["Comm", "Messaging", "Phases", "ScratchPool", "STEP_BITS"]
+__all__ = ["Comm", "Messaging", "Phases", "ScratchPool", "STEP_BITS", "cached_phases"]
 
 STEP_BITS = 16
 _STEP_LIMIT = 1 << STEP_BITS
@@ -174,16 +174,13 @@ class Comm(Messaging):
     def phases(self, send_to: Sequence[int], recv_from: Sequence[int]) -> Optional["Phases"]:
         """:meth:`Messaging.phases` through the transport's ``phases`` (the router's, tcp's), bound once per peers
         for this Comm (its calls reuse them: the tag and deadline are read at each ``run``)."""
-        key = (tuple(send_to), tuple(recv_from))
-        try:
-            return self._phases[key]
-        except KeyError:
-            pass
-        bind = getattr(self.transport, "phases", None)
-        inner = bind([self.ranks[p] for p in send_to], [self.ranks[p] for p in recv_from]) if bind else None
-        ph = None if inner is None else Phases(self, inner, 0)
-        self._phases[key] = ph
-        return ph
+
+        def bind() -> Optional[Phases]:
+            f = getattr(self.transport, "phases", None)
+            inner = f([self.ranks[p] for p in send_to], [self.ranks[p] for p in recv_from]) if f else None
+            return None if inner is None else Phases(self, inner, 0)
+
+        return cached_phases(self._phases, send_to, recv_from, bind)
 
     # -- resources ----------------------------------------------------------------
     def scratch(self, nbytes: int, slot: int = 0) -> np.ndarray:
@@ -191,6 +188,18 @@ class Comm(Messaging):
 
     def global_rank(self, group_rank: int) -> int:
         return self.ranks[group_rank]
+
+
+def cached_phases(
+    cache: Dict[Any, Any], send_to: Sequence[int], recv_from: Sequence[int], bind: Callable[[], Any]
+) -> Any:
+    """``cache``'s phases for these peers, bound by ``bind()`` (None too is kept: no such call) on first use."""
+    key = (tuple(send_to), tuple(recv_from))
+    try:
+        return cache[key]
+    except KeyError:
+        ph = cache[key] = bind()
+        return ph
 
 
 class Phases:

@@ -11,10 +11,11 @@ algorithm, without the per-message layers (the Comm, the router, the engine's ma
 * each phase checks that no message of its tag was read or posted already, **sends** each message with one
   non-blocking ``sendmsg`` (the writer thread takes any remainder, as ``isend``), and **reads** every receive in
   compiled calls (``read_frames``, straight into the buffers, never a byte past a message);
-* where every message arrived whole, that is all: no request objects, no lock.  Anything else (a message of
-  another tag first, EOF, a protocol violation, the deadline, an abort) hands every connection back to its decoder
-  at the exact byte reached, as :meth:`TcpReading.wait_many` does, and waits for the unfinished receives as
-  ``irecv``'s, with their usual errors; the roles are then given back.
+* where every message arrived whole, that is all: no request object, no hold of the transport lock.  Anything else
+  (a message of another tag first, EOF, a protocol violation, the deadline, an abort, an error in the caller's
+  progress pass) hands every connection back to its decoder at the exact byte reached, as
+  :meth:`TcpReading.wait_many` does, and waits for the unfinished receives as ``irecv``'s, with their usual errors;
+  the roles are then given back.
 
 Where a phase cannot be claimed, nothing is done and :meth:`TcpPhases.run` returns None: the caller posts and
 waits as usual.  The messages on the wire are those of ``isend``, so a peer on the usual path meets a rank on this
@@ -127,22 +128,26 @@ class TcpPhases:
         spin = int(t._spin * 1e9)
         tags = (tag,) * n
         code = _R_SLICE
-        while True:
-            s = _tcp_read._SLICE if slice_for is None else slice_for()
-            if deadline is not None:
-                rem = deadline.remaining()
-                if rem <= 0:
+        try:
+            while True:
+                s = _tcp_read._SLICE if slice_for is None else slice_for()
+                if deadline is not None:
+                    rem = deadline.remaining()
+                    if rem <= 0:
+                        break
+                    s = min(s, rem)
+                try:  # hold: sleep for the pending sockets with the finished ones' roles kept (all are ours)
+                    code = read_frames(self.fds, tags, outs, hdr, prog, spin, max(1, int(s * 1e9)), t._wake_r, True)
+                except (ValueError, TypeError, BufferError, OverflowError):  # an odd buffer: irecv's path does it
                     break
-                s = min(s, rem)
-            try:  # hold: sleep for the pending sockets with the finished ones' roles kept (all are ours)
-                code = read_frames(self.fds, tags, outs, hdr, prog, spin, max(1, int(s * 1e9)), t._wake_r, True)
-            except (ValueError, TypeError, BufferError, OverflowError):  # an odd buffer: irecv's path does it
-                break
-            spin = 0
-            if code != _R_SLICE or t._aborted is not None or t._closed:
-                break
-            if between is not None:
-                between()
+                spin = 0
+                if code != _R_SLICE or t._aborted is not None or t._closed:
+                    break
+                if between is not None:
+                    between()
+        except BaseException:  # between() failed, or a signal's handler raised: the decoders take over first
+            self._hand_back(tag, outs, hdr, prog)
+            raise
         if code == _R_ALL and all(prog[i] == _ST_DONE for i in range(0, len(prog), _tcp_read._PROG)):
             return pending, []
         return pending, self._hand_back(tag, outs, hdr, prog)
