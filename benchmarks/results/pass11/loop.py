@@ -10,7 +10,8 @@ one host.  Rank 0 prints the slowest rank's time per call,
 median and p90 (the harness's measure: ``benchmarks/multihost.py``), the mean time per call, and each rank's CPU
 per call (user + system), CPU in user mode, and voluntary / involuntary context switches per call.
 ``FORCE=all_reduce=multileader`` (or ``NAME=int`` for a threshold of ``procgroup.algorithms.select``) pins a
-choice, as ``multihost.py --pg-variant`` does.
+choice, as ``multihost.py --pg-variant`` does.  ``WIN=1`` (pass 17) also prints the slowest rank's median per call
+in windows of calls (0-60, 60-120, ...: a job's slow start).
 """
 
 import os
@@ -118,6 +119,10 @@ if r == 0:
         f"{op} {size} B: slowest rank per call median {np.median(slowest) * 1e6:.1f} us, p90 "
         f"{np.percentile(slowest, 90) * 1e6:.1f}; mean per call {per.mean() * 1e6:.1f} us"
     )
+    if os.environ.get("WIN"):  # pass 17: the slowest rank's median in windows of calls (a job's slow start)
+        edges = [e for e in (0, 60, 120, 180, 240, 300, 360, 480, 960) if e < iters] + [iters]
+        wins = [f"{a}-{b}: {np.median(slowest[a:b]) * 1e6:.0f}" for a, b in zip(edges, edges[1:])]
+        print("windows of calls:", wins)
     for k, (cpu, usr, vcs, ics) in enumerate(rows):
         print(f"  rank {k}: CPU {cpu:.0f} us/call (user {usr:.0f}), context switches {vcs:.1f} + {ics:.1f}")
 dist.destroy_process_group()
