@@ -30,7 +30,7 @@ from procgroup.transport import _tcp_read
 from procgroup.transport._tcp_phase import TcpPhases
 
 from .test_tcp_wait_many import _Counting
-from .test_transport_conformance import _form
+from .test_transport_conformance import _form, run_ranks
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -71,26 +71,6 @@ def _frame(tag: int, payload: bytes) -> bytes:
     return encode_header(tag, len(payload), 0) + payload
 
 
-def _run(fns: List[Any]) -> List[Any]:
-    out: List[Any] = [None] * len(fns)
-    errs: List[BaseException] = []
-
-    def go(i: int) -> None:
-        try:
-            out[i] = fns[i]()
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errs.append(e)
-
-    th = [threading.Thread(target=go, args=(i,)) for i in range(len(fns))]
-    for x in th:
-        x.start()
-    for x in th:
-        x.join(30)
-    if errs:
-        raise errs[0]
-    return out
-
-
 def _phase(t: Any, r: int, tag: int, n: int) -> Any:
     """Rank ``r`` sends ``r*10+j`` bytes of value to each other rank j and receives theirs; its received arrays.
     Where ``exchange`` refuses the phase, the usual isend / irecv do it."""
@@ -109,7 +89,7 @@ def _phase(t: Any, r: int, tag: int, n: int) -> Any:
 @pytest.mark.parametrize("n", [1, 1000, 300_000])
 def test_three_ranks_exchange_in_one_call_each(world: List[Any], counting: _Counting, n: int) -> None:
     for k in range(3):
-        outs = _run([lambda r=r, k=k: _phase(world[r], r, TAG + k, n) for r in range(3)])
+        outs = run_ranks(world, lambda t, k=k: _phase(t, t.rank, TAG + k, n))
         for r in range(3):
             for j, o in outs[r].items():
                 assert (o == j * 10 + r).all(), (k, r, j)
@@ -128,7 +108,7 @@ def test_a_rank_on_the_usual_path_meets_one_in_one_call(world: List[Any], counti
             q.wait(Deadline.after(10))
         return outs
 
-    outs = _run([lambda: _phase(world[0], 0, TAG, n), lambda: usual(1), lambda: _phase(world[2], 2, TAG, n)])
+    outs = run_ranks(world, lambda t: usual(1) if t.rank == 1 else _phase(t, t.rank, TAG, n))
     for r in range(3):
         for j, o in outs[r].items():
             assert (o == j * 10 + r).all(), (r, j)
@@ -237,7 +217,7 @@ def test_the_direct_all_reduce_takes_one_call_a_phase(world: List[Any], counting
             if not fast:
                 Comm.phases = lambda *a, **k: None  # type: ignore[method-assign,assignment]
             try:
-                outs = _run([lambda r=r: rank(r) for r in range(3)])
+                outs = run_ranks(world, lambda t: rank(t.rank))
             finally:
                 Comm.phases = real  # type: ignore[method-assign]
                 TcpPhases.start = real_start  # type: ignore[method-assign]
@@ -266,7 +246,7 @@ def test_a_comm_binds_each_phase_once_and_its_later_calls_reuse_it(world: List[A
             allreduce_direct_rsag(sub if call % 2 else comms[r], buf, reducer(ReduceOp.SUM, "int64"))
             return buf
 
-        outs = _run([lambda r=r: rank(r) for r in range(3)])
+        outs = run_ranks(world, lambda t: rank(t.rank))
         want = 3 * (np.arange(n) % 7) + 3 + 3 * call
         for o in outs:
             assert np.array_equal(o, want), call
@@ -302,7 +282,7 @@ def test_the_roles_stay_claimed_between_phases_until_end(world: List[Any], count
     # claimed before any message flies (fresh connections are the watcher's: it would read an early message)
     assert all(ph._claim() for ph in phs)
     try:
-        assert _run([lambda r=r: rank(r) for r in range(3)]) == [True] * 3
+        assert run_ranks(world, lambda t: rank(t.rank)) == [True] * 3
     finally:
         for ph in phs:
             ph.end()
