@@ -54,9 +54,10 @@ class TcpPhases:
         self.held = False  # the receive connections' roles are ours (between a claimed phase and end())
 
     def _claim(self) -> bool:
-        """Take every receive connection's role where each is free, alive and at a message boundary."""
+        """Take every receive connection's role where each is free, alive and at a message boundary (the compiled
+        read and ``PROCGROUP_NATIVE`` were checked when the phases were bound: :meth:`TcpTransport.phases`)."""
         t = self.t
-        if not t._native or not _tcp_read.compiled_read() or t._closed or t._aborted is not None or t._failed:
+        if t._closed or t._aborted is not None or t._failed:
             return False
         held = []
         for c in self.rconns:
@@ -124,7 +125,7 @@ class TcpPhases:
         n = len(outs)
         hdr = bytearray(24 * n)
         prog = array("q", bytes(8 * _tcp_read._PROG * n))
-        read_frames = _tcp_read.read_frames()  # compiled_read() was true
+        read_frames = _tcp_read.read_frames()  # built: TcpTransport.phases binds nothing otherwise
         spin = int(t._spin * 1e9)
         tags = (tag,) * n
         code = _R_SLICE

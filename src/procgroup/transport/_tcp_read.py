@@ -594,20 +594,8 @@ class TcpReading(EngineTransport):
                 _notice_once()
             return
         taken = self._take_many(reqs)
-        if taken:
-            self._read_taken(taken, deadline, slice_for, between)
-
-    def _read_taken(
-        self,
-        taken: List[Tuple[_Conn, RecvReq]],
-        deadline: Optional[Deadline],
-        slice_for: Optional[Callable[[], float]],
-        between: Optional[Callable[[], None]],
-    ) -> None:
-        """Read the claimed receives ``taken`` (their roles held, each in ``_inflight``) in compiled calls until
-        all arrived, the deadline, an abort or a message read_frames does not expect; settle them (every role
-        given back, the unfinished receives posted again for the decoder)."""
-        assert _tcpwait is not None
+        if not taken:
+            return
         n = len(taken)
         hdr = bytearray(24 * n)
         prog = np.zeros(_PROG * n, np.int64)
