@@ -14,7 +14,7 @@ order, and copied to the others.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -30,7 +30,7 @@ _RS = step(P_RS)
 _AG = step(P_AG)
 
 
-def _wait(comm: Any, reqs: List[Optional[Request]]) -> None:
+def _wait(comm: Any, reqs: Sequence[Optional[Request]]) -> None:
     for q in reqs:
         if q is not None:
             q.wait(comm.deadline)
@@ -61,10 +61,9 @@ def allreduce_direct(comm: Any, buf: np.ndarray, reduce: Kernel) -> None:
             sent = ex.run(_ALL, [u8(buf)] * len(peers), [u8(slot(j)) for j in peers])
         finally:
             ex.end()
-    sends: List[Optional[Request]] = list(sent) if sent is not None else []
     if sent is None:
         recvs = [comm.irecv(j, u8(slot(j)), _ALL) for j in peers]
-        sends = [comm.isend(j, u8(buf), _ALL) for j in peers]
+        sent = [comm.isend(j, u8(buf), _ALL) for j in peers]
         comm.wait_all(recvs)  # all at once (tcp: one compiled read of every socket)
     acc: Optional[np.ndarray] = None  # x0 op ... op x(r-1), folded while our sends are in flight
     for j in range(r):
@@ -72,7 +71,7 @@ def allreduce_direct(comm: Any, buf: np.ndarray, reduce: Kernel) -> None:
             acc = slot(j)
         else:
             reduce(acc, slot(j))
-    _wait(comm, sends)  # buf is read by the sends until here
+    _wait(comm, sent)  # buf is read by the sends until here
     if acc is not None:
         reduce(buf, acc)  # x_r op (x0 ... x(r-1)): the same bits as the other order (commutative kernel)
     for j in range(r + 1, p):
