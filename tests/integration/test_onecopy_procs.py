@@ -4,7 +4,9 @@ Above the big slots' limits and the one-copy minimum (lowered here to 64 KiB so 
 broadcast among three or more ranks is read by every rank straight out of the root's buffer, and an all_gather's
 parts out of every rank's ``sendbuf``: closed-form values for every root and several dtypes, between other
 collectives; a rank that cannot read the others (``PROCGROUP_SHM_CMA=0`` there) sends every rank to the message
-algorithm, with the same results.
+algorithm, with the same results.  A group of two splits a broadcast above its big slots' limit between its two
+processes (``bcast_pair``: the root writes half into the other rank's buffer with process_vm_writev while that
+rank reads the rest): the default limits, 6-17 MiB, every root and dtype, plans warm and cold.
 Nothing is left in /dev/shm.
 """
 
@@ -68,4 +70,45 @@ dist.destroy_process_group()
 @pytest.mark.parametrize("n,cma_off", [(3, ""), (4, ""), (3, "2")])
 def test_broadcasts_and_all_gathers_above_the_limit_read_directly(tmp_path: Path, n: int, cma_off: str) -> None:
     res = _run(tmp_path, BCAST, n, env={"CMA_OFF_RANK": cma_off} if cma_off else None, timeout=150)
+    assert all(r.returncode == 0 and f"rank {r.rank} ok" in r.stdout for r in res), report(res)
+
+
+PAIR = (
+    """
+import os
+if os.environ.get("CMA_OFF_RANK") == os.environ["RANK"]:
+    os.environ["PROCGROUP_SHM_CMA"] = "0"
+"""
+    + PRELUDE
+    + """
+from procgroup.algorithms import select
+seen = []
+real = select.bcast_pair
+select.bcast_pair = lambda *a: seen.append(real(*a)) or seen[-1]
+assert p == 2
+k = 0
+for n in ((6 << 20) + 4096, (12 << 20) + 5, 17 << 20):  # bytes: just above the limit, an odd tail, larger
+    for root in (0, 1, 1, 0):  # each root twice in a row: the second call runs from a plan
+        for dt in (np.uint8, np.float32, np.complex128):
+            k += 1
+            m = n // np.dtype(dt).itemsize
+            want = ((np.arange(m) * (root + 3) + k) % 251).astype(dt)
+            buf = want.copy() if r == root else np.full(m + 1, 9, dt)
+            dist.broadcast(buf[:m], src=root)
+            assert buf[:m].tobytes() == want.tobytes(), (n, root, dt)
+            assert r == root or buf[m] == 9, "a byte past the buffer was written"
+    x = np.full(1000, r, np.int64)
+    dist.all_reduce(x)
+    assert x[0] == 1
+off = bool(os.environ.get("CMA_OFF_RANK"))
+assert seen and all(s is (not off) for s in seen), seen
+print(f"rank {r} ok {len(seen)} split={not off}", flush=True)
+dist.destroy_process_group()
+"""
+)
+
+
+@pytest.mark.parametrize("cma_off", ["", "1"])
+def test_a_pairs_broadcast_above_the_limit_is_split_between_them(tmp_path: Path, cma_off: str) -> None:
+    res = _run(tmp_path, PAIR, 2, env={"CMA_OFF_RANK": cma_off} if cma_off else None, timeout=150)
     assert all(r.returncode == 0 and f"rank {r.rank} ok" in r.stdout for r in res), report(res)

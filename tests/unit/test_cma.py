@@ -1,7 +1,9 @@
-"""Cross-memory attach helpers: one-thread and two-thread reads of another address space (here: our own)."""
+"""Cross-memory attach helpers: one-thread and two-thread reads of another address space (here: our own), and
+writes into one."""
 
 from __future__ import annotations
 
+import errno
 import os
 
 import numpy as np
@@ -52,3 +54,19 @@ def test_enabled_follows_the_options_not_the_environment(monkeypatch: pytest.Mon
     monkeypatch.setenv("PROCGROUP_SHM_CMA", "0")  # read once by config.shm_options(), never by _cma itself
     assert _cma.enabled(ShmOptions()) is True
     assert _cma.enabled(ShmOptions(cma=False)) is False
+
+
+@pytest.mark.parametrize("n", [1, 4097, (1 << 20) + 3])
+def test_write_copies_every_byte_and_nothing_past_them(n: int) -> None:
+    src = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8)
+    dst = np.zeros(n + 16, dtype=np.uint8)
+    _cma.write(os.getpid(), _addr(src), _addr(dst), n)
+    assert np.array_equal(dst[:n], src) and not dst[n:].any()
+
+
+def test_a_failed_write_raises_with_errno() -> None:
+    src = np.ones(16, np.uint8)
+    with pytest.raises(OSError) as ei:
+        _cma.write(os.getpid(), _addr(src), 8, 16)  # an address that is not mapped
+    assert ei.value.errno == errno.EFAULT
+    assert _cma.can_write()  # allowed here; probed once per process

@@ -7,13 +7,16 @@ rank reads its pieces from every sender's ``sendbuf`` with one process_vm_readv 
 after one arena exchange of addresses (all_to_all: the headers offer them, where every sender wrote its offer) and
 before one that ends the call.  Closed-form values for equal, uneven and
 zero splits, every dtype and every root; a rank that cannot read the others (or CMA off) sends every rank to the
-message algorithms; two ranks keep the messages for a broadcast; the memory transport has no reader; a read of a
-dead or unreadable peer is a named error.
+message algorithms; two ranks split a broadcast above ``PAIR_SPLIT_MIN`` between them (the root writes half into
+the other rank's buffer with process_vm_writev, ``Arena.writer``, while it reads the other half) and fall back
+where either cannot; the memory transport has no reader; a read or write of a dead or unreadable peer is a named
+error.
 """
 
 from __future__ import annotations
 
 import errno
+import time
 import uuid
 from typing import Any, Callable
 
@@ -23,7 +26,7 @@ import pytest
 from procgroup.algorithms import alltoall_shm as A2A
 from procgroup.algorithms import onecopy, select
 from procgroup.algorithms.comm import Comm
-from procgroup.errors import BrokenError, PeerFailureError
+from procgroup.errors import BrokenError, PeerFailureError, ProcGroupError
 from procgroup.transport import _cma
 from procgroup.transport.shm import arena as shm_arena
 
@@ -198,6 +201,162 @@ def test_a_broadcast_falls_back_when_a_rank_cannot_read(world: Any, monkeypatch:
 
     _run(ts, body)
     assert seen == {"direct": 0, "declined": p * p}, seen
+
+
+def test_a_pairs_broadcast_is_split_between_root_and_reader(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ranks, above the pair's limits: the root writes the second half (from a page boundary) into the other
+    rank's buffer while that one reads the first half; odd sizes, every root and dtype; called directly, sizes up to
+    a page (all written by the root)."""
+    seen = _count_bcast(monkeypatch, "bcast_pair")
+    monkeypatch.setattr(select, "PAIR_SPLIT_MIN", 1000)
+    monkeypatch.setitem(select.BIG_LIMIT_PAIR, "broadcast", 1000)
+    ts = world(2)
+    dts = ["uint8", "float64", "float16", "int32", "complex128"]
+    sizes = (LIMIT + 1, 2 * LIMIT + 4099, 3 * LIMIT + 7)  # bytes above the arena's slot, odd tails
+
+    def body(r: int, make: Callable[..., Comm]) -> None:
+        k = 0
+        for nbytes in sizes:
+            for root in range(2):
+                for dt in dts:
+                    k += 1
+                    n = -(-nbytes // np.dtype(dt).itemsize)
+                    want = ((np.arange(n) * (root + 5) + k) % 97).astype(dt)
+                    buf = want.copy() if r == root else np.full(n + 3, 11, dt)[:n]  # 3 spare elements after
+                    select.broadcast(make(k), buf, root)
+                    assert buf.tobytes() == want.tobytes(), (nbytes, root, dt)
+                    if r != root:
+                        assert np.all(buf.base[n:] == 11), "a byte past the buffer was written"
+        for nbytes in (1, 1001, 4096, 4097):  # below the arena's slot, called directly: up to a page, all written
+            k += 1
+            want = (np.arange(nbytes) + k).astype(np.uint8)
+            buf = want.copy() if r == 1 else np.zeros(nbytes, np.uint8)
+            assert onecopy.bcast_pair(make(k), buf, 1)
+            assert buf.tobytes() == want.tobytes(), nbytes
+
+    _run(ts, body)
+    assert seen == {"direct": 2 * len(sizes) * 2 * len(dts), "declined": 0}, seen
+
+
+def test_a_pairs_broadcast_falls_back_when_the_root_cannot_write(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A root whose arena has no writer (process_vm_writev forbidden) sends both ranks to the other algorithm, with
+    nothing moved first; the other root, which can write, still splits."""
+    seen = _count_bcast(monkeypatch, "bcast_pair")
+    monkeypatch.setattr(select, "PAIR_SPLIT_MIN", 1000)
+    monkeypatch.setitem(select.BIG_LIMIT_PAIR, "broadcast", 1000)
+    ts = world(2)
+    real = shm_arena.ShmArena.writer
+    monkeypatch.setattr(shm_arena.ShmArena, "writer", lambda self: None if self.t.rank == 0 else real(self))
+
+    def body(r: int, make: Callable[..., Comm]) -> None:
+        for k, root in enumerate((0, 1, 0, 1)):
+            want = np.arange(3 * LIMIT, dtype=np.int32) * (root + 1) + k
+            buf = want.copy() if r == root else np.zeros_like(want)
+            select.broadcast(make(k + 1), buf, root)
+            assert np.array_equal(buf, want), root
+
+    _run(ts, body)
+    assert seen == {"direct": 2 * 2, "declined": 2 * 2}, seen
+
+
+def _per_rank(monkeypatch: pytest.MonkeyPatch, name: str, rank: int, wrap: Callable[..., Any]) -> None:
+    """``ShmArena.<name>`` replaced on rank ``rank`` only by ``wrap(real, arena, *args)`` (ranks are threads)."""
+    real = getattr(shm_arena.ShmArena, name)
+
+    def patched(self: Any, *a: Any) -> Any:
+        return wrap(real, self, *a) if self.t.rank == rank else real(self, *a)
+
+    monkeypatch.setattr(shm_arena.ShmArena, name, patched)
+
+
+def _pair_failure(world: Any, monkeypatch: pytest.MonkeyPatch, delay: float = 0.0) -> Any:
+    """Rank 1 (the reader) fails its read (``delay`` seconds into it); both ranks' outcomes, the times they left and
+    rank 1's buffer."""
+    monkeypatch.setattr(select, "PAIR_SPLIT_MIN", 1000)
+    monkeypatch.setitem(select.BIG_LIMIT_PAIR, "broadcast", 1000)
+    ts = world(2)
+
+    def failing_read(real: Any, arena: Any) -> Any:
+        def read(i: int, out: memoryview, addr: int) -> None:
+            time.sleep(delay)
+            raise RuntimeError("injected read failure")
+
+        return read
+
+    _per_rank(monkeypatch, "reader", 1, failing_read)
+    out: dict = {}
+    n = 4 * LIMIT
+
+    def body(r: int, make: Callable[..., Comm]) -> None:
+        buf = np.full(n, 7, np.uint8) if r == 0 else np.zeros(n, np.uint8)
+        t0 = time.monotonic()
+        try:
+            select.broadcast(make(1, 2.0), buf, 0)
+            out[r] = None
+        except Exception as e:  # noqa: BLE001 - recorded for the test's assertions
+            out[r] = e
+        out[f"t{r}"] = time.monotonic() - t0
+        out[f"buf{r}"] = buf
+
+    _run(ts, body)
+    return out
+
+
+def test_a_pair_root_never_writes_once_the_reader_left(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader fails and leaves before the root reached its write: the root sees the reader's "gone", writes
+    nothing and names the rank that left; the reader did not wait."""
+
+    def late(real: Any, arena: Any, data: Any, check: int, deadline: Any) -> Any:
+        views = real(arena, data, check, deadline)
+        if data is not None:  # the first exchange: the root is slow to go on
+            time.sleep(0.3)
+        return views
+
+    _per_rank(monkeypatch, "exchange", 0, late)
+    out = _pair_failure(world, monkeypatch)
+    assert isinstance(out[1], RuntimeError) and out["t1"] < 0.25, out
+    assert isinstance(out[0], BrokenError) and "rank 1: that rank left the call" in str(out[0]), out[0]
+    assert not out["buf1"].any(), "the root wrote into a buffer whose owner had left the call"
+
+
+def test_a_pair_reader_leaving_early_waits_for_the_roots_write(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader fails while the root is writing: it leaves only once the root's write is done (never a write into
+    a buffer after the call returned), and the root's call then ends at its deadline."""
+
+    def slow_writer(real: Any, arena: Any) -> Any:
+        write = real(arena)
+
+        def slow(i: int, data: memoryview, addr: int) -> None:
+            time.sleep(0.4)
+            write(i, data, addr)
+
+        return slow
+
+    _per_rank(monkeypatch, "writer", 0, slow_writer)
+    out = _pair_failure(world, monkeypatch, delay=0.1)  # fails once the root said "writing"
+    assert isinstance(out[1], RuntimeError) and out["t1"] >= 0.35, out
+    half = (4 * LIMIT // 2) & ~4095
+    assert np.all(out["buf1"][half:] == 7) and not out["buf1"][:half].any(), "the reader left before the write ended"
+    assert isinstance(out[0], ProcGroupError), out[0]  # the closing exchange: the reader never came
+
+
+def test_a_failed_write_is_a_named_error(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    ts = world(2)
+    write = ts[0].arena(0, [0, 1]).writer()  # type: ignore[union-attr]
+    assert write is not None and _cma.can_write()
+    data = memoryview(bytearray(64))
+    with pytest.raises(BrokenError, match="process_vm_writev failed.*PROCGROUP_SHM_CMA=0"):
+        write(1, data, 8)  # an address that is not mapped: EFAULT
+
+    def dead(*a: Any) -> None:
+        raise OSError(errno.ESRCH, "No such process")
+
+    monkeypatch.setattr(shm_arena._cma, "write", dead)
+    with pytest.raises(PeerFailureError, match="writing 64 bytes to rank 1: rank 1 died") as ei:
+        write(1, data, 8)
+    assert ei.value.peer == 1
+    monkeypatch.setattr(shm_arena._cma, "can_write", lambda: False)
+    assert ts[0].arena(0, [0, 1]).writer() is None  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("p", [2, 3, 4])

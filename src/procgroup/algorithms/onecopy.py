@@ -31,14 +31,20 @@ Users (times: slowest rank per call, median of same-minute runs on 2 CPUs, messa
 
 from __future__ import annotations
 
+import logging
+import os
 import struct
+import time
 from typing import Any, Callable, List, Sequence, Tuple
 
 import numpy as np
 
+from ..errors import BrokenError
 from ..transport.base import address_of
 
-__all__ = ["read_directly", "bcast_direct", "allgather_direct", "END_SALT"]
+logger = logging.getLogger("procgroup.algorithms")
+
+__all__ = ["read_directly", "bcast_direct", "bcast_pair", "allgather_direct", "END_SALT"]
 
 #: ``read(i, out, addr)``: see ``Arena.reader``
 Reader = Callable[[int, memoryview, int], None]
@@ -47,6 +53,13 @@ Reader = Callable[[int, memoryview, int], None]
 END_SALT = 0x5A5A_0000
 _SALT_BCAST = 0xB0C5_0000
 _SALT_ALLGATHER = 0xA11_0000
+_SALT_PAIR = 0xB0C2_0000
+#: a pair broadcast's first exchange: can move (reader, and writer on the root), buffer address, flag word
+_PAIR = struct.Struct("<QQQ")
+_IDLE, _WRITING, _DONE = 0, 1, 2  # the root's flag
+_HERE, _GONE = 1, 0  # the reader's flag
+#: seconds a reader that leaves a pair broadcast early (an error) waits for the root's write in progress to end
+PAIR_WRITE_WAIT = 10.0
 
 
 def read_directly(
@@ -79,6 +92,87 @@ def bcast_direct(comm: Any, buf: np.ndarray, root: int) -> bool:
             read(root, view, offers[root][0])
 
     return read_directly(comm, comm.check_word() ^ _SALT_BCAST, [address_of(view) if me == root else 0], reads)
+
+
+def bcast_pair(comm: Any, buf: np.ndarray, root: int) -> bool:
+    """``root``'s ``buf`` (C-contiguous) to the other rank of a group of two, the one copy split between both CPUs:
+    the root writes the second half (from a page boundary) straight into the other rank's buffer
+    (``Arena.writer``: process_vm_writev) while that rank reads the first half out of the root's (``Arena.reader``).
+    False (nothing moved, on both ranks alike) where either cannot: the caller's algorithm then runs.
+
+    The root writes into memory it does not own, so it must never write once the other rank has left the call (an
+    error there: its deadline, an abort, an interrupt), when that buffer may already serve something else.  The
+    first exchange publishes a flag word beside each rank's address, and the two run Dekker's handshake on it
+    (``Arena.fence`` between each one's store and load): the root stores "writing" and then writes only if the
+    reader still says "here"; a reader leaving early stores "gone" and then, where the root already said
+    "writing", waits (:data:`PAIR_WRITE_WAIT`, while the root lives) for its "done".  At least one of them sees
+    the other's store, so either the root skips the write (and raises) or the reader waits it out."""
+    a = comm.arena
+    view = buf.data.cast("B")
+    me, n, peer = comm.rank, view.nbytes, 1 - comm.rank
+    dl = comm.deadline
+    check = comm.check_word() ^ _SALT_PAIR
+    read = a.reader()
+    write = a.writer() if me == root else None
+    able = read is not None and (me != root or write is not None)
+    # flag word: the reader's HERE, the root's IDLE; the views are this call's slots (the next call's first
+    # exchange is the next to write them: this call's closing one takes the other parity)
+    views = a.exchange(memoryview(_PAIR.pack(able, address_of(view), _HERE if me != root else _IDLE)), check, dl)
+    heads = [_PAIR.unpack_from(v) for v in views]
+    if not all(h[0] for h in heads):
+        return False
+    mine, theirs = views[me][: _PAIR.size].cast("Q"), views[peer][: _PAIR.size].cast("Q")
+    half = (n // 2) & ~4095  # a page boundary: the two copies touch no page in common
+    if me == root:
+        assert write is not None  # our flag said we can write, or no rank would be here
+        mine[2] = _WRITING
+        a.fence()
+        try:
+            if theirs[2] != _HERE:
+                raise BrokenError(
+                    f"rank {comm.global_rank(me)}: broadcast of {n} bytes to rank {comm.global_rank(peer)}: that "
+                    "rank left the call (an error there) before this one wrote its half; nothing was written"
+                )
+            write(peer, view[half:], heads[peer][1] + half)
+        finally:
+            mine[2] = _DONE
+    else:
+        try:
+            read(root, view[:half], heads[root][1])
+            a.exchange(None, check ^ END_SALT, dl)
+        except BaseException:
+            mine[2] = _GONE
+            a.fence()
+            if theirs[2] == _WRITING:
+                _wait_write(a, theirs, root, comm.global_rank(root))
+            raise
+        return True
+    a.exchange(None, check ^ END_SALT, dl)
+    return True
+
+
+def _wait_write(a: Any, theirs: memoryview, root: int, grank: int) -> None:
+    """A reader leaving early: wait for the root's write in progress (its flag "writing") to end."""
+    pid = a.pid_of(root)
+    end = time.monotonic() + PAIR_WRITE_WAIT
+    pause = 20e-6
+    while theirs[2] == _WRITING:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return  # the root died: nothing writes any more
+        except OSError:
+            pass
+        if time.monotonic() > end:
+            logger.error(
+                "rank %d was still writing its half of a broadcast into this rank's buffer %.0f s after this rank "
+                "left the call; that buffer may change until it is done",
+                grank,
+                PAIR_WRITE_WAIT,
+            )
+            return
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
 
 
 def allgather_direct(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> bool:

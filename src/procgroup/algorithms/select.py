@@ -71,6 +71,9 @@ Where a group of three or more ranks of one host has no big slots (only the firs
 transport get them; ``PROCGROUP_SHM_BIG_SLOT=0``), a broadcast above ``ONECOPY_MIN['broadcast']`` is read by
 every rank straight out of the root's buffer (``algorithms.onecopy``), and an all_gather above
 ``ONECOPY_MIN['all_gather']`` by every rank out of every other's ``sendbuf``; else they take the table above.
+A group of two splits a broadcast above its big slots' limit (``BIG_LIMIT_PAIR``; without big slots, above
+``PAIR_SPLIT_MIN``) between its two CPUs (``algorithms.onecopy.bcast_pair``): the root writes half straight into
+the other rank's buffer (process_vm_writev) while that rank reads the other half out of the root's.
 
 ``BIG_LIMIT[collective]`` hands calls above it back to the table above (the message algorithms, with the
 single-copy path for large messages).  The limits come from same-process A/B runs on the 2-CPU host
@@ -148,7 +151,7 @@ from .gathering import (
     scatter_binomial,
     scatter_linear,
 )
-from .onecopy import allgather_direct, bcast_direct
+from .onecopy import allgather_direct, bcast_direct, bcast_pair
 from .redscat import reduce_scatter_allreduce, reduce_scatter_ring
 from .reduction import reduce_binomial, reduce_scatter_gather
 
@@ -213,18 +216,25 @@ BIG_LIMIT: Dict[str, int] = {
     "all_to_all": 2 << 20,
 }
 #: collective -> a lower BIG_LIMIT for a group of two ranks.  A broadcast through the big slots copies the data
-#: twice (the root into the slots, the other rank out of them, pipelined on both CPUs); the message path is the
-#: rendezvous, one copy out of the root's buffer.  Once the data no longer fits the 32 MiB last-level cache, the
-#: second copy costs memory bandwidth: N=2 on the 2-CPU host, whole jobs alternating (5 rounds, slowest rank per
-#: call, median), messages against big slots 16 / 32 / 48 / 64 MiB 1.57 / 1.09 / 0.84 / 0.86x (0, 2, 5, 5 of 5
-#: rounds won); ``procgroup bench`` 6 rounds 4 / 16 / 64 MiB 2.12 / 0.97 / 0.77x.  At N=4 the big slots still
-#: lead (64 MiB 0.99x, and 0.73x the one-copy reads): every reader reading the root's memory at once is slower.
-BIG_LIMIT_PAIR: Dict[str, int] = {"broadcast": 32 << 20}
+#: twice (the root into the slots, the other rank out of them, pipelined on both CPUs).  Above this limit a pair
+#: splits the one copy between its two CPUs instead (``algorithms.onecopy.bcast_pair``: the root writes half into
+#: the other rank's buffer while that rank reads the other half).  N=2 on the 2-CPU host (pass 18, whole jobs
+#: alternating, slowest rank per call, median, us), big slots (the rendezvous above 32 MiB, where the limit was)
+#: against the split: 4 MiB 91 / 124, 5 MiB 110-145 / 118-151, 6 MiB 130-200 / 111-159, 8 MiB 170-245 / 108-168,
+#: 16 MiB 531-959 / 321-618, 32 MiB 1242-1995 / 1117-1478, 48 MiB (the rendezvous, two reading threads) 1771-2367 /
+#: 1765-2364.  At N=4 the big slots still lead (64 MiB 0.99x, and 0.73x the one-copy reads): every reader reading
+#: the root's memory at once is slower.
+BIG_LIMIT_PAIR: Dict[str, int] = {"broadcast": 6 << 20}
 #: collective -> the fewest bytes above which a group of three or more ranks of one host without big slots reads
 #: the parts straight out of their owners' memory (``algorithms.onecopy``): N=4, one-copy reads against the
 #: messages, broadcast 16 / 64 MiB 0.82 / 0.95x, all_gather 2 / 4 / 16 MiB a rank 0.54 / 1.04 / 1.02x; N=3
 #: broadcast 64 MiB 0.99x
 ONECOPY_MIN: Dict[str, int] = {"broadcast": 16 << 20, "all_gather": 2 << 20}
+#: a group of two ranks of one host: a broadcast above this many bytes that the big slots do not take
+#: (``BIG_LIMIT_PAIR``, or a pair without big slots) is split between the two (``algorithms.onecopy.bcast_pair``).
+#: Without big slots (``PROCGROUP_SHM_BIG_SLOT=0``), against the rendezvous: 256 KiB 19-21 against 10-12 us, 1 MiB
+#: 47-48 against 50, 2 MiB 85 against 155-160, 4 MiB 92-109 against 295-298
+PAIR_SPLIT_MIN = 1 << 20
 #: multi-host all_reduce on hosts with as many ranks each: one leader per host below this, multileader
 #: from here.  3 netns hosts x 2 ranks on the 2-CPU host (same-process A/B, variants alternating per
 #: iteration, direct stages between hosts): hierarchical 0.78-0.94x multileader's time at 64-512 KiB with
@@ -521,6 +531,8 @@ def broadcast(comm: Any, buf: np.ndarray, root: int) -> None:
             return bcast_arena(comm, buf, root)
         if _big(comm, "broadcast", buf.nbytes):
             return bcast_big(comm, buf, root)
+        if comm.size == 2 and comm.arena is not None and buf.nbytes > PAIR_SPLIT_MIN and bcast_pair(comm, buf, root):
+            return  # the root wrote half into the other rank's buffer while it read the other half
         if _onecopy(comm, "broadcast", buf.nbytes):
             if bcast_direct(comm, buf, root):  # every reader copies the root's buffer at once (algorithms.onecopy)
                 return

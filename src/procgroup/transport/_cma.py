@@ -1,4 +1,4 @@
-"""Linux cross-memory attach (``process_vm_readv``) through ctypes: one-copy large messages.
+"""Linux cross-memory attach (``process_vm_readv``, ``process_vm_writev``) through ctypes: one-copy large messages.
 
 The shm transport sends a large message as a *rendezvous*: the sender puts
 only ``(address, id)`` of its buffer in the ring, the receiver copies the
@@ -15,7 +15,11 @@ peers it cannot read.  ``ShmOptions.cma`` (``PROCGROUP_SHM_CMA=0``) turns it off
 
 :data:`AVAILABLE` is False where the call does not exist; :func:`read` raises
 ``OSError`` (errno set: ESRCH for a dead process, EFAULT for a bad address,
-EPERM without permission).
+EPERM without permission).  :func:`write` is the same copy the other way
+(``process_vm_writev``: a pair's broadcast root writes part of the result
+straight into the other rank's buffer while that rank reads the rest); it
+needs the same permission, and :func:`can_write` says whether the call is
+allowed here at all (a seccomp profile may forbid one and not the other).
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ from typing import Any, List, Optional
 
 from ..config import ShmOptions
 
-__all__ = ["AVAILABLE", "enabled", "read", "read_parallel", "SPLIT_MIN"]
+__all__ = ["AVAILABLE", "enabled", "read", "read_parallel", "SPLIT_MIN", "write", "can_write"]
 
 AVAILABLE = False
-_readv: Any = None  # the ctypes function, when libc has it
+_readv: Any = None  # the ctypes functions, when libc has them
+_writev: Any = None
 
 try:  # pragma: no branch - platform dependent
     import ctypes
@@ -41,15 +46,17 @@ try:  # pragma: no branch - platform dependent
             _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
 
         _readv = _libc["process_vm_readv"]
-        _readv.restype = ctypes.c_ssize_t
-        _readv.argtypes = [
-            ctypes.c_int,
-            ctypes.c_void_p,
-            ctypes.c_ulong,
-            ctypes.c_void_p,
-            ctypes.c_ulong,
-            ctypes.c_ulong,
-        ]
+        _writev = _libc["process_vm_writev"]
+        for _f in (_readv, _writev):
+            _f.restype = ctypes.c_ssize_t
+            _f.argtypes = [
+                ctypes.c_int,
+                ctypes.c_void_p,
+                ctypes.c_ulong,
+                ctypes.c_void_p,
+                ctypes.c_ulong,
+                ctypes.c_ulong,
+            ]
         AVAILABLE = True
 except Exception:  # noqa: BLE001 - no libc symbol, no ctypes: the ring it is
     AVAILABLE = False
@@ -72,8 +79,17 @@ def read(pid: int, local: int, remote: int, n: int) -> None:
     Raises OSError with errno set: ESRCH (the process is gone), EFAULT (a bad address, or no progress),
     EPERM (no permission), ENOSYS (the call is not available here).
     """
+    _copy(_readv, "process_vm_readv", pid, local, remote, n)
+
+
+def write(pid: int, local: int, remote: int, n: int) -> None:
+    """Copy ``n`` bytes at ``local`` in ours to ``remote`` in process ``pid``; raises OSError as :func:`read`."""
+    _copy(_writev, "process_vm_writev", pid, local, remote, n)
+
+
+def _copy(fn: Any, name: str, pid: int, local: int, remote: int, n: int) -> None:
     if not AVAILABLE:
-        raise OSError(38, "process_vm_readv is not available")
+        raise OSError(38, f"{name} is not available")
     li = _IOVec()
     ri = _IOVec()
     done = 0
@@ -81,13 +97,33 @@ def read(pid: int, local: int, remote: int, n: int) -> None:
         k = min(n - done, _STEP)
         li.iov_base, li.iov_len = local + done, k
         ri.iov_base, ri.iov_len = remote + done, k
-        got = _readv(pid, ctypes.addressof(li), 1, ctypes.addressof(ri), 1, 0)
+        got = fn(pid, ctypes.addressof(li), 1, ctypes.addressof(ri), 1, 0)
         if got < 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
         if got == 0:
-            raise OSError(14, "process_vm_readv made no progress")
+            raise OSError(14, f"{name} made no progress")
         done += got
+
+
+_can_write: Optional[bool] = None
+
+
+def can_write() -> bool:
+    """Whether ``process_vm_writev`` is allowed in this process (probed once, by copying one byte within it: the
+    permission towards a peer is the one ``process_vm_readv`` needs, which the shm transport probes per peer)."""
+    global _can_write
+    if _can_write is None:
+        ok = False
+        if AVAILABLE:
+            src, dst = ctypes.create_string_buffer(b"\x5a", 1), ctypes.create_string_buffer(1)
+            try:
+                write(os.getpid(), ctypes.addressof(src), ctypes.addressof(dst), 1)
+                ok = dst.raw == b"\x5a"
+            except OSError:
+                ok = False
+        _can_write = ok
+    return _can_write
 
 
 #: messages of at least this many bytes are read by two threads at once (``read_parallel``)

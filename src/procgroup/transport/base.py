@@ -241,6 +241,22 @@ class Arena(abc.ABC):
         Raises PeerFailureError when member ``i`` died."""
         return None
 
+    def writer(self) -> Optional[Callable[[int, memoryview, int], None]]:
+        """``write(i, data, addr)``: copy ``data`` to address ``addr`` of member ``i``'s memory without member
+        ``i``'s help (a pair's broadcast: the root writes part of the result while the other rank reads the rest),
+        where this arena can write every other member's memory; None otherwise (the default).  ``i`` must not use
+        those bytes until the write is done.  Raises PeerFailureError when member ``i`` died."""
+        return None
+
+    def fence(self) -> None:
+        """A full memory barrier: this member's stores to its slot before its loads of the others' slots (the
+        handshake of ``algorithms.onecopy.bcast_pair``).  Arenas that offer a :meth:`writer` implement it."""
+        raise NotImplementedError(f"{type(self).__name__} has no fence (it offers no writer)")
+
+    def pid_of(self, i: int) -> int:
+        """The process id of member ``i`` where this arena can read or write its memory, else 0."""
+        return 0
+
     def next_slot(self) -> Optional[memoryview]:
         """This member's writable payload bytes (``max_bytes``) of the next :meth:`exchange`, or None where the
         arena has no such view.  What is written there before ``exchange(None, ...)`` is what that exchange

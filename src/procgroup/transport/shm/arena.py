@@ -525,28 +525,49 @@ class ShmArena(Arena):
     def reader(self) -> Optional[Callable[[int, memoryview, int], None]]:
         """``read(i, out, addr)``: ``out.nbytes`` bytes at address ``addr`` of member ``i``'s memory into ``out``,
         in one process_vm_readv, where this process can read every other member's memory; else None."""
+        return self._cma("read", "reading", "process_vm_readv", "of")
+
+    def writer(self) -> Optional[Callable[[int, memoryview, int], None]]:
+        """``write(i, data, addr)``: ``data`` to address ``addr`` of member ``i``'s memory, in one
+        process_vm_writev, where this process can read every other member's memory (the same permission) and the
+        call is allowed here (:func:`._cma.can_write`); else None."""
+        if not X86:  # the handshake of a write (algorithms.onecopy.bcast_pair) needs fence() to be a full barrier
+            return None
+        return self._cma("write", "writing", "process_vm_writev", "to") if _cma.can_write() else None
+
+    def fence(self) -> None:
+        """A full memory barrier (:func:`.layout.fence`: a full one on x86, where :meth:`writer` is offered)."""
+        fence()
+
+    def pid_of(self, i: int) -> int:
+        """The process id of member ``i`` where this process can read its memory, else 0."""
+        return self.t.cma_pid(self.members[i])
+
+    def _cma(self, copy: str, verb: str, call: str, prep: str) -> Optional[Callable[[int, memoryview, int], None]]:
+        """The reader or writer: ``copy``, the :mod:`._cma` function's name (looked up per call), and the words of
+        its error messages."""
         t = self.t
         pids = {i: t.cma_pid(m) for i, m in enumerate(self.members) if i != self.index}
         if not all(pids.values()):
             return None
         me, members = t.rank, self.members
 
-        def read(i: int, out: memoryview, addr: int) -> None:
-            n = out.nbytes
+        def move(i: int, buf: memoryview, addr: int) -> None:
+            n = buf.nbytes
             if not n:
                 return
             try:
-                _cma.read(pids[i], address_of(out), addr, n)
+                getattr(_cma, copy)(pids[i], address_of(buf), addr, n)
             except OSError as e:
                 m = members[i]
                 if e.errno == errno.ESRCH:
-                    raise PeerFailureError(f"rank {me}: reading {n} bytes of rank {m}: rank {m} died", peer=m) from e
+                    raise PeerFailureError(f"rank {me}: {verb} {n} bytes {prep} rank {m}: rank {m} died", peer=m) from e
                 raise BrokenError(
-                    f"rank {me}: reading {n} bytes of rank {m} through process_vm_readv failed: {e}; set "
+                    f"rank {me}: {verb} {n} bytes {prep} rank {m} through {call} failed: {e}; set "
                     "PROCGROUP_SHM_CMA=0 to move them as messages"
                 ) from e
 
-        return read
+        return move
 
     def next_slot(self) -> Optional[memoryview]:
         """This member's payload view of the next exchange's slot (see :meth:`Arena.next_slot`).
