@@ -4,8 +4,10 @@ IT back-to-back all_reduce calls of SZ bytes of float32 after 20 warm-up calls; 
 duration (from the end of the previous call), and rank 0 prints percentiles 10/25/50/75/90/99 of the slowest rank
 per iteration (the harness's measure, ``benchmarks/multihost.py``) and the mean per call.  ``MPI=1``: Open MPI
 through mpi4py (``Allreduce`` into a second buffer, as ``../pass14/mpi_loop.py``); else procgroup.  ``NOGC=1``
-disables Python's garbage collector (it made no difference).  Run as ``../pass11/mh_loop.sh`` runs ``loop.py``, or
-under the mpirun line of ``../pass14/README.md`` with ``-x MPI=1``.
+disables Python's garbage collector (it made no difference).  ``WIN=1`` (pass 18) also prints the median of the
+slowest rank per window of calls (0-60, 60-120, ...), as ``../pass11/loop.py``'s: both systems' slow first calls.
+Run as ``../pass11/mh_loop.sh`` runs ``loop.py``, or under the mpirun line of ``../pass14/README.md`` with
+``-x MPI=1``.
 """
 
 import os
@@ -76,3 +78,6 @@ if r == 0:
         f"mean {me:.0f}",
         flush=True,
     )
+    if os.environ.get("WIN"):  # pass 18: the median per window of calls, as ../pass11/loop.py's WIN=1
+        edges = [e for e in (0, 60, 120, 180, 240, 300, 360, 480, 960, 1500, 3000) if e < it] + [it]
+        print("windows:", " ".join(f"{a}-{b}: {np.median(m[a:b]):.0f}" for a, b in zip(edges, edges[1:])), flush=True)
