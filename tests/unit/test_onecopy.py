@@ -28,6 +28,7 @@ from procgroup.algorithms import onecopy, select
 from procgroup.algorithms.comm import Comm
 from procgroup.errors import BrokenError, PeerFailureError, ProcGroupError
 from procgroup.transport import _cma
+from procgroup.transport.base import address_of
 from procgroup.transport.shm import arena as shm_arena
 
 from .test_algorithms import DTYPES
@@ -236,6 +237,8 @@ def test_a_pairs_broadcast_is_split_between_root_and_reader(world: Any, monkeypa
 
     _run(ts, body)
     assert seen == {"direct": 2 * len(sizes) * 2 * len(dts), "declined": 0}, seen
+    for k in (0, 1):  # the flag words are whole aligned u64s (one store each): every slot payload is 8-aligned
+        assert all(address_of(v) % 8 == 0 for v in ts[k].arena(0, [0, 1]).last_slots())  # type: ignore[union-attr]
 
 
 def test_a_pairs_broadcast_falls_back_when_the_root_cannot_write(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -158,7 +158,8 @@ def _wait_write(a: Any, theirs: memoryview, root: int, grank: int) -> None:
     pause = 20e-6
     while theirs[2] == _WRITING:
         try:
-            os.kill(pid, 0)
+            if pid > 0:
+                os.kill(pid, 0)
         except ProcessLookupError:
             return  # the root died: nothing writes any more
         except OSError:
