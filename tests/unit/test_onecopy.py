@@ -134,21 +134,28 @@ def test_the_memory_transport_has_no_reader() -> None:
     assert ts[0].arena(0, [0, 1]).reader() is None  # type: ignore[union-attr]
 
 
-def test_a_failed_read_is_a_named_error(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("how", ["read", "write"])
+def test_a_failed_read_or_write_is_a_named_error(world: Any, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     ts = world(2)
-    read = ts[0].arena(0, [0, 1]).reader()  # type: ignore[union-attr]
-    assert read is not None
-    out = memoryview(bytearray(64))
-    with pytest.raises(BrokenError, match="PROCGROUP_SHM_CMA=0"):
-        read(1, out, 8)  # an address that is not mapped: EFAULT
+    a = ts[0].arena(0, [0, 1])
+    assert a is not None
+    move = a.reader() if how == "read" else a.writer()
+    assert move is not None
+    buf = memoryview(bytearray(64))
+    call = "process_vm_readv" if how == "read" else "process_vm_writev"
+    with pytest.raises(BrokenError, match=f"{call} failed.*PROCGROUP_SHM_CMA=0"):
+        move(1, buf, 8)  # an address that is not mapped: EFAULT
 
     def dead(*a: Any) -> None:
         raise OSError(errno.ESRCH, "No such process")
 
-    monkeypatch.setattr(shm_arena._cma, "read", dead)
-    with pytest.raises(PeerFailureError, match="rank 1 died") as ei:
-        read(1, out, 8)
+    monkeypatch.setattr(shm_arena._cma, how, dead)
+    words = "reading 64 bytes of" if how == "read" else "writing 64 bytes to"
+    with pytest.raises(PeerFailureError, match=f"{words} rank 1: rank 1 died") as ei:
+        move(1, buf, 8)
     assert ei.value.peer == 1
+    monkeypatch.setattr(shm_arena._cma, "can_write", lambda: False)  # forbidden here: no writer, the reader stays
+    assert a.writer() is None and a.reader() is not None
 
 
 def _count_bcast(monkeypatch: pytest.MonkeyPatch, name: str = "bcast_direct") -> Any:
@@ -341,25 +348,6 @@ def test_a_pair_reader_leaving_early_waits_for_the_roots_write(world: Any, monke
     half = (4 * LIMIT // 2) & ~4095
     assert np.all(out["buf1"][half:] == 7) and not out["buf1"][:half].any(), "the reader left before the write ended"
     assert isinstance(out[0], ProcGroupError), out[0]  # the closing exchange: the reader never came
-
-
-def test_a_failed_write_is_a_named_error(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    ts = world(2)
-    write = ts[0].arena(0, [0, 1]).writer()  # type: ignore[union-attr]
-    assert write is not None and _cma.can_write()
-    data = memoryview(bytearray(64))
-    with pytest.raises(BrokenError, match="process_vm_writev failed.*PROCGROUP_SHM_CMA=0"):
-        write(1, data, 8)  # an address that is not mapped: EFAULT
-
-    def dead(*a: Any) -> None:
-        raise OSError(errno.ESRCH, "No such process")
-
-    monkeypatch.setattr(shm_arena._cma, "write", dead)
-    with pytest.raises(PeerFailureError, match="writing 64 bytes to rank 1: rank 1 died") as ei:
-        write(1, data, 8)
-    assert ei.value.peer == 1
-    monkeypatch.setattr(shm_arena._cma, "can_write", lambda: False)
-    assert ts[0].arena(0, [0, 1]).writer() is None  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("p", [2, 3, 4])
