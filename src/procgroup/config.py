@@ -112,7 +112,7 @@ class ENV:
     LOG_LEVEL = "PROCGROUP_LOG_LEVEL"
     PROGRESS_INTERVAL = "PROCGROUP_PROGRESS_INTERVAL"  # seconds between "3/4 joined" lines
     TTY = "PROCGROUP_TTY"  # the launcher's terminal, for dist.breakpoint() in a worker
-    SHM_CMA = "PROCGROUP_SHM_CMA"  # "0": no single-copy (process_vm_readv) path for large shm messages
+    SHM_CMA = "PROCGROUP_SHM_CMA"  # "0": no cross-memory attach (process_vm_readv/writev) for large shm data
     SHM_SPIN_US = "PROCGROUP_SHM_SPIN_US"  # how long a shm wait spins before sleeping on a futex
     SHM_SPLIT = "PROCGROUP_SHM_SPLIT"  # "0": one thread copies a large single-copy message, not two
     SHM_ARENA = "PROCGROUP_SHM_ARENA"  # "0": small collectives within a host use messages, not the shared slots
@@ -173,7 +173,12 @@ _TABLE = (
     EnvVar(ENV.LOG_LEVEL, "DEBUG|INFO|WARNING: procgroup's log level", "user"),
     EnvVar(ENV.PROGRESS_INTERVAL, "seconds between rendezvous progress lines", "user"),
     EnvVar(ENV.TTY, "path of the launcher's terminal; dist.breakpoint() runs pdb there"),
-    EnvVar(ENV.SHM_CMA, "0 turns off the single-copy (process_vm_readv) path for shm messages >= 4-8 MiB", "user"),
+    EnvVar(
+        ENV.SHM_CMA,
+        "0 turns off cross-memory attach: the single-copy (process_vm_readv) path for shm messages >= 4-8 MiB, the "
+        "one-copy reads of large collectives and a pair's split broadcast (process_vm_writev)",
+        "user",
+    ),
     EnvVar(
         ENV.SHM_SPIN_US,
         "microseconds every shm wait spins before it sleeps on a futex (default 50; shared-slot waits 200, "
