@@ -88,6 +88,43 @@ def test_bound_all_reduces_match_the_algorithms(hosts: List[str], mix: bool) -> 
     assert (bound["multileader"] > 0) == uniform, bound
 
 
+@pytest.mark.parametrize("hosts", [LAYOUTS[0], LAYOUTS[3]], ids=["-".join(LAYOUTS[0]), "-".join(LAYOUTS[3])])
+def test_multileader_pieces_bound_and_unbound_meet(hosts: List[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Buffers above ``select.MULTILEADER_CHUNK`` (lowered: many pieces, odd last ones) run piece by piece, bound or
+    not, the ranks of both kinds in the same calls: exact and bitwise equal everywhere."""
+    monkeypatch.setattr(select, "MULTILEADER_CHUNK", 96 << 10)
+    seen: List[int] = []
+    real = AR.allreduce_multileader
+
+    def counted(comm: Any, buf: np.ndarray, *a: Any) -> None:
+        seen.append(buf.shape[0])
+        real(comm, buf, *a)
+
+    monkeypatch.setattr(AR, "allreduce_multileader", counted)
+    bound = _run(hosts, True)
+    assert bound["multileader"] > 0, bound
+    assert any(n * 4 <= 96 << 10 for n in seen), "no piece ran through the algorithm"
+
+
+def test_multileader_pieces_cover_the_buffer_in_equal_blocks() -> None:
+    assert AR.multileader_pieces(1 << 20, 2, 4, 1 << 20) == [
+        (0, 1 << 18),
+        (1 << 18, 2 << 18),
+        (2 << 18, 3 << 18),
+        (3 << 18, 1 << 20),
+    ]
+    assert AR.multileader_pieces(1000, 2, 4, 0) == [(0, 1000)]  # 0: whole
+    assert AR.multileader_pieces(1000, 2, 4, 4000) == [(0, 1000)]  # fits
+    for n, per, isz, chunk in [(393216, 3, 8, 1 << 20), (262145, 2, 4, 1 << 20), (1000003, 3, 4, 1 << 20),
+                               (7, 2, 4, 8), (16 << 20, 2, 4, 1 << 20), (99_991, 4, 2, 10_000)]:  # fmt: skip
+        ps = AR.multileader_pieces(n, per, isz, chunk)
+        sizes = [b - a for a, b in ps]
+        assert ps[0][0] == 0 and ps[-1][1] == n and all(x[1] == y[0] for x, y in zip(ps, ps[1:])), ps
+        assert len(set(sizes[:-1])) <= 1 and sizes[-1] <= sizes[0], sizes  # equal, the last no longer
+        assert all(s % per == 0 for s in sizes[:-1]), sizes  # whole blocks: equal per member
+        assert max(sizes) * isz <= chunk or max(sizes) <= per, (n, per, isz, chunk, sizes)
+
+
 def test_nothing_is_bound_without_host_slots_or_hosts() -> None:
     """A Comm without its host's shared slots, or one host only: None (the plan runs the algorithm)."""
     got: List[Any] = []

@@ -17,13 +17,13 @@ made once per parent Comm (a plan's calls reuse their group's) and take the call
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from . import allreduce as _ar
 from ._util import SPAN, HostComm, SubComm
-from .allreduce import host_layout, uniform_layout
+from .allreduce import host_layout, multileader_pieces, uniform_layout
 from .bigarena import allreduce_big_split, bcast_big, bind_bcast, bind_reduce, bind_split, reduce_big
 
 __all__ = ["bind_hierarchical", "bind_multileader"]
@@ -111,15 +111,35 @@ def bind_hierarchical(probe: Any, nbytes: int, nelems: int, dt: np.dtype, reduce
 
 def bind_multileader(probe: Any, nbytes: int, nelems: int, dt: np.dtype, reduce: Kernel) -> Optional[Bound]:
     """:func:`~.allreduce.allreduce_multileader` as :func:`bind_hierarchical` binds the hierarchical one, where its
-    host stages run in the host's shared slots (``host_split``) on blocks of equal size; else None."""
+    host stages run in the host's shared slots (``host_split``) on blocks of equal size; else None.  A buffer the
+    algorithm runs in pieces (:func:`~.allreduce.multileader_pieces`) binds each piece's shape and runs them in
+    turn, as the algorithm does."""
     lay = _layout(probe)
     if lay is None:
         return None
     hosts, mine, li, ha = lay
     per = len(mine)
-    if not uniform_layout(hosts) or nelems < per or nelems % per:
+    if not uniform_layout(hosts) or nelems < per:
         return None
     st = _ar._stages
+    pieces = multileader_pieces(nelems, per, dt.itemsize, st.multileader_chunk())
+    if len(pieces) > 1:  # the algorithm's pieces, each bound (at most two shapes: the pieces and the last)
+        bound: Dict[int, Bound] = {}
+        for a, b in pieces:
+            if b - a not in bound:
+                f = bind_multileader(probe, (b - a) * dt.itemsize, b - a, dt, reduce)
+                if f is None:
+                    return None
+                bound[b - a] = f
+        steps = [(a, b, bound[b - a]) for a, b in pieces]
+
+        def chunked(c: Any, buf: np.ndarray) -> None:
+            for a, b, f in steps:
+                f(c, buf[a:b])
+
+        return chunked
+    if nelems % per:
+        return None
     split = st.host_split(HostComm(probe, mine, 1 * SPAN, ha), nbytes)
     if split is None:
         return None

@@ -252,6 +252,12 @@ PAIR_SPLIT_MIN = 1 << 20
 #: above 128 KiB (6 rounds each): multileader / hierarchical 256 KiB 1.37x, 512 KiB 1.24x, 1 MiB 0.88x (faster in
 #: 6 of 6 rounds)
 MULTILEADER_MIN = 1 << 20
+#: ... and runs a buffer above this many bytes as consecutive pieces of at most this size
+#: (``allreduce.multileader_pieces``), each all three stages.  A 1 MiB piece's host stages take one step of the 1 MiB
+#: big slots (one compiled call each where bound), and the ranks meet again after every piece.  3 netns hosts x 2
+#: ranks (pass 18, whole jobs, slowest rank per call, median, the pieces as separate calls): 2 / 4 / 16 MiB 4956 /
+#: 9056 / 35616 us whole, 3354 / 7196 / 26412 in 1 MiB pieces, 3381 / 9088 / 27776 in 512 KiB pieces
+MULTILEADER_CHUNK = 1 << 20
 #: the all_reduce between hosts (a stage of the two above) uses the direct algorithms up to this many hosts
 INTER_DIRECT_MAX_P = 8
 #: ... and between them: direct (one hop, (p-1)n bytes out per rank) up to here, direct reduce-scatter +
@@ -283,6 +289,7 @@ def tunables() -> tuple:
         REDUCE_SMALL,
         HIERARCHICAL,
         MULTILEADER_MIN,
+        MULTILEADER_CHUNK,
         INTER_DIRECT_MAX_P,
         INTER_DIRECT_SMALL,
         INTER_RSAG_MAX,
@@ -516,6 +523,7 @@ install_stage_choices(
         host_reduce=choose_host_reduce,
         host_broadcast=choose_host_broadcast,
         host_split=choose_host_split,
+        multileader_chunk=lambda: MULTILEADER_CHUNK,
     )
 )
 
