@@ -254,9 +254,12 @@ PAIR_SPLIT_MIN = 1 << 20
 MULTILEADER_MIN = 1 << 20
 #: ... and runs a buffer above this many bytes as consecutive pieces of at most this size
 #: (``allreduce.multileader_pieces``), each all three stages.  A 1 MiB piece's host stages take one step of the 1 MiB
-#: big slots (one compiled call each where bound), and the ranks meet again after every piece.  3 netns hosts x 2
-#: ranks (pass 18, whole jobs, slowest rank per call, median, the pieces as separate calls): 2 / 4 / 16 MiB 4956 /
-#: 9056 / 35616 us whole, 3354 / 7196 / 26412 in 1 MiB pieces, 3381 / 9088 / 27776 in 512 KiB pieces
+#: big slots (one compiled call each where bound), and the ranks meet again after every piece, where a whole buffer's
+#: steps waited at every sync for a partner whose stage between hosts ended at another time.  3 netns hosts x 2
+#: ranks (pass 18, whole jobs alternating, slowest rank per call, median): whole / 1 MiB pieces 2 MiB 3824 / 2633
+#: us, 4 MiB 7675 / 5038, 16 MiB 29380 / 20316 (4 of 4 rounds each), 64 MiB 114078 / 88316 (3 of 3), with 8-25 %
+#: less CPU; 512 KiB pieces at 4 MiB 1.145x the 1 MiB ones' time (0 of 4).  HOST_SPLIT_MAX no longer applies to
+#: such a buffer: its pieces are below it
 MULTILEADER_CHUNK = 1 << 20
 #: the all_reduce between hosts (a stage of the two above) uses the direct algorithms up to this many hosts
 INTER_DIRECT_MAX_P = 8
