@@ -166,8 +166,7 @@ def multileader_pieces(n: int, per: int, itemsize: int, chunk: int) -> List[Tupl
     """The element ranges ``[a, b)`` that :func:`allreduce_multileader` runs one after the other for ``n`` elements
     of ``itemsize`` bytes on hosts of ``per`` ranks: the whole buffer up to ``chunk`` bytes (0: always), else the
     fewest pieces of at most ``chunk`` bytes whose size, a multiple of ``per`` elements (equal blocks), is the same
-    for all but a shorter last one.
-    Every rank computes the same ranges from values all of them agree on."""
+    for all but a shorter last one.  Every rank computes the same ranges from values all of them agree on."""
     if chunk <= 0 or n * itemsize <= chunk or n < 2 * per:
         return [(0, n)]
     k = -(-(n * itemsize) // chunk)
