@@ -145,6 +145,7 @@ def test_tunables_change_with_every_threshold(monkeypatch: pytest.MonkeyPatch) -
     assert select.tunables() == base
     for mod, name in [
         (select, "MULTILEADER_MIN"),
+        (select, "MULTILEADER_CHUNK"),
         (select, "INTER_DIRECT_SMALL"),
         (select, "HOST_SLOTS_MAX"),
         (select, "HOST_SLOTS_BCAST_MAX"),
