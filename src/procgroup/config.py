@@ -120,6 +120,7 @@ class ENV:
     SHM_BIG_SLOT = "PROCGROUP_SHM_BIG_SLOT"  # bytes per big shared buffer (issue 14.1); 0: no big-slot collectives
     TCP_SPIN_US = "PROCGROUP_TCP_SPIN_US"  # how long a TCP wait polls its socket (yielding) before it sleeps
     HEARTBEAT_TIMEOUT = "PROCGROUP_HEARTBEAT_TIMEOUT"  # seconds: a multi-node agent this silent is lost
+    CPU_BIND = "PROCGROUP_CPU_BIND"  # auto | none: the launcher binds workers that outnumber the CPUs round-robin
     # -- secret policy and store admission (issue 11 items 12-14)
     SECRET_FILE = "PROCGROUP_SECRET_FILE"  # file holding the job secret; PROCGROUP_SECRET wins over it
     STORE_AUTH_TIMEOUT = "PROCGROUP_STORE_AUTH_TIMEOUT"  # seconds a store client has to prove the secret
@@ -168,6 +169,12 @@ _TABLE = (
     EnvVar(
         ENV.HEARTBEAT_TIMEOUT,
         "launcher: seconds without a heartbeat before a node's agent is declared lost (default 2.5)",
+        "user",
+    ),
+    EnvVar(
+        ENV.CPU_BIND,
+        "launcher: auto (default) binds each worker to one CPU, round-robin, when a node runs more workers than "
+        "it has CPUs; none leaves them to the scheduler (--cpu-bind)",
         "user",
     ),
     EnvVar(ENV.LOG_LEVEL, "DEBUG|INFO|WARNING: procgroup's log level", "user"),

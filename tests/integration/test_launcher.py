@@ -42,13 +42,19 @@ def _alive(pid: int) -> bool:
 class Launch:
     """A running ``procgroup run`` whose output is read line by line in the background."""
 
-    def __init__(self, args: list[str], cwd: Path, env: Optional[dict[str, str]] = None) -> None:
+    def __init__(
+        self, args: list[str], cwd: Path, env: Optional[dict[str, str]] = None, cpus: Optional[list[int]] = None
+    ) -> None:
         e = dict(os.environ)
         e["PYTHONPATH"] = str(SRC) + os.pathsep + e.get("PYTHONPATH", "")
         e.pop("PROCGROUP_SECRET", None)
         e.update(env or {})
+        run = [sys.executable, "-m", "procgroup", "run"]
+        if cpus is not None:  # the launcher itself bound to these CPUs, as srun or taskset would leave it
+            bind = f"import os, sys; os.sched_setaffinity(0, {set(cpus)!r}); os.execv(sys.executable, sys.argv[1:])"
+            run = [sys.executable, "-c", bind, *run]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "procgroup", "run", *args],
+            [*run, *args],
             cwd=str(cwd),
             env=e,
             stdout=subprocess.PIPE,
@@ -138,8 +144,10 @@ def workdir(tmp_path: Path) -> Path:
 def launch(workdir: Path):  # type: ignore[no-untyped-def]
     started: list[Launch] = []
 
-    def start(*args: str, env: Optional[dict[str, str]] = None, cwd: Optional[Path] = None) -> Launch:
-        ln = Launch(list(args), cwd or workdir, env)
+    def start(
+        *args: str, env: Optional[dict[str, str]] = None, cwd: Optional[Path] = None, cpus: Optional[list[int]] = None
+    ) -> Launch:
+        ln = Launch(list(args), cwd or workdir, env, cpus)
         started.append(ln)
         return ln
 
@@ -199,6 +207,37 @@ def test_four_workers_get_the_env_contract(launch, workdir):  # type: ignore[no-
     assert len(set(seen.values())) == 1, "every rank must get the same port and secret"
     assert "succeeded" in ln.stderr and "exit code 0" in ln.stderr
     assert_gone(ln.pids)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to bind workers round-robin")
+def test_workers_that_outnumber_the_cpus_are_bound_round_robin(launch, workdir):  # type: ignore[no-untyped-def]
+    """--cpu-bind auto (the default): 3 workers on the launcher's 2 CPUs get one CPU each, round-robin; 2 workers,
+    or --cpu-bind none / PROCGROUP_CPU_BIND=none, stay on both; an unknown mode is refused before anything starts."""
+    two = sorted(os.sched_getaffinity(0))[-2:]  # the launcher gets these two, whatever this machine has
+    s = script(workdir, "aff.py", "import os\nprint('pid=%d' % os.getpid(), sorted(os.sched_getaffinity(0)))\n")
+
+    def cpus_of(*args: str, env: Optional[dict[str, str]] = None) -> tuple[dict[int, list[int]], str]:
+        ln = launch("--standalone", *args, s, env=env, cpus=two)
+        rc = ln.finish()
+        assert rc == 0, ln.text()
+        got = {}
+        for line in ln.stdout_lines:
+            m = re.fullmatch(r"\[(\d)\] pid=(\d+) \[([\d, ]+)\]", line)
+            assert m, line
+            got[int(m.group(1))] = [int(c) for c in m.group(3).split(",")]
+        return got, ln.stderr
+
+    got, err = cpus_of("--nproc-per-node", "3")
+    assert got == {0: [two[0]], 1: [two[1]], 2: [two[0]]}, err
+    assert "3 workers on this node's 2 CPUs: each bound to one, round-robin" in err
+    got, err = cpus_of("--nproc-per-node", "2")
+    assert got == {0: two, 1: two} and "bound" not in err
+    got, err = cpus_of("--nproc-per-node", "3", "--cpu-bind", "none")
+    assert got == {0: two, 1: two, 2: two} and "bound" not in err
+    got, _ = cpus_of("--nproc-per-node", "3", env={"PROCGROUP_CPU_BIND": "none"})
+    assert got == {0: two, 1: two, 2: two}
+    ln = launch("--standalone", "--nproc-per-node", "3", s, env={"PROCGROUP_CPU_BIND": "cores"})
+    assert ln.finish() != 0 and "PROCGROUP_CPU_BIND" in ln.stderr and not ln.stdout_lines, ln.text()
 
 
 def test_script_args_argv_and_sys_path_pass_through(launch, workdir):  # type: ignore[no-untyped-def]

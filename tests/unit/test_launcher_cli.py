@@ -352,3 +352,87 @@ def test_fresh_secret_has_the_protocol_format():
 
     mine = LocalAgent(LaunchConfig(entrypoint="x"), environ={})._secret()
     assert len(mine) == len(new_secret()) == 64 and int(mine, 16) >= 0
+
+
+# --------------------------------------------------------------------------- --cpu-bind
+
+
+def test_cpu_binding_binds_only_workers_that_outnumber_the_cpus():
+    from procgroup.launcher.config import cpu_binding
+
+    assert cpu_binding(2, (0, 1), "auto") is None  # a CPU each: nothing to stack, left to the scheduler
+    assert cpu_binding(3, (5, 3), "auto") == [(3,), (5,), (3,)]  # round-robin over the sorted CPUs
+    assert cpu_binding(5, (0, 1), "auto") == [(0,), (1,), (0,), (1,), (0,)]
+    assert cpu_binding(1, (7,), "auto") is None and cpu_binding(2, (7,), "auto") == [(7,), (7,)]
+    assert cpu_binding(8, (0, 1), "none") is None
+    assert cpu_binding(8, (), "auto") is None  # the platform could not say which CPUs: bind nothing
+    with pytest.raises(ConfigError, match="--cpu-bind 'core' must be one of auto, none"):
+        cpu_binding(3, (0, 1), "core")
+
+
+def test_cpu_bind_flag_env_and_default():
+    assert parse("train.py").cpu_bind == "auto"
+    assert parse("--cpu-bind", "none", "train.py").cpu_bind == "none"
+    assert parse("train.py", env={ENV.CPU_BIND: "None "}).cpu_bind == "none"
+    assert parse("--cpu-bind", "auto", "train.py", env={ENV.CPU_BIND: "none"}).cpu_bind == "auto"  # the flag wins
+    with pytest.raises(ConfigError, match="PROCGROUP_CPU_BIND"):
+        parse("train.py", env={ENV.CPU_BIND: "cores"})
+    with pytest.raises(SystemExit):
+        parse("--cpu-bind", "cores", "train.py")
+
+
+def test_worker_specs_pass_the_binding_to_the_bootstrap_and_the_head_forwards_the_mode(tmp_path):
+    from procgroup.launcher.attempt import worker_specs
+    from procgroup.launcher.config import Placement
+    from procgroup.launcher.hosts import agent_argv
+
+    def cpus(cfg: LaunchConfig, usable: tuple[int, ...]) -> list[object]:
+        specs = worker_specs(
+            cfg,
+            secret="s",
+            restart=0,
+            placement=Placement.uniform(cfg, 1234),
+            hostname="h",
+            environ={},
+            error_dir=str(tmp_path),
+            agent_pid=1,
+            tty=None,
+            cpus=usable,
+        )
+        out: list[object] = []
+        for spec in specs:
+            head = list(spec.argv[: spec.argv.index("--")])
+            out.append(head[head.index("--cpus") + 1] if "--cpus" in head else None)
+        return out
+
+    cfg = LaunchConfig(entrypoint="train.py", nproc_per_node=3)
+    assert cpus(cfg, (0, 1)) == ["0", "1", "0"]
+    assert cpus(cfg, (0, 1, 2, 3)) == [None, None, None]
+    assert cpus(LaunchConfig(entrypoint="train.py", nproc_per_node=3, cpu_bind="none"), (0, 1)) == [None] * 3
+    for mode in ("auto", "none"):
+        a = agent_argv(
+            LaunchConfig(entrypoint="train.py", nproc_per_node=3, cpu_bind=mode),
+            node_rank=1,
+            nnodes=2,
+            nproc=3,
+            master_addr="h0",
+            master_port=1,
+            run_id="r",
+        )
+        assert a[a.index("--cpu-bind") + 1] == mode and a[-1] == "train.py"
+
+
+def test_bootstrap_binds_before_the_program_and_survives_a_cpu_it_may_not_use(capsys):
+    from procgroup.launcher import bootstrap
+
+    assert bootstrap._parse(["--cpus", "0,1", "--parent-pid", "7", "t.py", "--cpus", "9"]).cpus == "0,1"
+    before = os.sched_getaffinity(0)
+    try:
+        mine = min(before)
+        assert bootstrap.bind_cpus(str(mine)) and os.sched_getaffinity(0) == {mine}
+        assert not bootstrap.bind_cpus("100000") and os.sched_getaffinity(0) == {mine}  # no such CPU: left alone
+        assert not bootstrap.bind_cpus("x")
+    finally:
+        os.sched_setaffinity(0, before)
+    err = capsys.readouterr().err
+    assert "not bound to CPUs '100000'" in err and "running unbound" in err

@@ -1,10 +1,12 @@
 """Whole-run A/B of ``procgroup bench`` cases: each variant a whole bench run, variants alternating by round.
 
-    python ab_bench.py ROUNDS NPROC OPS SIZES 'label|PATCH[|TREE]' 'label|PATCH[|TREE]'
+    python ab_bench.py ROUNDS NPROC OPS SIZES 'label|PATCH[|TREE[|ENV]]' 'label|PATCH[|TREE[|ENV]]'
 
 ``PATCH`` is ``-`` (the checkout as it is) or ``module.NAME=literal;...`` (``NAME[key]=...`` for a dict entry),
 applied in every process of the run through a sitecustomize (see ab_jobs.py).  ``TREE`` (pass 15): another
-checkout to run instead of this one (a git worktree of an older commit, its C extensions built in place).
+checkout to run instead of this one (a git worktree of an older commit, its C extensions built in place; empty:
+this one).  ``ENV`` (pass 19): ``NAME=value`` pairs, space-separated, set in the bench's environment
+(``PROCGROUP_CPU_BIND=none``).
 Prints per case the median over rounds of procgroup's median time, each round's value, and in how many rounds the
 second variant was faster.
 """
@@ -22,8 +24,8 @@ from ab_jobs import check_patch, site_dir
 
 def main() -> None:
     rounds, nproc, ops, sizes = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-    variants = [(v.split("|") + [""])[:3] for v in sys.argv[5:]]
-    for _label, patch, _tree in variants:
+    variants = [(v.split("|") + ["", ""])[:4] for v in sys.argv[5:]]
+    for _label, patch, _tree, _env in variants:
         if patch != "-":
             check_patch(patch)
     site = site_dir()
@@ -31,9 +33,10 @@ def main() -> None:
     res: dict = collections.defaultdict(list)
     out = tempfile.mkdtemp(prefix="pg-ab-bench-")
     for k in range(rounds):
-        for label, patch, tree in variants if k % 2 == 0 else variants[::-1]:
+        for label, patch, tree, extra in variants if k % 2 == 0 else variants[::-1]:
             src = os.path.join(tree or here, "src")
             env = dict(os.environ, PYTHONPATH=f"{site}:{os.path.abspath(src)}")
+            env.update(kv.split("=", 1) for kv in extra.split())
             if patch != "-":
                 env["PG_PATCH"] = patch
             path = os.path.join(out, f"{label}.json")

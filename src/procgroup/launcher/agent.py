@@ -71,10 +71,11 @@ from .attempt import (
     kill_leftovers,
     pick_workers_port,
     terminal,
+    usable_cpus,
     worker_result,
     worker_specs,
 )
-from .config import OMP_NUM_THREADS, LaunchConfig, Placement
+from .config import OMP_NUM_THREADS, LaunchConfig, Placement, cpu_binding
 from .control import (
     CTL_MARK,
     HELLO_TIMEOUT,
@@ -168,6 +169,8 @@ class LocalAgent(SignalWaiter):
         self.hostname = env_str(ENV.HOSTNAME, self.environ) or socket.gethostname()
         self.state = RunState.INIT
         self.pid = os.getpid()
+        #: the CPUs this agent may use (what srun, mpirun, a cgroup or taskset gave it): --cpu-bind binds within them
+        self._cpus: tuple[int, ...] = usable_cpus()
         self.port: Optional[int] = None  # the workers' MASTER_PORT (one node)
         self.node_rank: Optional[int] = cfg.node_rank
         self.gang: Optional[Gang] = None
@@ -285,6 +288,14 @@ class LocalAgent(SignalWaiter):
                 and not (cfg.from_head and placement.node_rank != 0)
             ):
                 self.sink.text(OMP_WARNING)
+            if restart == 0 and not (cfg.from_head and placement.node_rank != 0):
+                binding = cpu_binding(placement.local_world_size, self._cpus, cfg.cpu_bind)
+                if binding is not None:
+                    self.sink.text(
+                        f"procgroup run: {placement.local_world_size} workers on this node's {len(self._cpus)} "
+                        f"CPU{'s' if len(self._cpus) > 1 else ''}: "
+                        "each bound to one, round-robin (--cpu-bind none leaves them to the scheduler)"
+                    )
             local = self._run_attempt(secret, restart, placement, assignment)
             result = self._conclude(local, restart, assignment)
             final = self._final_state(result, restart)
@@ -547,6 +558,7 @@ class LocalAgent(SignalWaiter):
             error_dir=self._error_dir(),
             agent_pid=self.pid,
             tty=terminal(cfg.from_head),
+            cpus=self._cpus,
         )
         att = Attempt(group=WorkerGroup(specs, self.sink), start_time=time.time(), node=node)
         if restart and cfg.log_dir:

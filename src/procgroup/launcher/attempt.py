@@ -13,11 +13,11 @@ import os
 import signal
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..deadline import Deadline
 from ..errors import PortInUseError
-from .config import LaunchConfig, Placement, worker_env
+from .config import LaunchConfig, Placement, cpu_binding, worker_env
 from .report import WorkerResult, load_error_file, worker_to_dict
 from .workers import (
     BOOTSTRAP_PATH,
@@ -40,6 +40,7 @@ __all__ = [
     "failure_record",
     "kill_leftovers",
     "terminal",
+    "usable_cpus",
     "worker_result",
     "worker_specs",
 ]
@@ -93,6 +94,14 @@ def check_workers_port(master_addr: str, port: int) -> None:
         raise PortInUseError(str(e).replace(f"0.0.0.0:{port}", f"{master_addr}:{port}")) from None
 
 
+def usable_cpus() -> tuple[int, ...]:
+    """This process's CPU affinity, sorted; () where the platform cannot say (then nothing is bound)."""
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return ()
+
+
 def terminal(from_head: bool) -> Optional[str]:
     """The terminal this agent runs on (for dist.breakpoint() in a worker), if any; never for an
     agent started by a head node (its stdio is the ssh session)."""
@@ -118,13 +127,18 @@ def worker_specs(
     error_dir: str,
     agent_pid: int,
     tty: Optional[str],
+    cpus: Sequence[int] = (),
 ) -> list[WorkerSpec]:
     """The blueprints of this node's workers for generation ``restart``.
+
+    ``cpus``: the CPUs this agent may use; with ``cfg.cpu_bind`` "auto" and more workers than them, each worker
+    is bound to one (:func:`~.config.cpu_binding`; the bootstrap's ``--cpus``).
 
     Removes each worker's stale error file first (never mistake an earlier run's error for this
     one's); raises :class:`~procgroup.errors.ConfigError` only through :func:`worker_env`.
     """
     suffix = "" if restart == 0 else f".restart{restart}"
+    binding = cpu_binding(placement.local_world_size, cpus, cfg.cpu_bind)
     specs = []
     for local in range(placement.local_world_size):
         rank = placement.rank(local)
@@ -146,6 +160,8 @@ def worker_specs(
             tty=tty,
         )
         argv = [sys.executable, BOOTSTRAP_PATH, "--parent-pid", str(agent_pid)]
+        if binding is not None:
+            argv += ["--cpus", ",".join(str(c) for c in binding[local])]
         if cfg.no_python:
             argv += ["--exec"]
         else:

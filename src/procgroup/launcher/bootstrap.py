@@ -10,6 +10,7 @@ OPTIONS (all before the target; everything after it belongs to the program):
 ``--error-file PATH``  where to write the JSON error record (default: $PROCGROUP_ERROR_FILE)
 ``--rank R --local-rank L --host H``  identity recorded in the error file (default: from the environment)
 ``--parent-pid P``  the agent's pid: die with SIGKILL when it dies (PR_SET_PDEATHSIG), exit at once if it already has
+``--cpus 0,2``  bind this process (and so the program, its threads and children) to these CPUs first
 ``--exec``  run ``target`` as an executable (``--no-python``) after arming the parent-death signal
 ``-m``  ``target`` is a module name, as ``python -m``
 
@@ -43,7 +44,7 @@ import traceback
 from types import TracebackType
 from typing import Mapping, NoReturn, Optional
 
-__all__ = ["main", "set_parent_death_signal", "write_error_file", "error_record"]
+__all__ = ["main", "set_parent_death_signal", "bind_cpus", "write_error_file", "error_record"]
 
 _PR_SET_PDEATHSIG = 1
 #: After an uncaught exception, exit even if non-daemon threads keep the interpreter alive.
@@ -130,12 +131,26 @@ def _force_exit_later(code: int, after: float) -> None:
     threading.Thread(target=_go, name="procgroup-exit-watchdog", daemon=True).start()
 
 
+def bind_cpus(spec: str) -> bool:
+    """Bind this process to the CPUs of ``spec`` ("0,2"; the agent's ``--cpu-bind``), before any thread exists, so
+    that every thread and child inherits them.  A CPU this process may not use (a cgroup changed under us) leaves
+    it unbound with a line on stderr, never stops the worker; False then."""
+    try:
+        cpus = {int(c) for c in spec.split(",") if c.strip()}
+        os.sched_setaffinity(0, cpus)
+        return True
+    except (ValueError, OSError, AttributeError) as e:
+        sys.stderr.write(f"procgroup bootstrap: not bound to CPUs {spec!r} ({e}); running unbound\n")
+        return False
+
+
 class _Args:
     error_file: Optional[str] = None
     rank: Optional[int] = None
     local_rank: Optional[int] = None
     host: Optional[str] = None
     parent_pid: Optional[int] = None
+    cpus: Optional[str] = None
     exec_: bool = False
     module: bool = False
     target: str = ""
@@ -145,7 +160,7 @@ class _Args:
 def _usage(msg: str) -> NoReturn:
     sys.stderr.write(
         f"procgroup bootstrap: {msg}\nusage: bootstrap [--error-file F] [--rank R] [--local-rank L] "
-        "[--host H] [--parent-pid P] [--exec | -m] target [args...]\n"
+        "[--host H] [--parent-pid P] [--cpus LIST] [--exec | -m] target [args...]\n"
     )
     sys.exit(2)
 
@@ -158,6 +173,7 @@ def _parse(argv: list[str]) -> _Args:
         "--local-rank": "local_rank",
         "--host": "host",
         "--parent-pid": "parent_pid",
+        "--cpus": "cpus",
     }
     i = 0
     while i < len(argv):
@@ -228,6 +244,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         if os.getppid() != a.parent_pid:  # the agent died before prctl took effect
             sys.stderr.write(f"procgroup bootstrap: the launcher (pid {a.parent_pid}) is gone; not starting\n")
             os._exit(1)
+
+    if a.cpus is not None:
+        bind_cpus(a.cpus)
 
     if a.exec_:
         try:

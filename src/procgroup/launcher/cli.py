@@ -34,6 +34,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from ..config import ENV, KUBEFLOW, default_timeout, env_float, env_str
 from ..errors import ConfigError
 from .config import (
+    CPU_BIND_MODES,
     DEFAULT_HEARTBEAT_TIMEOUT,
     DEFAULT_JOIN_WINDOW,
     DEFAULT_MASTER_ADDR,
@@ -116,6 +117,14 @@ def build_parser(prog: str = "procgroup run") -> argparse.ArgumentParser:
         action="store_true",
         help="start --nproc-per-node workers even beyond the CPUs (8 per CPU and 64 in all), the user's "
         "process limit or half of pid_max (refused by default)",
+    )
+    g.add_argument(
+        "--cpu-bind",
+        dest="cpu_bind",
+        choices=CPU_BIND_MODES,
+        default=None,
+        help="auto: when a node runs more workers than it has CPUs, bind worker i to CPU i mod CPUs (steadier "
+        f"collectives); none: leave them to the scheduler (default ${ENV.CPU_BIND} or auto)",
     )
     g.add_argument(
         "--nnodes",
@@ -457,7 +466,7 @@ def _explicit(ns: argparse.Namespace, environ: Mapping[str, str], dest: str) -> 
     return getattr(ns, dest, None) is not None or _pet(dest, environ) is not None
 
 
-def _output_fields(ns: argparse.Namespace, default_prefix: str) -> dict:
+def _output_fields(ns: argparse.Namespace, default_prefix: str, environ: Mapping[str, str]) -> dict:
     """The LaunchConfig fields both modes take from the same flags (output, program, secret), checked."""
     if ns.no_prefix and ns.prefix_format is not None:
         raise ConfigError("--no-prefix and --prefix-format exclude each other; keep one")
@@ -473,6 +482,7 @@ def _output_fields(ns: argparse.Namespace, default_prefix: str) -> dict:
         module=bool(ns.module),
         no_python=bool(ns.no_python),
         local_rank_arg=ns.local_rank_arg,
+        cpu_bind=ns.cpu_bind if ns.cpu_bind is not None else (environ.get(ENV.CPU_BIND) or "auto").strip().lower(),
         secret_file=os.path.abspath(ns.secret_file) if ns.secret_file is not None else None,
     )
 
@@ -582,7 +592,7 @@ def config_from_namespace(ns: argparse.Namespace, environ: Mapping[str, str]) ->
     # Several nodes must agree on the id without talking: torchrun's "none".
     run_id = str(run_id_v) if run_id_v is not None else (new_run_id() if nnodes == 1 else "none")
 
-    io = _output_fields(ns, SINGLE_NODE_PREFIX if nnodes == 1 else MULTI_NODE_PREFIX)
+    io = _output_fields(ns, SINGLE_NODE_PREFIX if nnodes == 1 else MULTI_NODE_PREFIX, environ)
     return LaunchConfig(
         entrypoint=ns.entrypoint,
         args=tuple(ns.args),
@@ -628,7 +638,7 @@ def _head_config(
         port = _int("--master-port", ns.master_port, "--master-port")
         if not 0 < port < 65536:
             raise ConfigError(f"--master-port {port} must be 1..65535 (omit it: node 0 then picks a free port)")
-    io = _output_fields(ns, MULTI_NODE_PREFIX)
+    io = _output_fields(ns, MULTI_NODE_PREFIX, environ)
     try:
         ssh_command = tuple(shlex.split(ns.ssh_command))
     except ValueError as e:

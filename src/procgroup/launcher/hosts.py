@@ -283,6 +283,7 @@ def agent_argv(
         a += ["--no-python"]
     if cfg.local_rank_arg is not None:
         a += [f"--local-rank-arg={cfg.local_rank_arg}"]
+    a += ["--cpu-bind", cfg.cpu_bind]
     a += [cfg.entrypoint, *cfg.args]
     return a
 
