@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from procgroup.algorithms import allreduce as AR
+from procgroup.algorithms import alltoall_shm as A2A
 from procgroup.algorithms import bigarena as BA
 from procgroup.algorithms import hierbind as HB
 from procgroup.algorithms import select
@@ -153,6 +154,7 @@ def test_tunables_change_with_every_threshold(monkeypatch: pytest.MonkeyPatch) -
         (BA, "DIRECT_MAX"),
         (BA, "REDUCE_DIRECT_READS"),
         (BA, "STEP_MAX"),
+        (A2A, "STEP_MAX"),
     ]:
         with monkeypatch.context() as m:
             m.setattr(mod, name, getattr(mod, name) + 8)

@@ -78,7 +78,6 @@ import numpy as np
 from ..errors import ConfigError, ProcGroupError
 from ..transport.base import address_of
 from ._util import P_ALLTOALL, step, u8
-from .bigarena import STEP_MAX
 from .onecopy import END_SALT, read_directly
 
 __all__ = ["alltoall_shm", "shm_applies", "Prep", "prepare", "A2A_LIMIT_DEFAULT", "SALT", "native_done"]
@@ -95,14 +94,21 @@ _OP_ALLTOALL = 7  # beside algorithms.bigarena's op codes (1-6)
 #: one's (16 bits) still never completes an exchange with it
 SALT = 0xA2A0_0000
 #: a stream through the big slots goes in windows of 1/PIPE_PARTS of it, at least PIPE_MIN bytes, at most a slot
-#: and at most STEP_MAX (``algorithms.bigarena``: whole 1 MiB buffers have a slow mode; N=2, 2 MiB streams, back
-#: to back, 157-159 against 169-186 us in alternating runs, 256 KiB-1 MiB streams even).
+#: and at most STEP_MAX.
 #: 1: no pipelining within a slot's worth.  benchmarks/ab_alltoall.py (shm/p1, shm/p2, shm/p4; 2-CPU host at
 #: load 7-10): 2 parts took 1.04x-1.13x one part's time at N=2 from 256 KiB to 1 MiB per rank, and 4 parts
 #: 1.1x-2x (an extra sync costs a wake-up when a member is descheduled; the overlap it buys needs both
 #: members running).  Rerun on a quiet host before raising it.
 PIPE_PARTS = 1
 PIPE_MIN = 64 << 10
+#: the largest window: a whole default big slot.  It was broadcast's and all_gather's 512 KiB
+#: (``algorithms.bigarena.STEP_MAX``: their whole-buffer steps have a slow mode), which cut a 768 KiB stream (N=4,
+#: 1 MiB a rank) into two windows: the second one a big-slot sync in Python.  One window is one compiled call.
+#: ``procgroup bench`` whole runs alternating (pass 19, 4 rounds, workers bound), 512 KiB / 1 MiB: N=4 256 KiB /
+#: 1 MiB / 4 MiB a rank 45.7 / 202.9 / 1078 against 43.2 / **134.5** / 941.6 us (4 of 4 rounds each); N=2 1 / 4 /
+#: 16 MiB 0.93 / 1.015 / 0.94x.  (Before, N=2, 2 MiB streams back to back: 157-159 us in 512 KiB windows against
+#: 169-186 in 1 MiB ones; the whole-run A/B above has 4 MiB a rank even.)
+STEP_MAX = 1 << 20
 #: (sender, where its piece for this rank starts and ends in its stream, its stream's length)
 Piece = Tuple[int, int, int, int]
 #: prepared layouts kept per (counts, item size, group size, rank); past that the cache starts over

@@ -113,6 +113,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from . import allreduce as _allreduce
+from . import alltoall_shm as _alltoall_shm
 from . import bigarena as _bigarena
 from ._util import flat
 from .allreduce import (
@@ -305,6 +306,7 @@ def tunables() -> tuple:
         _bigarena.DIRECT_MAX,
         _bigarena.REDUCE_DIRECT_READS,
         _bigarena.STEP_MAX,
+        _alltoall_shm.STEP_MAX,
         _bigarena.PIPE_MIN,
         _bigarena.PIPE_PARTS_PAIR,
         _bigarena.PIPE_PARTS,
