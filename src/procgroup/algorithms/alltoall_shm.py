@@ -101,14 +101,14 @@ SALT = 0xA2A0_0000
 #: members running).  Rerun on a quiet host before raising it.
 PIPE_PARTS = 1
 PIPE_MIN = 64 << 10
-#: the largest window: a whole default big slot.  It was broadcast's and all_gather's 512 KiB
-#: (``algorithms.bigarena.STEP_MAX``: their whole-buffer steps have a slow mode), which cut a 768 KiB stream (N=4,
-#: 1 MiB a rank) into two windows: the second one a big-slot sync in Python.  One window is one compiled call.
-#: ``procgroup bench`` whole runs alternating (pass 19, 4 rounds, workers bound), 512 KiB / 1 MiB: N=4 256 KiB /
-#: 1 MiB / 4 MiB a rank 45.7 / 202.9 / 1078 against 43.2 / **134.5** / 941.6 us (4 of 4 rounds each); N=2 1 / 4 /
-#: 16 MiB 0.93 / 1.015 / 0.94x.  (Before, N=2, 2 MiB streams back to back: 157-159 us in 512 KiB windows against
-#: 169-186 in 1 MiB ones; the whole-run A/B above has 4 MiB a rank even.)
-STEP_MAX = 1 << 20
+#: the largest window: 3/4 of a default big slot.  It was broadcast's and all_gather's 512 KiB
+#: (``algorithms.bigarena.STEP_MAX``), which cut a 768 KiB stream (N=4, 1 MiB a rank) into two windows, the second
+#: one a big-slot sync in Python; one window is one compiled call.  Not a whole 1 MiB: windows of exactly 1 MiB
+#: have bigarena's slow mode (N=2, 4 MiB a rank, jobs of 400 calls, slowest rank per call, median: 375-390 us in
+#: 1 MiB windows, 178-182 in 1 MiB - 4 KiB ones, 174-183 in 512 KiB ones).  Jobs alternating (pass 19, workers
+#: bound), 512 / 768 KiB windows: N=4 1 MiB a rank 216-219 against **144-152** us (3 of 3); N=2 4 MiB (4 windows
+#: against 3) 178-183 against 172-193.
+STEP_MAX = 768 << 10
 #: (sender, where its piece for this rank starts and ends in its stream, its stream's length)
 Piece = Tuple[int, int, int, int]
 #: prepared layouts kept per (counts, item size, group size, rank); past that the cache starts over
