@@ -5,6 +5,8 @@ Run under the launcher, e.g.::
 
     SIZES=1024,65536,1048576 procgroup run --standalone --nproc-per-node 2 benchmarks/ab_alltoall.py
 
+(``MODES=shm,hdr+msg`` picks modes; ``ITERS=200`` overrides the iterations per size.)
+
 ``all_to_all_single`` of SIZE bytes (float32, equal splits) per rank.  Modes, alternating per iteration
 (time = max over ranks, medians printed, and each mode's time over ``msg``'s):
 
@@ -28,18 +30,20 @@ MODES = ("msg", "shm", "hdr+msg", "planned")
 
 
 PARTS = alltoall_shm.PIPE_PARTS
+LIMIT = select.BIG_LIMIT["all_to_all"]
 
 
 def _set(mode: str, n: int) -> None:
+    """``mode``'s path for the next call.  Only ``msg`` forces an algorithm: a forced ``shm`` runs the big slots
+    whatever ``BIG_LIMIT`` says (``select.ALGORITHMS`` calls it without a limit), so the other modes set the
+    limit and let the selection (and the plans, which read it per call) take the shared-memory path."""
     select.FORCE.pop("all_to_all", None)
     alltoall_shm.PIPE_PARTS = PARTS
     if mode.startswith("shm/p"):
         mode, alltoall_shm.PIPE_PARTS = "shm", int(mode[5:])
-    select.BIG_LIMIT["all_to_all"] = 0 if mode == "hdr+msg" else 1 << 62
+    select.BIG_LIMIT["all_to_all"] = {"hdr+msg": 0, "shm": 1 << 62}.get(mode, LIMIT)
     if mode == "msg":
         select.FORCE["all_to_all"] = "linear" if n <= select.ALLTOALL_SMALL else "pairwise"
-    elif mode in ("shm", "hdr+msg"):
-        select.FORCE["all_to_all"] = "shm"
 
 
 def main() -> None:
@@ -48,9 +52,10 @@ def main() -> None:
     sizes = [int(float(x)) for x in os.environ.get("SIZES", "1024,16384,65536,262144,1048576,4194304").split(",")]
     modes = [m for m in os.environ.get("MODES", ",".join(MODES)).split(",") if m]
     for n in sizes:
-        a = np.ones(n // 4, np.float32)
-        o = np.empty(n // 4, np.float32)
-        iters = max(10, min(200, int(2e7 // max(n, 1))))
+        # each mode its own buffers: a plan (``procgroup.plans``, one per buffers, op and group) binds the limit
+        # in force at its first call, so modes sharing buffers would all run the first mode's path
+        bufs = {m: (np.ones(n // 4, np.float32), np.empty(n // 4, np.float32)) for m in modes}
+        iters = int(os.environ.get("ITERS", 0)) or max(10, min(200, int(2e7 // max(n, 1))))
         t = {m: [] for m in modes}
         for i in range(iters):
             order = modes[i % len(modes) :] + modes[: i % len(modes)]
@@ -58,7 +63,7 @@ def main() -> None:
                 _set(mode, n)
                 dist.barrier()
                 t0 = time.perf_counter()
-                dist.all_to_all_single(o, a)
+                dist.all_to_all_single(bufs[mode][1], bufs[mode][0])
                 t[mode].append(time.perf_counter() - t0)
         _set("planned", n)
         arr = np.array([t[m] for m in modes], np.float64)
