@@ -91,9 +91,10 @@ def test_bound_all_reduces_match_the_algorithms(hosts: List[str], mix: bool) -> 
 
 @pytest.mark.parametrize("hosts", [LAYOUTS[0], LAYOUTS[3]], ids=["-".join(LAYOUTS[0]), "-".join(LAYOUTS[3])])
 def test_multileader_pieces_bound_and_unbound_meet(hosts: List[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Buffers above ``select.MULTILEADER_CHUNK`` (lowered: many pieces, odd last ones) run piece by piece, bound or
-    not, the ranks of both kinds in the same calls: exact and bitwise equal everywhere."""
+    """Buffers above ``select.MULTILEADER_CHUNK`` (lowered, with MULTILEADER_WHOLE: many pieces, odd last ones) run
+    piece by piece, bound or not, the ranks of both kinds in the same calls: exact and bitwise equal everywhere."""
     monkeypatch.setattr(select, "MULTILEADER_CHUNK", 96 << 10)
+    monkeypatch.setattr(select, "MULTILEADER_WHOLE", 96 << 10)
     seen: List[int] = []
     real = AR.allreduce_multileader
 
@@ -116,6 +117,10 @@ def test_multileader_pieces_cover_the_buffer_in_equal_blocks() -> None:
     ]
     assert AR.multileader_pieces(1000, 2, 4, 0) == [(0, 1000)]  # 0: whole
     assert AR.multileader_pieces(1000, 2, 4, 4000) == [(0, 1000)]  # fits
+    mib = 1 << 20
+    assert AR.multileader_pieces(mib // 4, 2, 4, 768 << 10, mib) == [(0, mib // 4)]  # whole up to ``whole`` bytes
+    assert [b - a for a, b in AR.multileader_pieces(mib // 4 + 2, 2, 4, 768 << 10, mib)] == [131074, 131072]
+    assert len(AR.multileader_pieces(mib, 2, 4, 768 << 10, mib)) == 6  # 4 MiB: six pieces of 683 KiB
     for n, per, isz, chunk in [(393216, 3, 8, 1 << 20), (262145, 2, 4, 1 << 20), (1000003, 3, 4, 1 << 20),
                                (7, 2, 4, 8), (16 << 20, 2, 4, 1 << 20), (99_991, 4, 2, 10_000)]:  # fmt: skip
         ps = AR.multileader_pieces(n, per, isz, chunk)
@@ -147,6 +152,7 @@ def test_tunables_change_with_every_threshold(monkeypatch: pytest.MonkeyPatch) -
     for mod, name in [
         (select, "MULTILEADER_MIN"),
         (select, "MULTILEADER_CHUNK"),
+        (select, "MULTILEADER_WHOLE"),
         (select, "INTER_DIRECT_SMALL"),
         (select, "HOST_SLOTS_MAX"),
         (select, "HOST_SLOTS_BCAST_MAX"),

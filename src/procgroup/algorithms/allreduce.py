@@ -52,9 +52,10 @@ class StageChoices:
     #: ``fn(host_comm, buf, reduce, between) -> bool`` (reduce-scatter, ``between(block)``, all-gather; False:
     #: nothing done, the messages then), or None
     host_split: Callable[[Any, int], Optional[Callable[..., bool]]] = lambda comm, nbytes: None
-    #: ``multileader_chunk()``: the multi-leader all_reduce runs a buffer above this many bytes as consecutive
-    #: pieces of at most this size (:func:`multileader_pieces`; 0: whole)
+    #: ``multileader_chunk()``: the multi-leader all_reduce runs a buffer above this many bytes (and above
+    #: ``multileader_whole()``) as consecutive pieces of at most this size (:func:`multileader_pieces`; 0: whole)
     multileader_chunk: Callable[[], int] = lambda: 0
+    multileader_whole: Callable[[], int] = lambda: 0
 
 
 _stages = StageChoices(
@@ -162,12 +163,13 @@ def uniform_layout(hosts: List[List[int]]) -> bool:
     return len(hosts) > 1 and len(hosts[0]) > 1 and all(len(h) == len(hosts[0]) for h in hosts)
 
 
-def multileader_pieces(n: int, per: int, itemsize: int, chunk: int) -> List[Tuple[int, int]]:
+def multileader_pieces(n: int, per: int, itemsize: int, chunk: int, whole: int = 0) -> List[Tuple[int, int]]:
     """The element ranges ``[a, b)`` that :func:`allreduce_multileader` runs one after the other for ``n`` elements
-    of ``itemsize`` bytes on hosts of ``per`` ranks: the whole buffer up to ``chunk`` bytes (0: always), else the
-    fewest pieces of at most ``chunk`` bytes whose size, a multiple of ``per`` elements (equal blocks), is the same
-    for all but a shorter last one.  Every rank computes the same ranges from values all of them agree on."""
-    if chunk <= 0 or n * itemsize <= chunk or n < 2 * per:
+    of ``itemsize`` bytes on hosts of ``per`` ranks: the whole buffer up to ``chunk`` bytes (0: always) or up to
+    ``whole`` bytes, else the fewest pieces of at most ``chunk`` bytes whose size, a multiple of ``per`` elements
+    (equal blocks), is the same for all but a shorter last one.  Every rank computes the same ranges from values
+    all of them agree on."""
+    if chunk <= 0 or n * itemsize <= max(chunk, whole) or n < 2 * per:
         return [(0, n)]
     k = -(-(n * itemsize) // chunk)
     while True:  # k pieces of ceil(n / k) elements rounded up to whole blocks; one more while that passes the chunk
@@ -194,7 +196,7 @@ def allreduce_multileader(
     per host, drives the traffic between hosts.  Needs the same number of ranks on every host
     (:func:`uniform_layout`); otherwise it runs :func:`allreduce_hierarchical`.
 
-    A buffer above the stage choices' ``multileader_chunk()`` bytes runs as consecutive pieces
+    A buffer above the stage choices' ``multileader_whole()`` bytes runs as consecutive pieces
     (:func:`multileader_pieces`), each all three stages: a piece's host stages then take one step of the
     big slots, and the ranks meet again after every piece, where a whole buffer's steps wait at each sync
     for a partner whose stage between hosts ended at another time.
@@ -207,7 +209,7 @@ def allreduce_multileader(
     if not uniform_layout(hosts) or n < per:
         allreduce_hierarchical(comm, buf, reduce)
         return
-    pieces = multileader_pieces(n, per, buf.dtype.itemsize, _stages.multileader_chunk())
+    pieces = multileader_pieces(n, per, buf.dtype.itemsize, _stages.multileader_chunk(), _stages.multileader_whole())
     if len(pieces) > 1:
         for a, b in pieces:
             allreduce_multileader(comm, buf[a:b], reduce, inter_allreduce)

@@ -122,7 +122,7 @@ def bind_multileader(probe: Any, nbytes: int, nelems: int, dt: np.dtype, reduce:
     if not uniform_layout(hosts) or nelems < per:
         return None
     st = _ar._stages
-    pieces = multileader_pieces(nelems, per, dt.itemsize, st.multileader_chunk())
+    pieces = multileader_pieces(nelems, per, dt.itemsize, st.multileader_chunk(), st.multileader_whole())
     if len(pieces) > 1:  # the algorithm's pieces, each bound (at most two shapes: the pieces and the last)
         bound: Dict[int, Bound] = {}
         for a, b in pieces:

@@ -253,15 +253,20 @@ PAIR_SPLIT_MIN = 1 << 20
 #: above 128 KiB (6 rounds each): multileader / hierarchical 256 KiB 1.37x, 512 KiB 1.24x, 1 MiB 0.88x (faster in
 #: 6 of 6 rounds)
 MULTILEADER_MIN = 1 << 20
-#: ... and runs a buffer above this many bytes as consecutive pieces of at most this size
-#: (``allreduce.multileader_pieces``), each all three stages.  A 1 MiB piece's host stages take one step of the 1 MiB
-#: big slots (one compiled call each where bound), and the ranks meet again after every piece, where a whole buffer's
+#: ... and runs a buffer above MULTILEADER_WHOLE bytes as consecutive pieces of at most MULTILEADER_CHUNK
+#: (``allreduce.multileader_pieces``), each all three stages.  A piece's host stages take one step of the 1 MiB big
+#: slots (one compiled call each where bound), and the ranks meet again after every piece, where a whole buffer's
 #: steps waited at every sync for a partner whose stage between hosts ended at another time.  3 netns hosts x 2
 #: ranks (pass 18, whole jobs alternating, slowest rank per call, median): whole / 1 MiB pieces 2 MiB 3824 / 2633
 #: us, 4 MiB 7675 / 5038, 16 MiB 29380 / 20316 (4 of 4 rounds each), 64 MiB 114078 / 88316 (3 of 3), with 8-25 %
 #: less CPU; 512 KiB pieces at 4 MiB 1.145x the 1 MiB ones' time (0 of 4).  HOST_SPLIT_MAX no longer applies to
 #: such a buffer: its pieces are below it
-MULTILEADER_CHUNK = 1 << 20
+MULTILEADER_WHOLE = 1 << 20
+#: ... the pieces' largest size.  Pass 19, same whole-job A/B, 768 KiB / 1 MiB: 4 MiB (6 pieces of 683 KiB
+#: against 4 of 1 MiB) 0.941x (4 of 4 rounds), 16 MiB 0.933x (3 of 3), 64 MiB 0.955x (3 of 3), 2 MiB 1.017x (2 of
+#: 4); at 4 MiB against 768 KiB, 640 KiB (7 pieces of 585 KiB) 1.13x and 1020 KiB (5 of 819 KiB) 1.28x (0 of 4
+#: each).  A 1 MiB buffer stays whole (MULTILEADER_WHOLE): two 512 KiB pieces took 1.26x its time (1 of 4)
+MULTILEADER_CHUNK = 768 << 10
 #: the all_reduce between hosts (a stage of the two above) uses the direct algorithms up to this many hosts
 INTER_DIRECT_MAX_P = 8
 #: ... and between them: direct (one hop, (p-1)n bytes out per rank) up to here, direct reduce-scatter +
@@ -294,6 +299,7 @@ def tunables() -> tuple:
         HIERARCHICAL,
         MULTILEADER_MIN,
         MULTILEADER_CHUNK,
+        MULTILEADER_WHOLE,
         INTER_DIRECT_MAX_P,
         INTER_DIRECT_SMALL,
         INTER_RSAG_MAX,
@@ -529,6 +535,7 @@ install_stage_choices(
         host_broadcast=choose_host_broadcast,
         host_split=choose_host_split,
         multileader_chunk=lambda: MULTILEADER_CHUNK,
+        multileader_whole=lambda: MULTILEADER_WHOLE,
     )
 )
 
