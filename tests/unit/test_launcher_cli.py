@@ -381,47 +381,6 @@ def test_cpu_bind_flag_env_and_default():
         parse("--cpu-bind", "cores", "train.py")
 
 
-def test_worker_specs_pass_the_binding_to_the_bootstrap_and_the_head_forwards_the_mode(tmp_path):
-    from procgroup.launcher.attempt import worker_specs
-    from procgroup.launcher.config import Placement
-    from procgroup.launcher.hosts import agent_argv
-
-    def cpus(cfg: LaunchConfig, usable: tuple[int, ...]) -> list[object]:
-        specs = worker_specs(
-            cfg,
-            secret="s",
-            restart=0,
-            placement=Placement.uniform(cfg, 1234),
-            hostname="h",
-            environ={},
-            error_dir=str(tmp_path),
-            agent_pid=1,
-            tty=None,
-            cpus=usable,
-        )
-        out: list[object] = []
-        for spec in specs:
-            head = list(spec.argv[: spec.argv.index("--")])
-            out.append(head[head.index("--cpus") + 1] if "--cpus" in head else None)
-        return out
-
-    cfg = LaunchConfig(entrypoint="train.py", nproc_per_node=3)
-    assert cpus(cfg, (0, 1)) == ["0", "1", "0"]
-    assert cpus(cfg, (0, 1, 2, 3)) == [None, None, None]
-    assert cpus(LaunchConfig(entrypoint="train.py", nproc_per_node=3, cpu_bind="none"), (0, 1)) == [None] * 3
-    for mode in ("auto", "none"):
-        a = agent_argv(
-            LaunchConfig(entrypoint="train.py", nproc_per_node=3, cpu_bind=mode),
-            node_rank=1,
-            nnodes=2,
-            nproc=3,
-            master_addr="h0",
-            master_port=1,
-            run_id="r",
-        )
-        assert a[a.index("--cpu-bind") + 1] == mode and a[-1] == "train.py"
-
-
 def test_bootstrap_binds_before_the_program_and_survives_a_cpu_it_may_not_use(capsys):
     from procgroup.launcher import bootstrap
 

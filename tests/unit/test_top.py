@@ -372,10 +372,9 @@ def test_local_rank_arg_bad_form():
         parse_args(["--local-rank-arg=dots", "train.py"], environ={})
 
 
-@pytest.mark.parametrize("form, option", [(None, None), ("dash", "--local-rank"), ("underscore", "--local_rank")])
-def test_local_rank_arg_goes_after_the_program_before_its_arguments(tmp_path, form, option):
-    cfg = LaunchConfig(entrypoint="train.py", args=("--lr", "3"), nproc_per_node=2, local_rank_arg=form)
-    specs = worker_specs(
+def _specs(cfg: LaunchConfig, tmp_path, cpus: tuple[int, ...] = ()) -> list:  # type: ignore[no-untyped-def]
+    """The worker blueprints of generation 0 of a one-node ``cfg`` whose agent may use ``cpus``."""
+    return worker_specs(
         cfg,
         secret="s",
         restart=0,
@@ -385,7 +384,14 @@ def test_local_rank_arg_goes_after_the_program_before_its_arguments(tmp_path, fo
         error_dir=str(tmp_path),
         agent_pid=1,
         tty=None,
+        cpus=cpus,
     )
+
+
+@pytest.mark.parametrize("form, option", [(None, None), ("dash", "--local-rank"), ("underscore", "--local_rank")])
+def test_local_rank_arg_goes_after_the_program_before_its_arguments(tmp_path, form, option):
+    cfg = LaunchConfig(entrypoint="train.py", args=("--lr", "3"), nproc_per_node=2, local_rank_arg=form)
+    specs = _specs(cfg, tmp_path)
     for local, spec in enumerate(specs):
         tail = list(spec.argv[spec.argv.index("--") + 1 :])
         mid = [f"{option}={local}"] if option else []
@@ -394,3 +400,24 @@ def test_local_rank_arg_goes_after_the_program_before_its_arguments(tmp_path, fo
     a = agent_argv(cfg, node_rank=1, nnodes=2, nproc=2, master_addr="h0", master_port=1, run_id="r")
     assert (f"--local-rank-arg={form}" in a) == (form is not None)
     assert a[-3:] == ["train.py", "--lr", "3"]
+
+
+def test_worker_specs_pass_the_binding_to_the_bootstrap_and_the_head_forwards_the_mode(tmp_path):
+    """--cpu-bind auto: the bootstrap of each worker gets ``--cpus`` where the workers outnumber the agent's CPUs;
+    the head node passes the mode to every host's agent."""
+
+    def cpus(cfg: LaunchConfig, usable: tuple[int, ...]) -> list[object]:
+        out: list[object] = []
+        for spec in _specs(cfg, tmp_path, usable):
+            head = list(spec.argv[: spec.argv.index("--")])
+            out.append(head[head.index("--cpus") + 1] if "--cpus" in head else None)
+        return out
+
+    cfg = LaunchConfig(entrypoint="train.py", nproc_per_node=3)
+    assert cpus(cfg, (0, 1)) == ["0", "1", "0"]
+    assert cpus(cfg, (0, 1, 2, 3)) == [None, None, None]
+    assert cpus(LaunchConfig(entrypoint="train.py", nproc_per_node=3, cpu_bind="none"), (0, 1)) == [None] * 3
+    for mode in ("auto", "none"):
+        c = LaunchConfig(entrypoint="train.py", nproc_per_node=3, cpu_bind=mode)
+        a = agent_argv(c, node_rank=1, nnodes=2, nproc=3, master_addr="h0", master_port=1, run_id="r")
+        assert a[a.index("--cpu-bind") + 1] == mode and a[-1] == "train.py"
