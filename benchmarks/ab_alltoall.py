@@ -52,8 +52,8 @@ def main() -> None:
     sizes = [int(float(x)) for x in os.environ.get("SIZES", "1024,16384,65536,262144,1048576,4194304").split(",")]
     modes = [m for m in os.environ.get("MODES", ",".join(MODES)).split(",") if m]
     for n in sizes:
-        # each mode its own buffers: a plan (``procgroup.plans``, one per buffers, op and group) binds the limit
-        # in force at its first call, so modes sharing buffers would all run the first mode's path
+        # each mode its own buffers, so that each keeps its own plan (``procgroup.plans``: one per buffers, op and
+        # group; it reads the limit per call)
         bufs = {m: (np.ones(n // 4, np.float32), np.empty(n // 4, np.float32)) for m in modes}
         iters = int(os.environ.get("ITERS", 0)) or max(10, min(200, int(2e7 // max(n, 1))))
         t = {m: [] for m in modes}
