@@ -32,7 +32,6 @@ Users (times: slowest rank per call, median of same-minute runs on 2 CPUs, messa
 from __future__ import annotations
 
 import logging
-import os
 import struct
 import time
 from typing import Any, Callable, List, Sequence, Tuple
@@ -40,6 +39,7 @@ from typing import Any, Callable, List, Sequence, Tuple
 import numpy as np
 
 from ..errors import BrokenError
+from ..procfs import pid_alive
 from ..transport.base import address_of
 
 logger = logging.getLogger("procgroup.algorithms")
@@ -157,13 +157,8 @@ def _wait_write(a: Any, theirs: memoryview, root: int, grank: int) -> None:
     end = time.monotonic() + PAIR_WRITE_WAIT
     pause = 20e-6
     while theirs[2] == _WRITING:
-        try:
-            if pid > 0:
-                os.kill(pid, 0)
-        except ProcessLookupError:
+        if pid > 0 and not pid_alive(pid):
             return  # the root died: nothing writes any more
-        except OSError:
-            pass
         if time.monotonic() > end:
             logger.error(
                 "rank %d was still writing its half of a broadcast into this rank's buffer %.0f s after this rank "
