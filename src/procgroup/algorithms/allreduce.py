@@ -25,6 +25,7 @@ __all__ = [
     "allreduce_hierarchical",
     "host_layout",
     "multileader_pieces",
+    "stage_pieces",
     "StageChoices",
     "install_stage_choices",
 ]
@@ -181,6 +182,13 @@ def multileader_pieces(n: int, per: int, itemsize: int, chunk: int, whole: int =
     return [(a, min(a + size, n)) for a in range(0, n, size)]
 
 
+def stage_pieces(n: int, per: int, itemsize: int) -> List[Tuple[int, int]]:
+    """:func:`multileader_pieces` with the installed stage choices' chunk and whole size: the pieces
+    :func:`allreduce_multileader` runs and its bound form (``hierbind.bind_multileader``) binds, from one function
+    so that bound and unbound ranks cut alike."""
+    return multileader_pieces(n, per, itemsize, _stages.multileader_chunk(), _stages.multileader_whole())
+
+
 def allreduce_multileader(
     comm: Any, buf: np.ndarray, reduce: Kernel, inter_allreduce: Optional[Callable[..., None]] = None
 ) -> None:
@@ -209,7 +217,7 @@ def allreduce_multileader(
     if not uniform_layout(hosts) or n < per:
         allreduce_hierarchical(comm, buf, reduce)
         return
-    pieces = multileader_pieces(n, per, buf.dtype.itemsize, _stages.multileader_chunk(), _stages.multileader_whole())
+    pieces = stage_pieces(n, per, buf.dtype.itemsize)
     if len(pieces) > 1:
         for a, b in pieces:
             allreduce_multileader(comm, buf[a:b], reduce, inter_allreduce)

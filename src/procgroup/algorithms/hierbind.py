@@ -23,7 +23,7 @@ import numpy as np
 
 from . import allreduce as _ar
 from ._util import SPAN, HostComm, SubComm
-from .allreduce import host_layout, multileader_pieces, uniform_layout
+from .allreduce import host_layout, stage_pieces, uniform_layout
 from .bigarena import allreduce_big_split, bcast_big, bind_bcast, bind_reduce, bind_split, reduce_big
 
 __all__ = ["bind_hierarchical", "bind_multileader"]
@@ -122,7 +122,7 @@ def bind_multileader(probe: Any, nbytes: int, nelems: int, dt: np.dtype, reduce:
     if not uniform_layout(hosts) or nelems < per:
         return None
     st = _ar._stages
-    pieces = multileader_pieces(nelems, per, dt.itemsize, st.multileader_chunk(), st.multileader_whole())
+    pieces = stage_pieces(nelems, per, dt.itemsize)
     if len(pieces) > 1:  # the algorithm's pieces, each bound (at most two shapes: the pieces and the last)
         bound: Dict[int, Bound] = {}
         for a, b in pieces:
