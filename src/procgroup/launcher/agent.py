@@ -281,16 +281,11 @@ class LocalAgent(SignalWaiter):
                     environ=self.environ,
                     warn=self._say,
                 )
-            if (
-                restart == 0
-                and placement.local_world_size > 1
-                and OMP_NUM_THREADS not in self.environ
-                and not (cfg.from_head and placement.node_rank != 0)
-            ):
-                self.sink.text(OMP_WARNING)
+            # the first attempt's notices; under a head node only node 0's agent prints them
             if restart == 0 and not (cfg.from_head and placement.node_rank != 0):
-                binding = cpu_binding(placement.local_world_size, self._cpus, cfg.cpu_bind)
-                if binding is not None:
+                if placement.local_world_size > 1 and OMP_NUM_THREADS not in self.environ:
+                    self.sink.text(OMP_WARNING)
+                if cpu_binding(placement.local_world_size, self._cpus, cfg.cpu_bind) is not None:
                     self.sink.text(
                         f"procgroup run: {placement.local_world_size} workers on this node's {len(self._cpus)} "
                         f"CPU{'s' if len(self._cpus) > 1 else ''}: "
