@@ -482,7 +482,7 @@ def _output_fields(ns: argparse.Namespace, default_prefix: str, environ: Mapping
         module=bool(ns.module),
         no_python=bool(ns.no_python),
         local_rank_arg=ns.local_rank_arg,
-        cpu_bind=ns.cpu_bind if ns.cpu_bind is not None else (environ.get(ENV.CPU_BIND) or "auto").strip().lower(),
+        cpu_bind=ns.cpu_bind if ns.cpu_bind is not None else (env_str(ENV.CPU_BIND, environ) or "auto").lower(),
         secret_file=os.path.abspath(ns.secret_file) if ns.secret_file is not None else None,
     )
 
