@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from .errors import ConfigError
 
@@ -118,6 +118,7 @@ class ENV:
     SHM_ARENA = "PROCGROUP_SHM_ARENA"  # "0": small collectives within a host use messages, not the shared slots
     NATIVE = "PROCGROUP_NATIVE"  # "0": the pure-Python path even where the compiled arena fast path was built
     SHM_BIG_SLOT = "PROCGROUP_SHM_BIG_SLOT"  # bytes per big shared buffer (issue 14.1); 0: no big-slot collectives
+    SHM_STREAM = "PROCGROUP_SHM_STREAM"  # auto | always | never: copies into shared slots bypass the caches
     TCP_SPIN_US = "PROCGROUP_TCP_SPIN_US"  # how long a TCP wait polls its socket (yielding) before it sleeps
     HEARTBEAT_TIMEOUT = "PROCGROUP_HEARTBEAT_TIMEOUT"  # seconds: a multi-node agent this silent is lost
     CPU_BIND = "PROCGROUP_CPU_BIND"  # auto | none: the launcher binds workers that outnumber the CPUs round-robin
@@ -214,6 +215,11 @@ _TABLE = (
         "bytes of each of the two big shared buffers a rank keeps per group for collectives above 32 KiB "
         "within a host (default 1048576, less when /dev/shm is small; a multiple of 4096 >= 65536; "
         "0: those collectives use messages)",
+        "user",
+    ),
+    EnvVar(
+        ENV.SHM_STREAM,
+        "auto (default) | always | never: streaming stores for copies of 8 KiB+ into shm slots (auto: see the README)",
         "user",
     ),
     EnvVar(
@@ -414,6 +420,14 @@ def env_float(name: str, environ: Optional[Mapping[str, str]] = None) -> Optiona
     return _env_number(name, environ, f"is not a number of seconds; set e.g. {name}=60", lambda x: x > 0, "must be > 0")
 
 
+def env_choice(name: str, choices: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> str:
+    """One of ``choices`` (the first when unset); ConfigError naming the variable and the choices otherwise."""
+    v = (env_str(name, environ) or choices[0]).lower()
+    if v not in choices:
+        raise ConfigError(f"environment variable {name}={v!r} must be one of {', '.join(choices)}")
+    return v
+
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -516,6 +530,8 @@ class ShmOptions:
     native: bool = True
     #: bytes of each big shared buffer for the larger collectives within a host (None: default; 0: none)
     big_slot: Optional[int] = None
+    #: copies into the shared slots with streaming stores: "auto" | "always" | "never" (``arena.set_streaming``)
+    stream: str = "auto"
 
 
 def shm_options(environ: Optional[Mapping[str, str]] = None) -> ShmOptions:
@@ -527,16 +543,13 @@ def shm_options(environ: Optional[Mapping[str, str]] = None) -> ShmOptions:
         arena=env_bool(ENV.SHM_ARENA, environ, default=True),
         native=env_bool(ENV.NATIVE, environ, default=True),
         big_slot=env_int(ENV.SHM_BIG_SLOT, environ, minimum=0),
+        stream=env_choice(ENV.SHM_STREAM, ("auto", "always", "never"), environ),
     )
 
 
-#: microseconds a TCP wait polls its socket before it sleeps (PROCGROUP_TCP_SPIN_US; see TcpReading._pump).  Two
-#: netns hosts on the 2-CPU machine, ping-pong of 4 bytes, one way: 36-44 us sleeping in poll at once (the reply
-#: comes while the waiter sleeps: a wake-up each way), 13-14 with 200 us of spin, 12-14 with 3 ms (Open MPI,
-#: polling: 14); 3 hosts x 2 ranks all_reduce 4 B-1 MiB unchanged within noise (0 / 200 us: 4 B 479-540 /
-#: 456-519 us, 64 KiB 638-681 / 545-690, 1 MiB 3.1-3.6 / 3.6-4.4 ms).  Pass 13, whole jobs alternating (6
-#: rounds, slowest rank per call, median), 500 against 200 us: 64 KiB 0.92x, 1 MiB 0.95x (faster in 6 of 6
-#: rounds each), 256 KiB 0.98x, 4 KiB even; 1000 against 500 us at 64 KiB 1.08x; 0 against 200 at 256 KiB 1.08x
+#: microseconds a TCP wait polls its socket before it sleeps (PROCGROUP_TCP_SPIN_US; see TcpReading._pump).  Two netns
+#: hosts, ping-pong, one way: 36-44 us sleeping in poll at once, 13-14 with 200 us of spin (Open MPI: 14).  Pass 13,
+#: whole jobs alternating, 500 against 200 us, 3 hosts x 2 ranks all_reduce: 64 KiB 0.92x, 256 KiB 0.98x, 1 MiB 0.95x
 DEFAULT_TCP_SPIN_US = 500.0
 
 

@@ -26,6 +26,7 @@ from procgroup.config import ShmOptions
 from procgroup.deadline import Deadline
 from procgroup.errors import DistTimeoutError, PeerFailureError, ProcGroupError
 from procgroup.transport import Transport
+from procgroup.transport.shm.arena import set_streaming
 
 from .test_algorithms import DTYPES, data, garbage, storage
 from .test_bigarena import SLOT, _run
@@ -34,10 +35,11 @@ from .test_transport_conformance import _form, _segments, run_ranks
 ARENA = 32 << 10  # transport.base.ARENA_BYTES
 
 
-@pytest.fixture(params=["memory", "shm", "shm-python"])
+@pytest.fixture(params=["memory", "shm", "shm-stream", "shm-python"])
 def world(request: Any) -> Any:
     """Transports of n ranks (threads) with big slots of SLOT bytes (shm: the compiled arena path where it was
-    built, shm-python: the pure-Python one); checks /dev/shm is clean afterwards."""
+    built, shm-stream: the same with every copy into the slots streamed, shm-python: the pure-Python one); checks
+    /dev/shm is clean afterwards."""
     job = f"a2a-{uuid.uuid4().hex[:10]}"
     made: List[Transport] = []
 
@@ -46,7 +48,12 @@ def world(request: Any) -> Any:
             ts = _form("memory", n, job)
             ts[0].hub.big_slot = SLOT  # type: ignore[attr-defined]
         else:
-            ts = _form("shm", n, job, shm_options=ShmOptions(big_slot=SLOT, native=request.param == "shm"))
+            opts = ShmOptions(
+                big_slot=SLOT,
+                native=request.param != "shm-python",
+                stream="always" if request.param == "shm-stream" else "auto",
+            )
+            ts = _form("shm", n, job, shm_options=opts)
         made.extend(ts)
         return ts
 
@@ -54,6 +61,7 @@ def world(request: Any) -> Any:
     yield factory
     for t in made:
         t.close()
+    set_streaming("auto")  # the process-wide setting back to the default
     assert _segments(job) == [], "shared memory segments leaked"
 
 

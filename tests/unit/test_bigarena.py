@@ -27,6 +27,7 @@ from procgroup.errors import ConfigError, DistTimeoutError, PeerFailureError, Pr
 from procgroup.ops import ReduceOp, finalize
 from procgroup.transport import Transport
 from procgroup.transport.shm import layout
+from procgroup.transport.shm.arena import set_streaming
 
 from .test_algorithms import DTYPES, OPS, check_reduced, contrib, data, expected, garbage, kernel, storage, valid
 from .test_transport_conformance import _form, _segments, run_ranks
@@ -36,8 +37,10 @@ SLOT = 64 << 10  # the shm minimum; the memory hub uses it too
 COUNTS = [0, 1, 7, 1001, SLOT + 3, 3 * SLOT // 8 + 5]
 
 
-@pytest.fixture(params=["memory", "shm"])
+@pytest.fixture(params=["memory", "shm", "shm-stream"])
 def world(request: Any) -> Any:
+    """Transports of n ranks with big slots: in memory, over shm (PROCGROUP_SHM_STREAM's default, auto), and over
+    shm with every copy into the slots streamed (always: the adaptive all_to_all and reduction copies too)."""
     job = f"big-{uuid.uuid4().hex[:10]}"
     made: List[Transport] = []
 
@@ -46,14 +49,16 @@ def world(request: Any) -> Any:
             ts = _form("memory", n, job)
             ts[0].hub.big_slot = SLOT  # type: ignore[attr-defined]
         else:
-            ts = _form("shm", n, job, shm_options=ShmOptions(big_slot=SLOT))
+            stream = "always" if request.param == "shm-stream" else "auto"
+            ts = _form("shm", n, job, shm_options=ShmOptions(big_slot=SLOT, stream=stream))
         made.extend(ts)
         return ts
 
-    factory.kind = request.param  # type: ignore[attr-defined]
+    factory.kind = request.param.split("-")[0]  # type: ignore[attr-defined]
     yield factory
     for t in made:
         t.close()
+    set_streaming("auto")  # the process-wide setting back to the default
     assert _segments(job) == [], "shared memory segments leaked"
 
 

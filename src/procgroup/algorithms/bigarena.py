@@ -152,6 +152,16 @@ def _typed(arrs: List[np.ndarray], nbytes: int, dt: np.dtype) -> List[np.ndarray
     return [x[:nbytes].view(dt) for x in arrs]
 
 
+def _put(big: Any, k: int, dst: np.ndarray, at: int, src: np.ndarray, pieces: bool) -> None:
+    """``dst[at : at + len(src)] = src``, ``dst`` being this member's buffer ``k`` (typed): through ``big.put``,
+    which streams the copy past the caches where the readers gain by it, where ``src`` is C-contiguous."""
+    n = src.shape[0]
+    if n and src.flags.c_contiguous and hasattr(big, "put"):
+        big.put(k, at * dst.itemsize, src, pieces)
+    else:
+        dst[at : at + n] = src
+
+
 def _pipe_elems(nbytes: int, itemsize: int, slot: int, members: int) -> int:
     """Elements per step of a pipelined copy among ``members``: 1/PIPE_PARTS of the message (PIPE_PARTS_PAIR for two
     members), within [PIPE_MIN, min(slot, STEP_MAX)]."""
@@ -229,16 +239,17 @@ def _reduce_slices(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> No
     gather = WAIT_ALL if keep else WAIT_NONE
     for a in range(0, n, step):
         k = min(step, n - a)
-        arrs = _typed(big.arrays[big.turn & 1], k * isz, dt)
+        kk = big.turn & 1
+        arrs = _typed(big.arrays[kk], k * isz, dt)
         big.turn += 1
         mine = arrs[me]
         lo, hi = k * me // p, k * (me + 1) // p
         big.settle(dl)
         if own_in_shm:
-            mine[...] = buf[a : a + k]
+            _put(big, kk, mine, 0, buf[a : a + k], True)
         else:
-            mine[:lo] = buf[a : a + lo]
-            mine[hi:] = buf[a + hi : a + k]
+            _put(big, kk, mine, 0, buf[a : a + lo], True)
+            _put(big, kk, mine, hi, buf[a + hi : a + k], True)
         big.sync(dl)
         if hi > lo:
             out = buf[a + lo : a + hi] if keep else scratch_as(comm, hi - lo, dt, SLOT_BIG)
@@ -248,7 +259,7 @@ def _reduce_slices(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> No
                 if not own_in_shm:
                     parts[me] = buf[a + lo : a + hi]
                 _reduce_chain(out, parts, reduce)
-            mine[lo:hi] = out
+            _put(big, kk, mine, lo, out, False)  # every member reads this slice whole
         big.sync(dl, gather)
         if keep:
             for j in range(p):
@@ -306,10 +317,18 @@ def reduce_scatter_big(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, redu
     )
     for a in range(0, m, step):
         k = min(step, m - a)
-        arrs = _typed(big.arrays[big.turn & 1], p * k * isz, dt)
+        kk = big.turn & 1
+        arrs = _typed(big.arrays[kk], p * k * isz, dt)
         big.turn += 1
         mine = arrs[me].reshape(p, k)
-        if own_in_shm:
+        if k == m:  # one step: the blocks are whole rows of sendbuf (contiguous where it is)
+            flat = sendbuf[: p * m]
+            if own_in_shm:
+                _put(big, kk, arrs[me], 0, flat, True)
+            else:
+                _put(big, kk, arrs[me], 0, flat[: me * m], True)
+                _put(big, kk, arrs[me], (me + 1) * m, flat[(me + 1) * m :], True)
+        elif own_in_shm:
             mine[...] = blocks[:, a : a + k]
         else:
             mine[:me] = blocks[:me, a : a + k]
@@ -333,7 +352,7 @@ def bind_reduce_scatter(
     nbytes = m * dt.itemsize
     if not getattr(big, "native", False) or codes is None or not 0 < p * nbytes <= big.slot_bytes:
         return None
-    begin, sync, reduce_into, arrays = big.begin, big.sync, big.reduce_into, big.arrays
+    begin, sync, reduce_into, put = big.begin, big.sync, big.reduce_into, big.put
     rop, rty = codes
 
     def fn(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
@@ -344,11 +363,11 @@ def bind_reduce_scatter(
         dl = comm.deadline
         begin(_check(comm, _OP_REDSCAT, nbytes, dt), dl)
         k = big.turn & 1
-        mine = arrays[k][me][: p * nbytes].view(dt).reshape(p, m)
         big.turn += 1
-        blocks = sendbuf.reshape(-1)[: p * m].reshape(p, m)
-        mine[:me] = blocks[:me]
-        mine[me + 1 :] = blocks[me + 1 :]
+        flat = sendbuf.reshape(-1)[: p * m]
+        blocks = flat.reshape(p, m)
+        put(k, 0, flat[: me * m], True)  # each member reads its own block: see ShmBigArena.put
+        put(k, (me + 1) * nbytes, flat[(me + 1) * m :], True)
         sync(dl)
         reduce_into(recvbuf.reshape(-1)[:m], k, me * nbytes, rop, rty, blocks[me])
 

@@ -204,7 +204,7 @@ PyObject *Slots_exchange_a2a(Slots *s, PyObject *const *args, Py_ssize_t nargs) 
                 ts = PyEval_SaveThread();
             }
             for (int64_t i = 0; i < nseg; i++, g += 4)
-                copy_bytes(dst + g[0], (const char *)x.bufs[g[1]].buf + g[2], (size_t)(g[3] - g[2]));
+                copy_to_shared(dst + g[0], (const char *)x.bufs[g[1]].buf + g[2], (size_t)(g[3] - g[2]), STREAM_PIECES);
             if (nogil) {
                 PyEval_RestoreThread(ts);
                 s->busy--;

@@ -256,10 +256,10 @@ static PyObject *Big_sync_reduce(Big *b, PyObject *const *args, Py_ssize_t nargs
             /* nobody reads our buffer (a reduce's root): the reduction reads our part from buf itself */
         } else if (v.len >= BIG_NOGIL) {
             b->busy++;
-            Py_BEGIN_ALLOW_THREADS copy_bytes(mine, v.buf, (size_t)v.len);
+            Py_BEGIN_ALLOW_THREADS copy_to_shared(mine, v.buf, (size_t)v.len, STREAM_WHOLE);
             Py_END_ALLOW_THREADS b->busy--;
         } else {
-            copy_bytes(mine, v.buf, (size_t)v.len);
+            copy_to_shared(mine, v.buf, (size_t)v.len, STREAM_WHOLE);
         }
         r = b->released ? R_WAIT : big_sync(b, val, wait, check);
         if (r >= 0 && red && !b->released &&
@@ -377,10 +377,10 @@ static PyObject *Big_sync_copy(Big *b, PyObject *const *args, Py_ssize_t nargs) 
             char *mine = b->buf[k][b->me];
             if (d.len >= BIG_NOGIL) {
                 b->busy++;
-                Py_BEGIN_ALLOW_THREADS copy_bytes(mine, d.buf, (size_t)d.len);
+                Py_BEGIN_ALLOW_THREADS copy_to_shared(mine, d.buf, (size_t)d.len, STREAM_WHOLE);
                 Py_END_ALLOW_THREADS b->busy--;
             } else {
-                copy_bytes(mine, d.buf, (size_t)d.len);
+                copy_to_shared(mine, d.buf, (size_t)d.len, STREAM_WHOLE);
             }
         }
         r = b->released ? R_WAIT : big_sync(b, val, wait, check);
@@ -426,6 +426,39 @@ static PyObject *Big_copy(Big *b, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
+/* put(k, off, data, pieces): copy data into this member's buffer k at byte off (copy_to_shared: STREAM_PIECES
+ * where `pieces`, each reader then taking its own part; else STREAM_WHOLE) */
+static PyObject *Big_put(Big *b, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "put(k, off, data, pieces)");
+        return NULL;
+    }
+    if (big_live(b)) return NULL;
+    long k = PyLong_AsLong(args[0]);
+    Py_ssize_t off = PyLong_AsSsize_t(args[1]);
+    int pieces = PyObject_IsTrue(args[3]);
+    if (PyErr_Occurred() || pieces < 0) return NULL;
+    Py_buffer d;
+    if (PyObject_GetBuffer(args[2], &d, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if ((k != 0 && k != 1) || off < 0 || d.len > b->bytes - off) {
+        PyErr_SetString(PyExc_ValueError, "big slots: bad put");
+    } else if (d.len) {
+        char *to = b->buf[k][b->me] + off;
+        int kind = pieces ? STREAM_PIECES : STREAM_WHOLE;
+        if (d.len >= BIG_NOGIL) {
+            b->busy++;
+            Py_BEGIN_ALLOW_THREADS copy_to_shared(to, d.buf, (size_t)d.len, kind);
+            Py_END_ALLOW_THREADS b->busy--;
+            if (b->released && !b->busy) big_free(b);
+        } else {
+            copy_to_shared(to, d.buf, (size_t)d.len, kind);
+        }
+    }
+    PyBuffer_Release(&d);
+    if (PyErr_Occurred()) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *Big_arrived(Big *b, PyObject *unused) {
     if (b->released || !b->bufs || !b->synced) Py_RETURN_FALSE;
     return PyBool_FromLong(big_arrived(b));
@@ -454,6 +487,8 @@ static PyMethodDef Big_methods[] = {
     {"copy", (PyCFunction)(void (*)(void))Big_copy, METH_FASTCALL,
      "copy(out, k, src, off, stride, chunk[, data]): sync_copy's copy out (data: what sync_copy copied in; this "
      "member's part of out is not copied where it is that memory)"},
+    {"put", (PyCFunction)(void (*)(void))Big_put, METH_FASTCALL,
+     "put(k, off, data, pieces): data into this member's buffer k at byte off (streamed: see copy_to_shared)"},
     {"arrived", (PyCFunction)Big_arrived, METH_NOARGS, "True when the last sync or settle is complete"},
     {"release", (PyCFunction)Big_release, METH_NOARGS, "drop the exports of the mappings"},
     {NULL, NULL, 0, NULL},

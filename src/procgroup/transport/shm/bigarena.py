@@ -267,6 +267,17 @@ class ShmBigArena(BigArena):
         self._done(val, wait)
         return True
 
+    def put(self, k: int, off: int, data: Any, pieces: bool) -> None:
+        """``data`` (a C-contiguous array) into this member's buffer ``k`` at byte ``off``.  Compiled, the copy
+        streams past the caches where that is cheaper for the readers (``copy_to_shared`` in ``_native.h``:
+        ``pieces`` where each reader takes its own part of it, not the whole); else a plain copy."""
+        nat = self._nat
+        if nat is not None:
+            nat.put(k, off, data, pieces)
+            return
+        n = data.nbytes
+        self.arrays[k][self.index][off : off + n] = np.frombuffer(data, np.uint8, n)
+
     def reduce_into(self, out: Any, k: int, off: int, op: int, dtype: int, own: Any = None) -> bool:
         """``out`` = every member's buffer ``k`` from byte ``off`` on (this member's read from ``own`` where given;
         it may be ``out`` itself), reduced in member order, in compiled code; False where the path is off."""

@@ -58,7 +58,7 @@ from .. import _cma, _futex
 from .._engine import EngineTransport, RecvReq, SendReq, Unexpected, timeout_error
 from ..base import Arena, CompletedRequest, Request, Status, address_of
 from . import p2pfast as _p2pfast
-from .arena import ARENA_SPIN, ARENA_SPIN_OVERSUBSCRIBED, ARENA_SPIN_SPANNING, ShmArena
+from .arena import ARENA_SPIN, ARENA_SPIN_OVERSUBSCRIBED, ARENA_SPIN_SPANNING, ShmArena, set_streaming
 from .bigarena import ShmBigArena, big_arena_for
 from .doorbell import Doorbell
 from .formation import form_segments
@@ -196,6 +196,7 @@ class ShmTransport(EngineTransport):
         except (AttributeError, OSError):  # pragma: no cover - not Linux
             ncpu = os.cpu_count() or 1
         self._oversubscribed = len(local) > ncpu
+        set_streaming(opts.stream)  # this process's copies into shared slots (arena.STREAM_MIN)
         self._arena_spin = (
             self._spin
             if opts.spin_us is not None
