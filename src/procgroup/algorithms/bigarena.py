@@ -259,7 +259,7 @@ def _reduce_slices(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> No
                 if not own_in_shm:
                     parts[me] = buf[a + lo : a + hi]
                 _reduce_chain(out, parts, reduce)
-            _put(big, kk, mine, lo, out, False)  # every member reads this slice whole
+            _put(big, kk, mine, lo, out, root >= 0)  # an all_reduce's members read it whole, a reduce's root alone
         big.sync(dl, gather)
         if keep:
             for j in range(p):
