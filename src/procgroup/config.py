@@ -219,7 +219,7 @@ _TABLE = (
     ),
     EnvVar(
         ENV.SHM_STREAM,
-        "auto (default) | always | never: streaming stores for copies of 8 KiB+ into shm slots (auto: see the README)",
+        "auto (default) | always | never: streaming stores for copies of 8 KiB+ into shm slots (see the README)",
         "user",
     ),
     EnvVar(

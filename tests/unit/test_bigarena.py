@@ -40,7 +40,7 @@ COUNTS = [0, 1, 7, 1001, SLOT + 3, 3 * SLOT // 8 + 5]
 @pytest.fixture(params=["memory", "shm", "shm-stream"])
 def world(request: Any) -> Any:
     """Transports of n ranks with big slots: in memory, over shm (PROCGROUP_SHM_STREAM's default, auto), and over
-    shm with every copy into the slots streamed (always: the adaptive all_to_all and reduction copies too)."""
+    shm with every copy into the slots streamed (always: the all_to_all and reduction copies too)."""
     job = f"big-{uuid.uuid4().hex[:10]}"
     made: List[Transport] = []
 

@@ -1,10 +1,9 @@
 """Streaming copies into shared slots (``copy_to_shared`` in ``_native.h``; ``PROCGROUP_SHM_STREAM``).
 
-The compiled copies into a big buffer that other processes read use non-temporal stores from
-``arena.STREAM_MIN`` bytes on: always for a buffer every reader takes whole, and for one each reader takes a piece
-of while a timed plain copy runs slower than ``arena.STREAM_SLOW``.  Whichever store a copy uses, the bytes must be
-the same: every length around the 64-byte blocks and the threshold, every alignment of destination and source,
-under "never", "always" and "auto" (with the adaptive copy forced each way), and the setting's parsing.
+The compiled copies into a buffer that other processes read use non-temporal stores from ``arena.STREAM_MIN``
+bytes on where every reader takes it whole, and (``always``) from ``arena.STREAM_PIECES_MIN`` on where each takes a
+piece of it.  Whichever store a copy uses, the bytes must be the same: every length around the 64-byte blocks and
+the thresholds, every alignment of destination and source, under each setting; and the setting's parsing.
 """
 
 from __future__ import annotations
@@ -50,13 +49,12 @@ def big() -> Iterator[Any]:
 
 
 def _settings() -> List[Any]:
-    m = ARENA.STREAM_MIN
+    m, pm = ARENA.STREAM_MIN, ARENA.STREAM_PIECES_MIN
     return [
         ("never", (-1, -1)),
-        ("always", (m, m, 0)),
-        ("always from 0 bytes", (0, 0, 0)),
-        ("auto, plain copies fast enough", (m, m, 1)),  # 1 byte per ms: never slow, the pieces stay plain
-        ("auto, plain copies always slow", (m, m, 1 << 62)),  # every timed plain copy counts as slow
+        ("auto", (m, -1)),
+        ("always", (m, pm)),
+        ("both from 0 bytes", (0, 0)),
     ]
 
 
@@ -76,9 +74,7 @@ def test_every_length_and_alignment_arrives_intact(big: Any, name: str, setting:
                 for k in (0, 1):
                     buf = mine.arrays[k][mine.index]
                     buf[:] = 0xA5
-                    # several copies in a row: the adaptive one times plain copies and streams between them
-                    for _ in range(3):
-                        mine.put(k, dst_off, src, pieces)
+                    mine.put(k, dst_off, src, pieces)
                     view = peer.arrays[k][mine.index]  # the other member's mapping of the same buffer
                     where = f"{name}: {n} bytes at +{dst_off} (source +{src_off}), buffer {k}, pieces={pieces}"
                     assert view[dst_off : dst_off + n].tobytes() == src.tobytes(), where
@@ -104,9 +100,9 @@ def test_the_setting_is_parsed_once_and_applied_by_the_transport() -> None:
         assert shm_options({ENV.SHM_STREAM: v}).stream == v.strip().lower()
     with pytest.raises(ConfigError, match="PROCGROUP_SHM_STREAM='sometimes' must be one of auto, always, never"):
         shm_options({ENV.SHM_STREAM: "sometimes"})
-    m, pm, slow = ARENA.STREAM_MIN, ARENA.STREAM_PIECES_MIN, ARENA.STREAM_SLOW
+    m, pm = ARENA.STREAM_MIN, ARENA.STREAM_PIECES_MIN
     try:
-        for mode, want in (("never", (-1, -1, 0)), ("always", (m, pm, 0)), ("auto", (m, pm, slow))):
+        for mode, want in (("never", (-1, -1)), ("always", (m, pm)), ("auto", (m, -1))):
             job = f"stream-{uuid.uuid4().hex[:10]}"
             ts = _form("shm", 2, job, shm_options=ShmOptions(stream=mode))
             try:

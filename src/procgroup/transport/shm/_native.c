@@ -171,20 +171,15 @@ static PyTypeObject SlotsType = {
 
 
 size_t pg_stream_min[2] = {SIZE_MAX, SIZE_MAX};
-long long pg_stream_slow = 0;
-unsigned pg_pieces_state = 0;
 
 static PyObject *set_stream_min(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     (void)mod;
-    if (nargs != 2 && nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "set_stream_min(whole, pieces[, slow])");
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "set_stream_min(whole, pieces)");
         return NULL;
     }
     Py_ssize_t a = PyLong_AsSsize_t(args[0]), b = PyLong_AsSsize_t(args[1]);
-    long long slow = nargs == 3 ? PyLong_AsLongLong(args[2]) : 0;
-    if ((a == -1 || b == -1 || slow == -1) && PyErr_Occurred()) return NULL;
-    pg_stream_slow = slow > 0 ? slow : 0;
-    __atomic_store_n(&pg_pieces_state, 0u, __ATOMIC_RELAXED);
+    if ((a == -1 || b == -1) && PyErr_Occurred()) return NULL;
     pg_stream_min[STREAM_WHOLE] = a < 0 ? SIZE_MAX : (size_t)a;
     pg_stream_min[STREAM_PIECES] = b < 0 ? SIZE_MAX : (size_t)b;
     Py_RETURN_NONE;
@@ -195,16 +190,14 @@ static PyObject *get_stream_min(PyObject *mod, PyObject *unused) {
     (void)unused;
     Py_ssize_t v[2];
     for (int i = 0; i < 2; i++) v[i] = pg_stream_min[i] == SIZE_MAX ? -1 : (Py_ssize_t)pg_stream_min[i];
-    return Py_BuildValue("(nnL)", v[0], v[1], pg_stream_slow);
+    return Py_BuildValue("(nn)", v[0], v[1]);
 }
 
 static PyMethodDef mod_methods[] = {
     {"set_stream_min", (PyCFunction)(void (*)(void))set_stream_min, METH_FASTCALL,
-     "set_stream_min(whole, pieces[, slow]): copies into shared memory of that many bytes and more use "
-     "non-temporal stores (-1: never); whole: a buffer every member reads whole (slots, big buffers, queue entries), "
-     "pieces: each member reads its own piece (an all_to_all's stream), streamed only while a timed plain copy runs "
-     "slower than `slow` bytes per millisecond (0: always)"},
-    {"stream_min", get_stream_min, METH_NOARGS, "(whole, pieces, slow): set_stream_min's settings (-1: never)"},
+     "set_stream_min(whole, pieces): copies into shared memory of that many bytes and more use non-temporal "
+     "stores (-1: never); whole: a buffer every member reads whole, pieces: each member reads its own piece"},
+    {"stream_min", get_stream_min, METH_NOARGS, "(whole, pieces): set_stream_min's thresholds (-1: never)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -84,18 +84,15 @@ static inline void copy_bytes(char *dst, const char *src, size_t n) {
     memcpy(dst, src, n);
 }
 /* Copies *into* shared memory that other processes read next (an arena slot, a big buffer, a queue entry) of at
- * least pg_stream_min[kind] bytes (set_stream_min; SIZE_MAX: never) use non-temporal stores.  A plain store must first
- * take the line from every cache that holds it -- the readers' of the last call through the same buffer -- and on
- * this 2-vCPU VM that costs 4x more in some periods than in others (the host places the vCPUs; 64 KiB written
- * where the other CPU had read it: 7.8 us in one period, 29-31 us in the other, while the reads stay at 2-4.7).
- * Streaming stores skip that fetch: 4.1 us in the slow period (1 MiB: 41 against 308-339).  The readers then
- * fetch the data from memory instead of the writer's cache.  An sfence orders the streamed bytes before the
- * caller's publishing store (a release). */
+ * least pg_stream_min[kind] bytes (set_stream_min; SIZE_MAX: never) use streaming (non-temporal) stores.  A plain
+ * store must first take the line from every cache that holds it -- the readers' of the last call through the same
+ * buffer -- and on this 2-vCPU VM that costs ~4x more in some periods than in others (64 KiB written where the
+ * other CPU had read it: 7.6-11 us in one kind of period, 28-41 in the other; streamed 4-5.7 in either).  The
+ * readers then fetch the data from memory instead of the writer's cache: a gain where every member reads the
+ * buffer whole (WHOLE), a loss where each reads its own piece of it (PIECES: all_to_all's streams, the inputs of a
+ * reduction; see arena.STREAM_MIN).  An sfence orders the streamed bytes before the caller's publishing store. */
 PG_HIDDEN extern size_t pg_stream_min[2];
-PG_HIDDEN extern long long pg_stream_slow; /* PIECES: a plain copy slower than this many bytes per ms streams */
-PG_HIDDEN extern unsigned pg_pieces_state; /* PIECES: calls since the last plain copy (bits 1..), streaming (bit 0) */
 enum { STREAM_WHOLE = 0, STREAM_PIECES = 1 }; /* a buffer every reader reads whole / each its own piece of */
-#define STREAM_PROBE 32 /* PIECES, streaming: every STREAM_PROBE-th copy is a plain one again, timed */
 
 static inline void stream_bytes(char *dst, const char *src, size_t n) {
 #if defined(__x86_64__)
@@ -123,41 +120,11 @@ static inline void stream_bytes(char *dst, const char *src, size_t n) {
 #endif
 }
 
-/* this thread's CPU time (ns): a copy's own cost, without the time another task had the CPU meanwhile (on an
- * oversubscribed host a wall-clock probe that the scheduler interrupts reads as slow) */
-static inline long long thread_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-
-/* A copy into shared memory that other processes read next, of ``kind``: WHOLE streams from pg_stream_min[WHOLE]
- * bytes on; PIECES (each reader takes its own piece: an all_to_all's stream, a reduction's inputs), from
- * pg_stream_min[PIECES] bytes on, streams where the last timed plain copy (thread CPU time) ran slower than
- * pg_stream_slow (0: always) --
- * there the readers then fetch from memory what a plain store leaves in the writer's cache, which in a fast
- * period costs more than the stores save.  The choice is this process's alone (the bytes are the same either
- * way); racing threads at worst time one copy more or fewer. */
 static inline void copy_to_shared(char *dst, const char *src, size_t n, int kind) {
-    if (n < pg_stream_min[kind]) {
+    if (n >= pg_stream_min[kind])
+        stream_bytes(dst, src, n);
+    else
         copy_bytes(dst, src, n);
-        return;
-    }
-    long long slow = pg_stream_slow;
-    if (kind == STREAM_PIECES && slow > 0) {
-        unsigned st = __atomic_load_n(&pg_pieces_state, __ATOMIC_RELAXED);
-        if (!(st & 1) || (st >> 1) + 1 >= STREAM_PROBE) {
-            long long t0 = thread_ns();
-            copy_bytes(dst, src, n);
-            long long dt = thread_ns() - t0;
-            /* fewer bytes per ms than `slow`: stream the next ones (in doubles: no overflow) */
-            __atomic_store_n(&pg_pieces_state, (unsigned)((double)n * 1e6 < (double)slow * (double)dt),
-                             __ATOMIC_RELAXED);
-            return;
-        }
-        __atomic_store_n(&pg_pieces_state, st + 2, __ATOMIC_RELAXED);
-    }
-    stream_bytes(dst, src, n);
 }
 
 typedef struct {

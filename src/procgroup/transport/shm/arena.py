@@ -56,7 +56,6 @@ __all__ = [
     "native_available",
     "set_streaming",
     "STREAM_MIN",
-    "STREAM_SLOW",
     "STREAM_PIECES_MIN",
     "REDUCE_OPS",
 ]
@@ -77,33 +76,32 @@ ARENA_SPIN_OVERSUBSCRIBED = 300e-6
 #: 0.93x, 1 MiB 0.98x.  (An earlier A/B, 0 / 20 / 50 / 200 us: 1.11-1.19 / 1.14-1.18 / 1.20-1.27 / 1.39 ms.)
 ARENA_SPIN_SPANNING = 0.0
 
-#: copies into shared slots that other processes read (``copy_to_shared`` in ``_native.h``) use streaming
-#: (non-temporal) stores from this many bytes on.  The 2-CPU VM has periods (minutes; the host places the vCPUs)
-#: where a plain store to a line the other CPU has read costs ~4x more: 64 KiB written where the reader had read
-#: it 29-39 us against 7.8 in the fast periods (reads 4.5 against 2.0); streamed 4.1-5.3 in either.  N=4, jobs
-#: alternating (benchmarks/results/pass20): broadcast 64 KiB 37-40 against 143-186 us in the slow periods and
-#: 27-28 against 44-54 in the fast ones; broadcast 1 MiB 227-371 against 1048-1386; 8 KiB 2.0 against 2.6-7.0 us.
+#: copies into shared slots that every member reads whole (``copy_to_shared`` in ``_native.h``: broadcast, all_gather,
+#: an all_reduce's buffers) use streaming (non-temporal) stores from this many bytes on.  The 2-CPU VM has periods
+#: (seconds to minutes; the host places the vCPUs) where a plain store to a line the other CPU has read costs ~4x
+#: more: 64 KiB written where the reader had read it 28-41 us against 7.6-11 in the other periods; streamed 4-5.7
+#: in either (benchmarks/results/pass20).  N=4, whole benchmark runs alternating (4 rounds, never against auto):
+#: broadcast 16 KiB-4 MiB 0.56-0.75x the time, all_reduce 16 KiB-4 MiB 0.48-0.64x.
 STREAM_MIN = 8 << 10
-#: ... where each reader takes its own piece (an all_to_all's stream, a reduction's inputs), the copies stream only
-#: while a timed plain one runs slower than this many bytes per millisecond (4 GB/s: 7.4-10.5 in the fast periods,
-#: 1.7-1.9 in the slow): there the readers then fetch from memory (6 GB/s here) what a plain store leaves in the
-#: writer's cache, and N=4 all_to_all 1 MiB took 380-600 us streamed against 230-300 plain in the fast periods
-#: (350-420 against 1060-1400 in the slow; adaptive: 250-260 fast, 350-420 slow)
-STREAM_SLOW = 4_000_000
-#: ... and only from this many bytes on (the timing's two clock reads cost ~1 us here, a 64 KiB plain copy 8-39)
+#: ... and with PROCGROUP_SHM_STREAM=always also those each member reads a piece of (all_to_all's streams, the inputs
+#: of a reduction, a reduce's parts), from this many bytes on.  Not by default: the readers then fetch from memory
+#: (6 GB/s here) what a plain store leaves in the writer's cache; the same runs had all_to_all 64 KiB-16 MiB at
+#: 1.15-1.64x and reduce_scatter 256 KiB-1 MiB at 1.28-1.38x with those streamed (adaptively: while a timed plain
+#: copy ran slower than 4 GB/s).
 STREAM_PIECES_MIN = 64 << 10
 
 
 def set_streaming(mode: str) -> None:
     """Apply ``PROCGROUP_SHM_STREAM`` (:class:`~procgroup.config.ShmOptions`.stream) to this process's compiled
-    copies: "auto" (STREAM_MIN, STREAM_PIECES_MIN, STREAM_SLOW), "always" (both kinds of copy stream, from those
-    sizes on) or "never" (plain stores).  Each process chooses alone: the bytes are the same either way."""
+    copies: "auto" (copies every member reads whole stream from STREAM_MIN bytes on), "always" (also those each
+    member reads a piece of, from STREAM_PIECES_MIN on) or "never" (plain stores).  Each process chooses alone: the
+    bytes are the same either way."""
     if _native is None:
         return
     if mode == "never":
         _native.set_stream_min(-1, -1)
     else:
-        _native.set_stream_min(STREAM_MIN, STREAM_PIECES_MIN, STREAM_SLOW if mode == "auto" else 0)
+        _native.set_stream_min(STREAM_MIN, STREAM_PIECES_MIN if mode == "always" else -1)
 
 
 _sched_yield = getattr(os, "sched_yield", lambda: None)

@@ -269,8 +269,8 @@ class ShmBigArena(BigArena):
 
     def put(self, k: int, off: int, data: Any, pieces: bool) -> None:
         """``data`` (a C-contiguous array) into this member's buffer ``k`` at byte ``off``.  Compiled, the copy
-        streams past the caches where that is cheaper for the readers (``copy_to_shared`` in ``_native.h``:
-        ``pieces`` where each reader takes its own part of it, not the whole); else a plain copy."""
+        streams past the caches as ``PROCGROUP_SHM_STREAM`` says (``copy_to_shared`` in ``_native.h``: ``pieces``
+        where each reader takes its own part of it, not the whole); else a plain copy."""
         nat = self._nat
         if nat is not None:
             nat.put(k, off, data, pieces)
