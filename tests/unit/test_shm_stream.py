@@ -32,12 +32,13 @@ LENGTHS = [0, 1, 15, 63, 64, 65, 127, 4095, 8191, 8192, 8193, 8192 + 63, 32768 +
 
 @pytest.fixture
 def big() -> Iterator[Any]:
-    """Member 0's big slots of a two-rank shm group (threads), and its peer's view of them."""
+    """Member 0's big slots of a three-rank shm group (threads: with two, a buffer read whole has one reader and
+    counts as pieces), and a peer's view of them."""
     job = f"stream-{uuid.uuid4().hex[:10]}"
-    ts: List[Transport] = _form("shm", 2, job, shm_options=ShmOptions(big_slot=SLOT))
+    ts: List[Transport] = _form("shm", 3, job, shm_options=ShmOptions(big_slot=SLOT))
     try:
-        a0 = ts[0].arena(0, [0, 1])
-        a1 = ts[1].arena(0, [0, 1])
+        a0 = ts[0].arena(0, [0, 1, 2])
+        a1 = ts[1].arena(0, [0, 1, 2])
         assert a0 is not None and a0.big is not None and a1 is not None and a1.big is not None
         assert a0.big.native
         yield a0.big, a1.big

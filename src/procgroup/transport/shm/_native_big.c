@@ -255,7 +255,7 @@ static PyObject *Big_sync_reduce(Big *b, PyObject *const *args, Py_ssize_t nargs
         /* an all_reduce's buffer is read whole by every member; a reduce's non-root's by the root alone, whose
          * reads from memory after streamed stores would be the call's critical path (N=4, 64 KiB: 93-118 us
          * streamed against 49-57 plain in the fast periods) */
-        int kind = red ? STREAM_WHOLE : STREAM_PIECES;
+        int kind = red ? STREAM_WHOLE_OF(b->n) : STREAM_PIECES;
         if (!pub) {
             /* nobody reads our buffer (a reduce's root): the reduction reads our part from buf itself */
         } else if (v.len >= BIG_NOGIL) {
@@ -381,10 +381,10 @@ static PyObject *Big_sync_copy(Big *b, PyObject *const *args, Py_ssize_t nargs) 
             char *mine = b->buf[k][b->me];
             if (d.len >= BIG_NOGIL) {
                 b->busy++;
-                Py_BEGIN_ALLOW_THREADS copy_to_shared(mine, d.buf, (size_t)d.len, STREAM_WHOLE);
+                Py_BEGIN_ALLOW_THREADS copy_to_shared(mine, d.buf, (size_t)d.len, STREAM_WHOLE_OF(b->n));
                 Py_END_ALLOW_THREADS b->busy--;
             } else {
-                copy_to_shared(mine, d.buf, (size_t)d.len, STREAM_WHOLE);
+                copy_to_shared(mine, d.buf, (size_t)d.len, STREAM_WHOLE_OF(b->n));
             }
         }
         r = b->released ? R_WAIT : big_sync(b, val, wait, check);
@@ -431,7 +431,7 @@ static PyObject *Big_copy(Big *b, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 /* put(k, off, data, pieces): copy data into this member's buffer k at byte off (copy_to_shared: STREAM_PIECES
- * where `pieces`, each reader then taking its own part; else STREAM_WHOLE) */
+ * where `pieces`, each reader then taking its own part; else STREAM_WHOLE_OF the members) */
 static PyObject *Big_put(Big *b, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "put(k, off, data, pieces)");
@@ -448,7 +448,7 @@ static PyObject *Big_put(Big *b, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_ValueError, "big slots: bad put");
     } else if (d.len) {
         char *to = b->buf[k][b->me] + off;
-        int kind = pieces ? STREAM_PIECES : STREAM_WHOLE;
+        int kind = pieces ? STREAM_PIECES : STREAM_WHOLE_OF(b->n);
         if (d.len >= BIG_NOGIL) {
             b->busy++;
             Py_BEGIN_ALLOW_THREADS copy_to_shared(to, d.buf, (size_t)d.len, kind);

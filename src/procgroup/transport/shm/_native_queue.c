@@ -192,7 +192,7 @@ PyObject *Slots_q_post(Slots *s, PyObject *const *args, Py_ssize_t nargs) {
             s->qwkind = 0;
             char *e = q_entry(s, s->me, n);
             uint32_t c2 = q_mix(s->chain, (uint32_t)check);
-            if (b.len) copy_to_shared(e + Q_HDR, b.buf, (size_t)b.len, STREAM_WHOLE);
+            if (b.len) copy_to_shared(e + Q_HDR, b.buf, (size_t)b.len, STREAM_WHOLE_OF(s->n));
             uint32_t *w = (uint32_t *)e;
             __atomic_store_n(&w[1], c2, __ATOMIC_RELAXED);
             __atomic_store_n(&w[0], q_seq(n), __ATOMIC_RELEASE); /* payload and check before the seq */

@@ -54,7 +54,7 @@ int publish_only(Slots *s, const char *data, Py_ssize_t nbytes, uint32_t check) 
     s->count++;
     uint32_t val = (uint32_t)((s->count - 1) % 0xFFFFFFFFULL + 1); /* never 0 (0: never published) */
     char *mine = s->slot[k][s->me];
-    if (nbytes) copy_to_shared(mine + SLOT_HDR, data, (size_t)nbytes, STREAM_WHOLE);
+    if (nbytes) copy_to_shared(mine + SLOT_HDR, data, (size_t)nbytes, STREAM_WHOLE_OF(s->n));
     uint32_t *w = (uint32_t *)mine;
     __atomic_store_n(&w[1], check, __ATOMIC_RELAXED);
     __atomic_store_n(&w[0], val, __ATOMIC_RELEASE); /* payload and check before the count */

@@ -76,8 +76,9 @@ ARENA_SPIN_OVERSUBSCRIBED = 300e-6
 #: 0.93x, 1 MiB 0.98x.  (An earlier A/B, 0 / 20 / 50 / 200 us: 1.11-1.19 / 1.14-1.18 / 1.20-1.27 / 1.39 ms.)
 ARENA_SPIN_SPANNING = 0.0
 
-#: copies into shared slots that every member reads whole (``copy_to_shared`` in ``_native.h``: broadcast, all_gather,
-#: an all_reduce's buffers) use streaming (non-temporal) stores from this many bytes on.  The 2-CPU VM has periods
+#: copies into shared slots that every member of a group of 3 or more reads whole (``copy_to_shared`` in
+#: ``_native.h``: broadcast, all_gather, an all_reduce's buffers) use streaming (non-temporal) stores from this many
+#: bytes on.  The 2-CPU VM has periods
 #: (seconds to minutes; the host places the vCPUs) where a plain store to a line the other CPU has read costs ~4x
 #: more: 64 KiB written where the reader had read it 28-41 us against 7.6-11 in the other periods; streamed 4-5.7
 #: in either (benchmarks/results/pass20).  N=4, whole benchmark runs alternating (4 rounds, never against auto):
