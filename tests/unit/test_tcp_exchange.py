@@ -349,14 +349,29 @@ def test_an_error_between_slices_hands_a_half_read_message_back_to_the_decoder(
     lands in its (abandoned) receive, and the next message on the connection arrives whole."""
     frame = _frame(TAG, bytes(range(200)))
     s = world[0]._conns[1].sock
-    s.sendall(frame[:100])  # the header and 76 payload bytes
+    ph = world[1].phases([], [0])
+    sent = threading.Event()
+
+    def send_half() -> None:
+        # once the phase holds the connection: sent earlier, the bytes may wake the connection's own reader first,
+        # which then owns the half-read frame and the phase is not claimed at all (start returns None; 1 run in 15)
+        end = time.monotonic() + 10
+        while not ph.held and time.monotonic() < end:
+            time.sleep(0.001)
+        s.sendall(frame[:100])  # the header and 76 payload bytes
+        sent.set()
 
     def boom() -> None:
+        sent.wait(10)
         raise RuntimeError("progress failed")
 
-    ph = world[1].phases([], [0])
-    with pytest.raises(RuntimeError, match="progress failed"):
-        ph.start(TAG, [], [bytearray(200)], Deadline.after(10), lambda: 0.05, boom)
+    th = threading.Thread(target=send_half, daemon=True)
+    th.start()
+    try:
+        with pytest.raises(RuntimeError, match="progress failed"):
+            ph.start(TAG, [], [bytearray(200)], Deadline.after(10), lambda: 0.05, boom)
+    finally:
+        th.join(10)
     assert not ph.held and not world[1]._conns[0].role.locked()
     s.sendall(frame[100:] + _frame(TAG + 1, b"next message"))
     out = bytearray(12)
