@@ -153,10 +153,11 @@ def _typed(arrs: List[np.ndarray], nbytes: int, dt: np.dtype) -> List[np.ndarray
 
 
 def _put(big: Any, k: int, dst: np.ndarray, at: int, src: np.ndarray, pieces: bool) -> None:
-    """``dst[at : at + len(src)] = src``, ``dst`` being this member's buffer ``k`` (typed): through ``big.put``,
-    which streams the copy past the caches where the readers gain by it, where ``src`` is C-contiguous."""
+    """``dst[at : at + len(src)] = src``, ``dst`` being this member's buffer ``k`` (typed): through ``big.put``
+    (:class:`~procgroup.transport.base.BigArena`; the shm one streams the copy past the caches where the readers
+    gain by it) where ``src`` is C-contiguous."""
     n = src.shape[0]
-    if n and src.flags.c_contiguous and hasattr(big, "put"):
+    if n and src.flags.c_contiguous:
         big.put(k, at * dst.itemsize, src, pieces)
     else:
         dst[at : at + n] = src

@@ -304,6 +304,12 @@ class BigArena(abc.ABC):
         (the default: a transport that takes no one-way steps)."""
         return None
 
+    def put(self, k: int, off: int, data: Any, pieces: bool) -> None:
+        """``data`` (a C-contiguous numpy array) into this member's buffer ``k`` at byte ``off``; ``pieces``: each
+        reader takes its own part of it, not the whole (a transport may store the two kinds differently: the shm
+        one streams the copy past the caches, see ``ShmBigArena.put``).  The default: a plain copy."""
+        self.arrays[k][self.index][off : off + data.nbytes] = data.reshape(-1).view("u1")
+
 
 def raise_if_stuck(
     rank: int,

@@ -223,6 +223,18 @@ static int big_reduce(Big *b, int k, Py_ssize_t off, char *out, Py_ssize_t nbyte
     return 0;
 }
 
+/* n bytes at `from` into this member's buffer at `to` (copy_to_shared, of `kind`), with the GIL released from
+ * BIG_NOGIL bytes on (busy keeps the mappings; the caller frees them where a release came meanwhile) */
+static void big_copy_in(Big *b, char *to, const char *from, size_t n, int kind) {
+    if (n >= BIG_NOGIL) {
+        b->busy++;
+        Py_BEGIN_ALLOW_THREADS copy_to_shared(to, from, n, kind);
+        Py_END_ALLOW_THREADS b->busy--;
+    } else {
+        copy_to_shared(to, from, n, kind);
+    }
+}
+
 /* sync_reduce(buf, k, val, wait, check, op, type, reduce) -> -3 (buf not aligned to its element size, or larger
  * than a buffer: nothing done), else as sync; copies buf into this member's buffer k first and, when the sync
  * completed and `reduce`, reduces every member's buffer k into buf (member order) */
@@ -256,15 +268,8 @@ static PyObject *Big_sync_reduce(Big *b, PyObject *const *args, Py_ssize_t nargs
          * reads from memory after streamed stores would be the call's critical path (N=4, 64 KiB: 93-118 us
          * streamed against 49-57 plain in the fast periods) */
         int kind = red ? STREAM_WHOLE_OF(b->n) : STREAM_PIECES;
-        if (!pub) {
-            /* nobody reads our buffer (a reduce's root): the reduction reads our part from buf itself */
-        } else if (v.len >= BIG_NOGIL) {
-            b->busy++;
-            Py_BEGIN_ALLOW_THREADS copy_to_shared(mine, v.buf, (size_t)v.len, kind);
-            Py_END_ALLOW_THREADS b->busy--;
-        } else {
-            copy_to_shared(mine, v.buf, (size_t)v.len, kind);
-        }
+        /* unpublished, nobody reads our buffer (a reduce's root): the reduction reads our part from buf itself */
+        if (pub) big_copy_in(b, mine, v.buf, (size_t)v.len, kind);
         r = b->released ? R_WAIT : big_sync(b, val, wait, check);
         if (r >= 0 && red && !b->released &&
             big_reduce(b, (int)k, 0, v.buf, v.len, op, type, pub ? NULL : (char *)v.buf) < 0)
@@ -377,16 +382,7 @@ static PyObject *Big_sync_copy(Big *b, PyObject *const *args, Py_ssize_t nargs) 
         if (bad < 0) goto out;
     }
     if (!bad && (k == 0 || k == 1) && d.len <= b->bytes) {
-        if (d.len) {
-            char *mine = b->buf[k][b->me];
-            if (d.len >= BIG_NOGIL) {
-                b->busy++;
-                Py_BEGIN_ALLOW_THREADS copy_to_shared(mine, d.buf, (size_t)d.len, STREAM_WHOLE_OF(b->n));
-                Py_END_ALLOW_THREADS b->busy--;
-            } else {
-                copy_to_shared(mine, d.buf, (size_t)d.len, STREAM_WHOLE_OF(b->n));
-            }
-        }
+        if (d.len) big_copy_in(b, b->buf[k][b->me], d.buf, (size_t)d.len, STREAM_WHOLE_OF(b->n));
         r = b->released ? R_WAIT : big_sync(b, val, wait, check);
         if (r >= 0 && ho && !b->released)
             big_copy_out(b, (int)k, o.buf, src, off, stride, chunk, hd && d.len == chunk ? (char *)d.buf : NULL);
@@ -447,16 +443,9 @@ static PyObject *Big_put(Big *b, PyObject *const *args, Py_ssize_t nargs) {
     if ((k != 0 && k != 1) || off < 0 || d.len > b->bytes - off) {
         PyErr_SetString(PyExc_ValueError, "big slots: bad put");
     } else if (d.len) {
-        char *to = b->buf[k][b->me] + off;
         int kind = pieces ? STREAM_PIECES : STREAM_WHOLE_OF(b->n);
-        if (d.len >= BIG_NOGIL) {
-            b->busy++;
-            Py_BEGIN_ALLOW_THREADS copy_to_shared(to, d.buf, (size_t)d.len, kind);
-            Py_END_ALLOW_THREADS b->busy--;
-            if (b->released && !b->busy) big_free(b);
-        } else {
-            copy_to_shared(to, d.buf, (size_t)d.len, kind);
-        }
+        big_copy_in(b, b->buf[k][b->me] + off, d.buf, (size_t)d.len, kind);
+        if (b->released && !b->busy) big_free(b);
     }
     PyBuffer_Release(&d);
     if (PyErr_Occurred()) return NULL;

@@ -78,16 +78,15 @@ ARENA_SPIN_SPANNING = 0.0
 
 #: copies into shared slots that every member of a group of 3 or more reads whole (``copy_to_shared`` in
 #: ``_native.h``: broadcast, all_gather, an all_reduce's buffers) use streaming (non-temporal) stores from this many
-#: bytes on.  The 2-CPU VM has periods
-#: (seconds to minutes; the host places the vCPUs) where a plain store to a line the other CPU has read costs ~4x
-#: more: 64 KiB written where the reader had read it 28-41 us against 7.6-11 in the other periods; streamed 4-5.7
-#: in either (benchmarks/results/pass20).  N=4, whole benchmark runs alternating (4 rounds, never against auto):
-#: broadcast 16 KiB-4 MiB 0.56-0.75x the time, all_reduce 16 KiB-4 MiB 0.48-0.64x.
+#: bytes on.  The 2-CPU VM has periods (seconds to minutes; the host places the vCPUs) where a plain store to a line
+#: the other CPU has read costs ~4x more: 64 KiB written where the reader had read it 28-41 us against 7.6-11 in the
+#: other periods; streamed 4-5.7 in either (benchmarks/results/pass20).  N=4, whole benchmark runs alternating (3
+#: rounds, auto against never): broadcast 64 KiB-4 MiB 0.21-0.34x the time, all_reduce 0.44-0.67x.
 STREAM_MIN = 8 << 10
 #: ... and with PROCGROUP_SHM_STREAM=always also those each member reads a piece of (all_to_all's streams, the inputs
 #: of a reduction, a reduce's parts), from this many bytes on.  Not by default: the readers then fetch from memory
-#: (6 GB/s here) what a plain store leaves in the writer's cache; the same runs had all_to_all 64 KiB-16 MiB at
-#: 1.15-1.64x and reduce_scatter 256 KiB-1 MiB at 1.28-1.38x with those streamed (adaptively: while a timed plain
+#: (6 GB/s here) what a plain store leaves in the writer's cache; earlier runs (4 rounds) had all_to_all 64 KiB-16 MiB
+#: at 1.15-1.64x and reduce_scatter 256 KiB-1 MiB at 1.28-1.38x with those streamed (adaptively: while a timed plain
 #: copy ran slower than 4 GB/s).
 STREAM_PIECES_MIN = 64 << 10
 

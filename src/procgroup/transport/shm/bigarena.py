@@ -274,9 +274,8 @@ class ShmBigArena(BigArena):
         nat = self._nat
         if nat is not None:
             nat.put(k, off, data, pieces)
-            return
-        n = data.nbytes
-        self.arrays[k][self.index][off : off + n] = np.frombuffer(data, np.uint8, n)
+        else:
+            super().put(k, off, data, pieces)
 
     def reduce_into(self, out: Any, k: int, off: int, op: int, dtype: int, own: Any = None) -> bool:
         """``out`` = every member's buffer ``k`` from byte ``off`` on (this member's read from ``own`` where given;
