@@ -230,8 +230,8 @@ elif mode == "steps":
             b = vals(root + k, n) if r == root else np.zeros(n, np.int64)
             dist.broadcast(b, src=root)
             assert np.array_equal(b, vals(root + k, n)), (n, k, root)
-    # all_to_all streams ((p - 1) pieces) of 512 KiB, just above, 1 MiB and just above, 2 MiB: in the big slots
-    # (within BIG_LIMIT's 2 MiB), in windows of at most STEP_MAX
+    # all_to_all streams ((p - 1) pieces) of 512 KiB, just above, 1 MiB (in the big slots, within BIG_LIMIT's 1 MiB,
+    # in windows of at most STEP_MAX: two rounds), just above and 2 MiB (read straight out of the senders)
     for stream in (65536, 65537, 131072, 131073, 262144):
         m = stream // (p - 1)  # int64 elements a piece
         for k in range(3):

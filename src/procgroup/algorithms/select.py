@@ -93,8 +93,14 @@ path's one); at N=4 0.3x-0.9x up to 1.5 MiB, 1.3x-1.4x at 6 MiB: the limit was a
 above it are read straight from the senders (one copy, ``algorithms.onecopy``), the big slots still win at a 2 MiB
 stream at N=2 (4 MiB per rank: 343-347 against 410-432 us) and tie at N=4 (1.5 and 3 MiB streams: 0.8-0.9 and
 1.5-1.9 ms both); at a 3 MiB stream N=2 ties and from 4 MiB the reads win (N=2 4 MiB 0.90-0.99 against 1.04 ms;
-rechecked 2026-11-28: big 1.21x / 1.08x the reads' at 4 / 16 MiB N=2, 1.09-1.45x at N=4): the limit is a 2 MiB
-stream.
+rechecked 2026-11-28: big 1.21x / 1.08x the reads' at 4 / 16 MiB N=2, 1.09-1.45x at N=4): the limit was a 2 MiB
+stream.  Pass 21 (2026-11-29, whole jobs alternating, 4 rounds, slowest rank per call, median, us;
+benchmarks/results/pass21): a stream past one window (``alltoall_shm.STEP_MAX``) takes its further rounds in
+Python, and its stores into shared lines pay the VM's slow periods, while the reads store nothing shared: N=4 a
+rank 1.5 MiB (1.1 MiB stream) big 875-1419 against reads 825-888, 2 MiB 1121-2062 against 1040-1215; N=2 3 MiB
+(1.5 MiB stream) 290-1079 against 257-314, 4 MiB 641-1429 against 275-498.  Up to a 1 MiB stream the big slots
+stay (N=2 2 MiB a rank: 105-779, bimodal, against the reads' 199-220; N=4 1 MiB: 203-1037 against 521-573, the
+reads' two exchanges costing about 250 us there): the limit is a 1 MiB stream.
 
 Every choice is computed from values all ranks of the call agree on (the
 group size and the per-rank message size), so all ranks pick the same
@@ -214,7 +220,7 @@ BIG_LIMIT: Dict[str, int] = {
     "reduce_scatter": 1 << 62,
     "broadcast": 1 << 62,
     "all_gather": 1 << 62,
-    "all_to_all": 2 << 20,
+    "all_to_all": 1 << 20,
 }
 #: collective -> a lower BIG_LIMIT for a group of two ranks.  A broadcast through the big slots copies the data
 #: twice (the root into the slots, the other rank out of them, pipelined on both CPUs).  Above this limit a pair
