@@ -393,9 +393,10 @@ def all_gather(g: ProcessGroup, dt: Any, n: int, dname: str, fast: Any) -> Plan:
     fn: Fn
     if algo is alg.all_gather and (big_fn := _allgather_big(g, n * _itemsize(dt), dt)) is not None:
         nb = n * _itemsize(dt)
+        members = len(g.arena().members)
 
         def fn(c: Any, a: Any, b: Any) -> None:
-            if nb <= BIG_LIMIT["all_gather"]:
+            if nb <= big_limit("all_gather", members):
                 big_fn(c, a, b)  # the big slots' one-step all_gather (algorithms.select picks allgather_big)
             else:
                 algo(c, a, b)  # the limit was lowered since the plan was built: select's choice

@@ -73,7 +73,8 @@ every rank straight out of the root's buffer (``algorithms.onecopy``), and an al
 ``ONECOPY_MIN['all_gather']`` by every rank out of every other's ``sendbuf``; else they take the table above.
 A group of two splits a broadcast above its big slots' limit (``BIG_LIMIT_PAIR``; without big slots, above
 ``PAIR_SPLIT_MIN``) between its two CPUs (``algorithms.onecopy.bcast_pair``): the root writes half straight into
-the other rank's buffer (process_vm_writev) while that rank reads the other half out of the root's.
+the other rank's buffer (process_vm_writev) while that rank reads the other half out of the root's; its
+all_gather above ``BIG_LIMIT_PAIR['all_gather']`` a rank reads the other's part straight out of its ``sendbuf``.
 
 ``BIG_LIMIT[collective]`` hands calls above it back to the table above (the message algorithms, with the
 single-copy path for large messages).  The limits come from same-process A/B runs on the 2-CPU host
@@ -174,6 +175,7 @@ __all__ = [
     "BIG_LIMIT",
     "BIG_LIMIT_PAIR",
     "ONECOPY_MIN",
+    "ONECOPY_MIN_PAIR",
     "big_limit",
     "big_slots_for",
     "FORCE",
@@ -230,13 +232,22 @@ BIG_LIMIT: Dict[str, int] = {
 #: against the split: 4 MiB 91 / 124, 5 MiB 110-145 / 118-151, 6 MiB 130-200 / 111-159, 8 MiB 170-245 / 108-168,
 #: 16 MiB 531-959 / 321-618, 32 MiB 1242-1995 / 1117-1478, 48 MiB (the rendezvous, two reading threads) 1771-2367 /
 #: 1765-2364.  At N=4 the big slots still lead (64 MiB 0.99x, and 0.73x the one-copy reads): every reader reading
-#: the root's memory at once is slower.
-BIG_LIMIT_PAIR: Dict[str, int] = {"broadcast": 6 << 20}
+#: the root's memory at once is slower.  Pass 21's VM (its slow periods make a store into a line the other CPU
+#: holds cost 4x; benchmarks/results/pass21, same method, 4-5 rounds): big against split 1.5 MiB 86-144 / 102-123,
+#: 2 MiB 111-145 / 124-153, 3 MiB 172-226 / 172-207, 4 MiB 224-1828 / 165-238 (split ahead in 9 of 9 rounds): the
+#: limit is 3 MiB.  An all_gather of a pair above ``ONECOPY_MIN_PAIR`` a rank reads the other rank's part straight
+#: out of its ``sendbuf`` (``algorithms.onecopy.allgather_direct``: one copy and no store into a shared line, where
+#: the big slots copy twice): 512 KiB a rank 82-103 / 80-111 us, 1 MiB 166-215 / 135-184, 2 MiB 363-457 / 269-356,
+#: 4 MiB 1065-1273 / 816-1013 (big / reads).
+BIG_LIMIT_PAIR: Dict[str, int] = {"broadcast": 3 << 20, "all_gather": 512 << 10}
 #: collective -> the fewest bytes above which a group of three or more ranks of one host without big slots reads
 #: the parts straight out of their owners' memory (``algorithms.onecopy``): N=4, one-copy reads against the
 #: messages, broadcast 16 / 64 MiB 0.82 / 0.95x, all_gather 2 / 4 / 16 MiB a rank 0.54 / 1.04 / 1.02x; N=3
 #: broadcast 64 MiB 0.99x
 ONECOPY_MIN: Dict[str, int] = {"broadcast": 16 << 20, "all_gather": 2 << 20}
+#: collective -> the fewest bytes above which a group of two ranks of one host reads the other's part straight out
+#: of its memory where the big slots do not take the call (``BIG_LIMIT_PAIR``; the numbers are there)
+ONECOPY_MIN_PAIR: Dict[str, int] = {"all_gather": 512 << 10}
 #: a group of two ranks of one host: a broadcast above this many bytes that the big slots do not take
 #: (``BIG_LIMIT_PAIR``, or a pair without big slots) is split between the two (``algorithms.onecopy.bcast_pair``).
 #: Without big slots (``PROCGROUP_SHM_BIG_SLOT=0``), against the rendezvous: 256 KiB 19-21 against 10-12 us, 1 MiB
@@ -400,11 +411,13 @@ def _big(comm: Any, collective: str, nbytes: int) -> bool:
 
 
 def _onecopy(comm: Any, collective: str, nbytes: int) -> bool:
-    """True when ``comm``'s ranks share a host (an arena), are three or more, and ``nbytes`` is above
-    ``ONECOPY_MIN[collective]`` (asked where the big slots do not take the call): ``algorithms.onecopy`` may then
-    read the parts straight out of their owners' memory (at N=2 the message path ties or wins: the rendezvous
-    reads a broadcast's root with two threads)."""
-    return comm.size >= 3 and comm.arena is not None and nbytes > ONECOPY_MIN[collective]
+    """True when ``comm``'s ranks share a host (an arena) and ``nbytes`` is above ``ONECOPY_MIN[collective]`` for
+    three or more, ``ONECOPY_MIN_PAIR[collective]`` for two (asked where the big slots do not take the call):
+    ``algorithms.onecopy`` may then read the parts straight out of their owners' memory (a pair's broadcast has a
+    split of its own, ``bcast_pair``; the rendezvous reads a broadcast's root with two threads)."""
+    if comm.arena is None or comm.size < 2:
+        return False
+    return nbytes > (ONECOPY_MIN[collective] if comm.size >= 3 else ONECOPY_MIN_PAIR.get(collective, 1 << 62))
 
 
 def choose_all_reduce_flat(p: int, nbytes: int, nelems: int) -> Callable[..., None]:

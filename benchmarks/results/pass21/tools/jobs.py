@@ -47,6 +47,16 @@ else:
     for kv in filter(None, os.environ.get("PG_PATCH", "").split(";")):
         k, v = kv.split("=")
         select.BIG_LIMIT[k] = size(v)
+    if os.environ.get("PG_ONECOPY_PAIR"):  # let a group of two take algorithms.onecopy's reads (select._onecopy)
+        select._onecopy = lambda comm, coll, nb: comm.arena is not None and nb > select.ONECOPY_MIN[coll]
+    for kv in filter(None, os.environ.get("PG_PATCH_PAIR", "").split(";")):  # select.BIG_LIMIT_PAIR
+        k, v = kv.split("=")
+        select.BIG_LIMIT_PAIR[k] = size(v)
+    if os.environ.get("PG_SPLIT"):  # select.PAIR_SPLIT_MIN
+        select.PAIR_SPLIT_MIN = size(os.environ["PG_SPLIT"])
+    for kv in filter(None, os.environ.get("PG_ONECOPY", "").split(";")):
+        k, v = kv.split("=")
+        select.ONECOPY_MIN[k] = size(v)
     dist.init_process_group("gloo")
     r, p = dist.get_rank(), dist.get_world_size()
     barrier = dist.barrier
