@@ -118,7 +118,7 @@ for spec in OPS:
         import pstats
 
         prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(int(os.environ.get("PG_PROFILE_N", "14")))
     res.append(ts)
 l1, cpu1 = cpu_total(), time.process_time()
 mine = gather(cpu1 - cpu0)
