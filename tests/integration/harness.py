@@ -117,8 +117,8 @@ def spawn_world(
     port = free_port()
     secret = secrets.token_hex(16)
     procs: List[Proc] = []
+    argv = [sys.executable, str(script or WORKERS), func, *args]
     for r in range(n) if ranks is None else ranks:
-        argv = [sys.executable, str(script or WORKERS), func, *args]
         wenv = worker_env(r, n, port, secret, env)
         if zygote.usable(argv, wenv):  # forked from a warm interpreter: the same process, 0.2 s sooner
             procs.append(zygote.spawn(argv, wenv, str(ROOT)))

@@ -12,9 +12,9 @@ processes: their sockets, shared memory, signals and exit codes are their own; o
 ``returncode``, ``poll``, ``wait``, ``communicate``, ``send_signal``/``kill``/``terminate``, ``stdout``/``stderr``
 as text files); the zygote reports each child's exit status over its control socket.  :func:`usable` says when a
 rank may take this path: same interpreter, and every variable that Python or numpy read at start-up (``PYTHON*``,
-``OMP_*``, ``OPENBLAS_*``, ``MKL_*``, ``NPY_*``, ``LD_*``) equal to the zygote's; otherwise the harness exec's as
-before.  ``PROCGROUP_TEST_ZYGOTE=0`` turns the zygote off.  The zygote exits when the pytest process closes its
-socket (or dies), and never outlives it.
+``OMP_*``, ``OPENBLAS_*``, ``MKL_*``, ``NPY_*``, ``LD_*``, ``MALLOC_*``) equal to the zygote's; otherwise the
+harness exec's as before.  ``PROCGROUP_TEST_ZYGOTE=0`` turns the zygote off.  The zygote exits when the pytest
+process closes its socket (or dies), and never outlives it.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ def _startup_env(env: Dict[str, str]) -> Dict[str, str]:
 # --------------------------------------------------------------------------------------------- the zygote itself
 
 
-def _serve(sock: socket.socket) -> Optional[Tuple[str, List[str]]]:
+def _serve(sock: socket.socket) -> Optional[str]:
     """The zygote's loop: fork a child per request, report every child's exit.  Returns in the child only
-    (the script and its argv), after the child took its rank's place; returns None when the parent is gone."""
+    (the script's path), after the child took its rank's place; returns None when the parent is gone."""
     import selectors
 
     import numpy  # noqa: F401  (the point of the zygote: every child starts with it imported)
@@ -96,7 +96,7 @@ def _serve(sock: socket.socket) -> Optional[Tuple[str, List[str]]]:
             sock.send(json.dumps({"exit": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
 
 
-def _become(job: dict, fds: List[int]) -> Tuple[str, List[str]]:
+def _become(job: dict, fds: List[int]) -> str:
     """In the forked child: take the rank's session, pipes, environment, directory and argv."""
     os.setsid()
     os.dup2(fds[0], 1)
@@ -111,7 +111,7 @@ def _become(job: dict, fds: List[int]) -> Tuple[str, List[str]]:
     sys.path[0] = os.path.dirname(script)
     if "numpy.random" in sys.modules:  # a fresh interpreter seeds numpy's global generator from the OS
         sys.modules["numpy.random"].seed()
-    return script, sys.argv
+    return script
 
 
 # --------------------------------------------------------------------------------------------- the pytest side
@@ -296,4 +296,4 @@ if __name__ == "__main__":
     del _serve, _become  # the rank's __main__ runs in a namespace of its own (runpy), as `python SCRIPT` would
     import runpy
 
-    runpy.run_path(_job[0], run_name="__main__")
+    runpy.run_path(_job, run_name="__main__")
