@@ -47,12 +47,22 @@ from .algorithms.arena import (
 from .algorithms.bigarena import allreduce_big, bind_allgather, bind_bcast, bind_reduce, bind_reduce_scatter
 from .algorithms.comm import STEP_BITS, Comm
 from .algorithms.hierbind import bind_hierarchical, bind_multileader
-from .algorithms.select import BIG_LIMIT, big_limit, big_slots_for, choose_all_reduce, tunables
+from .algorithms.onecopy import END_SALT, SALT_ALLGATHER
+from .algorithms.select import (
+    BIG_LIMIT,
+    all_gather_unread,
+    big_limit,
+    big_slots_for,
+    choose_all_reduce,
+    onecopy_for,
+    tunables,
+)
 from .deadline import Deadline
 from .groupcore import PlanCore
 from .ops import ReduceOp, finalize
 from .process_group import ProcessGroup
 from .tags import FP_MASK, fingerprint
+from .transport.base import READ_GATHER
 
 __all__ = [
     "Plan",
@@ -407,6 +417,20 @@ def all_gather(g: ProcessGroup, dt: Any, n: int, dname: str, fast: Any) -> Plan:
             if not xc(a, b, -1, (c.tag >> _CW_SHIFT) & _CW_MASK, c.deadline):
                 algo(c, a, b)  # nothing was published: the general arena path
 
+    elif algo is alg.all_gather and (rd := _reads(g, "all_gather", n * _itemsize(dt), dt, READ_GATHER)) is not None:
+        nb, arena = n * _itemsize(dt), g.arena()
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            if onecopy_for(arena, "all_gather", nb):  # select's choice (its limits are compared per call)
+                ck = c.check_word() ^ SALT_ALLGATHER
+                done = rd(a, b, ck, ck ^ END_SALT, -1, c.deadline)  # onecopy.allgather_direct in one C call
+                if done:
+                    return
+                if done is False:  # a member cannot read the others: select's next choice, on every member alike
+                    all_gather_unread(c, a, b)
+                    return
+            algo(c, a, b)
+
     else:
 
         def fn(c: Any, a: Any, b: Any) -> None:
@@ -428,6 +452,16 @@ def _allgather_big(g: ProcessGroup, nbytes: int, dt: Any) -> Any:
     it; else None."""
     big = _big_slots(g, "all_gather", nbytes, dt)
     return None if big is None else bind_allgather(big, nbytes, dt)
+
+
+def _reads(g: ProcessGroup, collective: str, nbytes: int, dt: Any, mode: int) -> Any:
+    """The group's compiled one-copy reads (``Arena.bind_read`` of ``mode``) where algorithms.select reads
+    ``collective`` of ``nbytes`` straight out of the owners' memory (``onecopy_for``) and ``dt`` is a numpy dtype;
+    else None."""
+    a = g.arena()
+    if isinstance(dt, str) or not onecopy_for(a, collective, nbytes):
+        return None
+    return a.bind_read(mode)
 
 
 def _bound_big(g: ProcessGroup, collective: str, nbytes: int, dt: Any, root: int, kern: Any = None) -> Any:
@@ -531,7 +565,7 @@ def all_to_all(g: ProcessGroup, dname: str, sc: list, rc: list, fast: Any, items
 
             def fn_nat(c: Any, a: Any, b: Any) -> None:
                 lim = limits["all_to_all"]
-                f = xa(a, b, ((c.tag >> _CW_SHIFT) & _CW_MASK) ^ SALT, c.deadline, one_window(lim))
+                f = xa(a, b, ((c.tag >> _CW_SHIFT) & _CW_MASK) ^ SALT, c.deadline, one_window(lim), lim)
                 if f:
                     if f < 0:  # nothing was published: the general path
                         alltoall_shm(c, a, sc, b, rc, prep, lim)
@@ -569,7 +603,7 @@ def all_to_all_list(g: ProcessGroup, dname: str, sc: list, rc: list, itemsize: i
 
     def fn(c: Any, ins: Any, outs: Any) -> None:
         lim = limits["all_to_all"]
-        f = xa(ins, outs, ((c.tag >> _CW_SHIFT) & _CW_MASK) ^ SALT, c.deadline, one_window(lim))
+        f = xa(ins, outs, ((c.tag >> _CW_SHIFT) & _CW_MASK) ^ SALT, c.deadline, one_window(lim), lim)
         if f:
             if f < 0:  # nothing was published
                 general(c, ins, outs)

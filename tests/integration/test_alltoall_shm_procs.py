@@ -114,6 +114,10 @@ check(None)
 if sub is not None and r < p - 1:
     check(sub)
 assert {"shm", "rounds"} <= set(used), sorted(set(used))
+from procgroup.state import default_group
+
+if getattr(getattr(default_group().arena(), "_nat", None), "rd_calls", 0):  # read inside the compiled call
+    used.append("direct")
 # above the streams' limit: read straight from the senders where every rank can, else messages on every rank
 can = _cma.AVAILABLE and not os.environ.get("CMA_OFF_RANK") and os.environ.get("PROCGROUP_SHM_CMA") != "0"
 assert ("direct" in used) == can and ("messages" in used) != can, sorted(set(used))

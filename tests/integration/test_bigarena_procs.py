@@ -72,7 +72,10 @@ def check(groups):
             assert np.array_equal(o, gp * np.arange(gr * n, (gr + 1) * n)), n
 sub = dist.new_group(list(range(p - 1))) if p > 2 else None
 check([None] + ([sub] if sub is not None and r < p - 1 else []))
-assert set(calls) == {"allreduce_big", "reduce_big", "reduce_scatter_big", "bcast_big", "allgather_big"}, calls
+want = {"allreduce_big", "reduce_big", "reduce_scatter_big", "bcast_big", "allgather_big"}
+if p == 2 and pg.arena().reader() is not None:  # a pair reads the other's part instead (select.ONECOPY_MIN_PAIR)
+    want.discard("allgather_big")
+assert set(calls) == want, calls
 print(f"rank {r} ok", flush=True)
 dist.destroy_process_group()
 """

@@ -53,7 +53,7 @@ def _stream_cases(p: int, isz: int, limit: int) -> List[List[List[int]]]:
     if p > 2:
         mixed[2] = [SLOT // isz + 1] + [0] * (p - 1)
     cases.append(mixed)
-    # rank 0 inline, the last rank above the limit (messages: the compiled call leaves them to Python, flag 4)
+    # rank 0 inline, the last rank above the limit (read out of its sendbuf, in the compiled call where it runs)
     over = [[(r + j) % 3 for j in range(p)] for r in range(p)]
     over[p - 1] = [limit // isz + 1] + [0] * (p - 1)
     cases.append(over)
@@ -79,7 +79,7 @@ def routes(monkeypatch: pytest.MonkeyPatch) -> List[int]:
 
 @pytest.mark.parametrize("p", [2, 3, 4])
 def test_every_threshold_every_route_closed_form(world: Any, p: int, routes: List[int]) -> None:  # noqa: F811
-    limit = 3 * SLOT  # above it: messages (one element above: Python's messages after the header exchange)
+    limit = 3 * SLOT  # above it: one-copy reads (the compiled call reads them where every rank offers its sendbuf)
     dts = ["int8", "float64", "complex64"]
 
     def body(r: int, make: Callable[..., Comm]) -> None:
@@ -89,9 +89,13 @@ def test_every_threshold_every_route_closed_form(world: Any, p: int, routes: Lis
                 k += 1
                 _check_a2a(r, make(k), dt, C, k, lambda c, s, sc, o, rc: A2A.alltoall_shm(c, s, sc, o, rc, None, limit))
 
-    _run(world(p), body, timeout=120)
+    ts = world(p)
+    _run(ts, body, timeout=120)
     if world.kind in ("shm", "shm-stream"):  # type: ignore[attr-defined]
-        assert {-1, 0, 2, 4} <= set(routes), sorted(set(routes))
+        # 4 (Python finishes): a stream of several big-slot windows, which only the mixed case of p > 2 has; the
+        # streams above the limit are read out of their senders inside the compiled call (Slots.rd_calls)
+        assert {-1, 0, 2} | ({4} if p > 2 else set()) <= set(routes), sorted(set(routes))
+        assert sum(a._nat.rd_calls for t in ts for a in t._arenas) >= p * len(dts), "no compiled reads"
     else:
         assert set(routes) <= {-1}, sorted(set(routes))  # the pure-Python shm path: never compiled
 
@@ -168,7 +172,7 @@ def test_list_form_in_place_every_route_closed_form(
                 outs = tuple(np.full(n, 1, storage(dt)) if dt != "bool" else np.zeros(n, bool) for n in rc)
                 bind = getattr(arena, "bind_a2a", None)
                 xa = bind(prep.list_spec(), prep.header, arena.big) if bind is not None else None  # type: ignore
-                f = xa(ins, outs, c.check_word() ^ A2A.SALT, c.deadline, limit) if xa is not None else -1
+                f = xa(ins, outs, c.check_word() ^ A2A.SALT, c.deadline, limit, limit) if xa is not None else -1
                 routes.append(f)
                 if f < 0:
                     collectives._lists_general(c, ins, outs)

@@ -24,11 +24,12 @@ round, so the ranks agree on every later step without a round trip of its own:
    process_vm_readv each, one copy instead of two), then one arena exchange
    ends the call (an owner keeps its buffer until every reader is done).  The
    header's *offer* (``_OFFER``) says where a sender's ``sendbuf`` lies and
-   whether that rank can read every other's memory; where some header offers
-   nothing (the compiled path, which writes zeros there, published it) an
-   arena exchange of the addresses comes first (``onecopy.read_directly``);
-   as messages where a rank cannot read.  All agree: they read the same
-   headers.  At N=4 on 2 CPUs the reads took a 4 MiB all_to_all
+   whether that rank can read every other's memory (every rank writes it,
+   inline or not, on either path, where it can read the others; the compiled
+   path only for one ``sendbuf``, not the list form); where some header offers
+   nothing an arena exchange of the addresses comes first
+   (``onecopy.read_directly``); as messages where a rank cannot read.  All
+   agree: they read the same headers.  At N=4 on 2 CPUs the reads took a 4 MiB all_to_all
    from 2.5 to 1.5 ms, 2 MiB from 1.4 to 1.0 (N=2: 4 MiB 0.53 to 0.41 ms); the offer in the header then saved
    the exchange of addresses: same-process A/B, 64 KiB-4 MiB pieces, N=2 0.87-0.97x, N=3 0.76-0.96x, N=4
    0.86-1.00x the time with it.  When some
@@ -53,11 +54,13 @@ complete together, so no data is ever mixed.
 Compiled path (``ShmArena.exchange_a2a``, where the arena runs ``_native``): steps 1-3 for the common case in
 one C call -- header and stream written (the stream into the arena slot, or into the big buffer when it fits
 one window), the exchange, then this rank's own piece and every piece for it copied out of the slots or big
-buffers, large copies with the GIL released.  It takes a call only where its stream fits one of those two
-places (else nothing is published and the Python steps run), and copies nothing where any stream needs
-further rounds or messages or the counts disagree: :func:`native_done` then runs step 2 and 3 in Python on the
-completed exchange.  Same slots, same header, same check words: ranks on either path meet.  The inline and the
-one-window big-slot case cost the same there (one exchange each; no step at the arena's size).  Plans bind
+buffers, large copies with the GIL released; and the offered reads of streams beyond the limit, with the
+exchange that ends them (pass 22: N=4, 2 MiB a rank, 1.05-1.09 ms in Python against 0.42-0.67).  It takes a
+call only where its stream fits one of those places (else nothing is published and the Python steps run), and
+copies nothing where any stream needs further rounds or messages, an offer is missing or the counts disagree:
+:func:`native_done` then runs step 2 and 3 in Python on the completed exchange.  Same slots, same header,
+same check words: ranks on either path meet.  The inline and the one-window big-slot case cost the same there
+(one exchange each; no step at the arena's size).  Plans bind
 the layout once (``Prep.spec``; ``Prep.list_spec`` for the list form, whose inputs and outputs it reads and
 writes in place).
 
@@ -116,8 +119,9 @@ _PREP_LIMIT = 64
 
 
 #: after the header's two runs: where this rank's ``sendbuf`` lies (0: not offered), the bytes of its own piece,
-#: and whether it can read every other member's memory (``Arena.reader``); only the Python path writes them (the
-#: compiled one writes zeros: nothing offered), for the one-copy reads of a stream beyond the limit
+#: and whether it can read every other member's memory (``Arena.reader``), for the one-copy reads of a stream beyond
+#: the limit; ``Prep.header`` carries zeros (nothing offered) and each call writes its offer (the compiled path
+#: too, where it has every member's pid and one ``sendbuf``: ``_native_a2a.c``)
 _OFFER = struct.Struct("<QQQ")
 
 
@@ -169,7 +173,7 @@ class Prep:
         #: the same layout for the compiled path (``ShmArena.exchange_a2a``: see _native_a2a.c), int64 words; one send
         #: and one recv buffer (index 0)
         own = (0, self.own[2], 0, self.own[0], self.own[1]) if self.own is not None else (-1, 0, 0, 0, 0)
-        words = [p, me, self.hb, self.stream, len(self.segs), len(self.others), *own]
+        words = [p, me, self.hb, self.stream, len(self.segs), len(self.others), *own, own_s]
         for pos, a, b in self.segs:
             words += (pos, 0, a, b)
         for r, dst, want in self.others:
@@ -183,7 +187,7 @@ class Prep:
         e = struct.unpack_from(f"<{p + 1}Q", self.header)  # [0, E_0 .. E_{p-1}]: where each piece starts, ends
         own = (me, 0, me, 0, self.own[1] - self.own[0]) if self.own is not None else (-1, 0, 0, 0, 0)
         segs = [(j, e[j], e[j + 1] - e[j]) for j in range(p) if j != me and e[j + 1] > e[j]]
-        words = [p, me, self.hb, self.stream, len(segs), len(self.others), *own]
+        words = [p, me, self.hb, self.stream, len(segs), len(self.others), *own, self.so[me + 1] - self.so[me]]
         for j, pos, n in segs:
             words += (pos, j, 0, n)
         for r, _dst, want in self.others:
@@ -306,7 +310,15 @@ def alltoall_shm(
     xa = getattr(a, "exchange_a2a", None)
     if xa is not None:  # compiled: write, exchange and copy out in one call, where it takes this layout
         f = xa(
-            prep.spec, prep.header, sendbuf, recvbuf, comm.check_word() ^ SALT, comm.deadline, big, one_window(limit)
+            prep.spec,
+            prep.header,
+            sendbuf,
+            recvbuf,
+            comm.check_word() ^ SALT,
+            comm.deadline,
+            big,
+            one_window(limit),
+            limit,
         )
         if f >= 0:  # else nothing was published: the Python path below
             if f:
@@ -323,7 +335,7 @@ def alltoall_shm(
     head = prep.header
     slot[: len(head)] = head
     inline = mine <= cap
-    if not inline and a.reader() is not None:  # our stream may be read straight out of sendbuf
+    if a.reader() is not None:  # our stream may be read straight out of sendbuf (inline: we can read the others')
         so = prep.so
         _OFFER.pack_into(slot, 16 * (comm.size + 1), address_of(sb), so[prep.me + 1] - so[prep.me], 1)
     if inline:

@@ -34,17 +34,24 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from typing import Any, Callable, List, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..errors import BrokenError
 from ..procfs import pid_alive
-from ..transport.base import address_of
+from ..transport.base import READ_BCAST, READ_GATHER, address_of
 
 logger = logging.getLogger("procgroup.algorithms")
 
-__all__ = ["read_directly", "bcast_direct", "bcast_pair", "allgather_direct", "END_SALT"]
+__all__ = [
+    "read_directly",
+    "bcast_direct",
+    "bcast_pair",
+    "allgather_direct",
+    "END_SALT",
+    "SALT_ALLGATHER",
+]
 
 #: ``read(i, out, addr)``: see ``Arena.reader``
 Reader = Callable[[int, memoryview, int], None]
@@ -52,7 +59,8 @@ Reader = Callable[[int, memoryview, int], None]
 #: folded into the check word of the exchange that ends a call (its first exchange has the call's own)
 END_SALT = 0x5A5A_0000
 _SALT_BCAST = 0xB0C5_0000
-_SALT_ALLGATHER = 0xA11_0000
+#: folded into the check word of an all_gather's reads (the plans' compiled call uses it too)
+SALT_ALLGATHER = 0xA11_0000
 _SALT_PAIR = 0xB0C2_0000
 #: a pair broadcast's first exchange: can move (reader, and writer on the root), buffer address, flag word
 _PAIR = struct.Struct("<QQQ")
@@ -81,17 +89,29 @@ def read_directly(
     return True
 
 
+def _compiled(comm: Any, mode: int, send: Any, recv: Any, check: int, root: int) -> Optional[bool]:
+    """The protocol of :func:`read_directly` for ``mode`` (``transport.base.READ_*``) in one compiled call
+    (``Arena.bind_read``: same slots and check words); None where there is none or it refused the sizes (nothing
+    published), and the caller runs the protocol in Python."""
+    fn = comm.arena.bind_read(mode)
+    return None if fn is None else fn(send, recv, check, check ^ END_SALT, root, comm.deadline)
+
+
 def bcast_direct(comm: Any, buf: np.ndarray, root: int) -> bool:
     """``root``'s ``buf`` (C-contiguous) to every rank, each reader copying it straight out of the root's memory;
     False (nothing done) where a rank cannot read the others: the caller's message algorithm then runs."""
     view = buf.data.cast("B")
     me = comm.rank
+    check = comm.check_word() ^ _SALT_BCAST
+    done = _compiled(comm, READ_BCAST, view, view, check, root)
+    if done is not None:
+        return done
 
     def reads(read: Reader, offers: List[Tuple[int, ...]]) -> None:
         if me != root:
             read(root, view, offers[root][0])
 
-    return read_directly(comm, comm.check_word() ^ _SALT_BCAST, [address_of(view) if me == root else 0], reads)
+    return read_directly(comm, check, [address_of(view) if me == root else 0], reads)
 
 
 def bcast_pair(comm: Any, buf: np.ndarray, root: int) -> bool:
@@ -178,6 +198,10 @@ def allgather_direct(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> boo
     sv = sendbuf.data.cast("B")
     n = sv.nbytes
     rv = recvbuf[: p * sendbuf.shape[0]].data.cast("B")
+    check = comm.check_word() ^ SALT_ALLGATHER
+    done = _compiled(comm, READ_GATHER, sv, rv, check, -1)
+    if done is not None:
+        return done
 
     def reads(read: Reader, offers: List[Tuple[int, ...]]) -> None:
         rv[me * n : (me + 1) * n] = sv
@@ -185,4 +209,4 @@ def allgather_direct(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> boo
             j = (me + k) % p  # each rank starts at its right neighbour: the reads spread over the owners
             read(j, rv[j * n : (j + 1) * n], offers[j][0])
 
-    return read_directly(comm, comm.check_word() ^ _SALT_ALLGATHER, [address_of(sv)], reads)
+    return read_directly(comm, check, [address_of(sv)], reads)

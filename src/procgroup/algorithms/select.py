@@ -178,6 +178,8 @@ __all__ = [
     "ONECOPY_MIN_PAIR",
     "big_limit",
     "big_slots_for",
+    "onecopy_for",
+    "all_gather_unread",
     "FORCE",
     "ALGORITHMS",
     "choose_all_reduce",
@@ -235,19 +237,24 @@ BIG_LIMIT: Dict[str, int] = {
 #: the root's memory at once is slower.  Pass 21's VM (its slow periods make a store into a line the other CPU
 #: holds cost 4x; benchmarks/results/pass21, same method, 4-5 rounds): big against split 1.5 MiB 86-144 / 102-123,
 #: 2 MiB 111-145 / 124-153, 3 MiB 172-226 / 172-207, 4 MiB 224-1828 / 165-238 (split ahead in 9 of 9 rounds): the
-#: limit is 3 MiB.  An all_gather of a pair above ``ONECOPY_MIN_PAIR`` a rank reads the other rank's part straight
-#: out of its ``sendbuf`` (``algorithms.onecopy.allgather_direct``: one copy and no store into a shared line, where
-#: the big slots copy twice): 512 KiB a rank 82-103 / 80-111 us, 1 MiB 166-215 / 135-184, 2 MiB 363-457 / 269-356,
-#: 4 MiB 1065-1273 / 816-1013 (big / reads).
-BIG_LIMIT_PAIR: Dict[str, int] = {"broadcast": 3 << 20, "all_gather": 512 << 10}
+#: limit is 3 MiB.  A pair's all_gather above the arena's slot never takes the big slots: each rank reads the other's
+#: part straight out of its ``sendbuf`` instead (``ONECOPY_MIN_PAIR``; the big slots stay for a pair that cannot).
+BIG_LIMIT_PAIR: Dict[str, int] = {"broadcast": 3 << 20, "all_gather": 0}
 #: collective -> the fewest bytes above which a group of three or more ranks of one host without big slots reads
 #: the parts straight out of their owners' memory (``algorithms.onecopy``): N=4, one-copy reads against the
 #: messages, broadcast 16 / 64 MiB 0.82 / 0.95x, all_gather 2 / 4 / 16 MiB a rank 0.54 / 1.04 / 1.02x; N=3
 #: broadcast 64 MiB 0.99x
 ONECOPY_MIN: Dict[str, int] = {"broadcast": 16 << 20, "all_gather": 2 << 20}
 #: collective -> the fewest bytes above which a group of two ranks of one host reads the other's part straight out
-#: of its memory where the big slots do not take the call (``BIG_LIMIT_PAIR``; the numbers are there)
-ONECOPY_MIN_PAIR: Dict[str, int] = {"all_gather": 512 << 10}
+#: of its memory where the big slots do not take the call (``BIG_LIMIT_PAIR``).  all_gather (one copy and no store
+#: into a shared line, where the big slots copy twice; ``onecopy.allgather_direct``, one C call on the compiled path:
+#: ``Arena.bind_read``): above the arena's slot.  Pass 22 (benchmarks/results/pass22, whole jobs alternating, 6
+#: rounds, slowest rank per call, median, us), a rank's part, big / reads / Open MPI: 64 KiB 19-51 / 14-16 / 13-19,
+#: 128 KiB 32-98 / 22-26 / 20-38, 256 KiB 51-183 / 33-43 / 37-46, 512 KiB 94-345 / 57-76 / 67-83, 1 MiB 150-690 /
+#: 107-144 / 130-172.  Within the slot the arena leads (8 / 16 / 32 KiB: arena 4-5 / 5-7 / 7-11, reads 9-10 /
+#: 10-11 / 12, Open MPI 6-7 / 7-8 / 9-10).  Before the compiled call (pass 21, reads in Python) big / reads: 512 KiB
+#: 82-103 / 80-111, 1 MiB 166-215 / 135-184, 2 MiB 363-457 / 269-356, 4 MiB 1065-1273 / 816-1013
+ONECOPY_MIN_PAIR: Dict[str, int] = {"all_gather": 0}
 #: a group of two ranks of one host: a broadcast above this many bytes that the big slots do not take
 #: (``BIG_LIMIT_PAIR``, or a pair without big slots) is split between the two (``algorithms.onecopy.bcast_pair``).
 #: Without big slots (``PROCGROUP_SHM_BIG_SLOT=0``), against the rendezvous: 256 KiB 19-21 against 10-12 us, 1 MiB
@@ -418,6 +425,16 @@ def _onecopy(comm: Any, collective: str, nbytes: int) -> bool:
     if comm.arena is None or comm.size < 2:
         return False
     return nbytes > (ONECOPY_MIN[collective] if comm.size >= 3 else ONECOPY_MIN_PAIR.get(collective, 1 << 62))
+
+
+def onecopy_for(a: Any, collective: str, nbytes: int) -> bool:
+    """True where the selection below reads ``collective`` of ``nbytes`` (a member's) straight out of its owners'
+    memory on a group with arena ``a``: above the arena's slot, not within the big slots (:func:`big_slots_for`)
+    and above ``ONECOPY_MIN`` / ``ONECOPY_MIN_PAIR``.  The plans (``procgroup.plans``) ask it on every call."""
+    if a is None or nbytes <= a.max_bytes or big_slots_for(a, collective, nbytes) is not None:
+        return False
+    p = len(a.members)
+    return p >= 2 and nbytes > (ONECOPY_MIN[collective] if p >= 3 else ONECOPY_MIN_PAIR.get(collective, 1 << 62))
 
 
 def choose_all_reduce_flat(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
@@ -615,7 +632,19 @@ def all_gather(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
         ):
             return
         else:
-            f = allgather_bruck if sendbuf.nbytes * comm.size <= ALLGATHER_SMALL else allgather_ring
+            f = all_gather_unread
+    f(comm, sendbuf, recvbuf)
+
+
+def all_gather_unread(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+    """:func:`all_gather` where the one-copy reads do not take the call (or some rank cannot read the others):
+    the big slots where the group has them and ``BIG_LIMIT`` allows (a pair's reads stand in for its big
+    slots), else messages (Bruck or the ring by size)."""
+    a = comm.arena
+    if a is not None and a.big is not None and a.max_bytes < sendbuf.nbytes <= BIG_LIMIT["all_gather"]:
+        allgather_big(comm, sendbuf, recvbuf)
+        return
+    f = allgather_bruck if sendbuf.nbytes * comm.size <= ALLGATHER_SMALL else allgather_ring
     f(comm, sendbuf, recvbuf)
 
 

@@ -80,6 +80,8 @@ __all__ = [
     "BigArena",
     "WAIT_ALL",
     "WAIT_NONE",
+    "READ_GATHER",
+    "READ_BCAST",
     "Status",
     "Request",
     "Transport",
@@ -212,6 +214,9 @@ class Transport(abc.ABC):
 
 #: payload bytes of one arena slot (every transport's): the largest small collective that goes through an arena
 ARENA_BYTES = 32 << 10
+#: modes of :meth:`Arena.bind_read`: ``recv[j*n:(j+1)*n]`` = member j's ``send`` (all_gather); a non-root's
+#: ``send`` = the root's (broadcast)
+READ_GATHER, READ_BCAST = 0, 1
 
 
 class Arena(abc.ABC):
@@ -246,6 +251,17 @@ class Arena(abc.ABC):
         ``i``'s help (a pair's broadcast: the root writes part of the result while the other rank reads the rest),
         where this arena can write every other member's memory; None otherwise (the default).  ``i`` must not use
         those bytes until the write is done.  Raises PeerFailureError when member ``i`` died."""
+        return None
+
+    def bind_read(self, mode: int) -> Optional[Callable[..., Optional[bool]]]:
+        """The whole one-copy read protocol of ``algorithms.onecopy.read_directly`` in one compiled call, for a
+        collective's repeated calls: ``fn(send, recv, check, end, root, deadline)`` -- offer ``send``'s address
+        with ``check``, read the pieces of ``mode`` (:data:`READ_GATHER`, :data:`READ_BCAST`)
+        out of the other members' buffers, then the closing exchange with ``end``.  It returns True when done,
+        False where some member cannot read the others (nothing moved; every member returns False), None where
+        the sizes do not fit the mode (nothing published: the caller runs the protocol in Python).  None (the
+        default) where the arena has no such call; same slots and check words as the Python protocol, so a member
+        on either path takes part in the same call."""
         return None
 
     def fence(self) -> None:

@@ -14,7 +14,7 @@
  * sleepers, see doorbell.py); counts are loaded with acquire semantics before checks and payloads.
  *
  * The sources: _native.c (this file: module init, the Slots type), _native_slots.c (the exchange: publish,
- * fence, poll), _native_reduce.c, _native_queue.c, _native_big.c, _native_a2a.c; _native.h says what is where.
+ * fence, poll), _native_reduce.c, _native_queue.c, _native_big.c, _native_a2a.c, _native_read.c; _native.h says what is where.
  *
  * Plain C and the CPython C API only (no build dependency beyond a C compiler); setup.py builds it as an
  * optional extension.
@@ -34,6 +34,8 @@ void free_bufs(Slots *s) {
     PyMem_Free(s->qreg);
     PyMem_Free(s->qptr);
     PyMem_Free(s->qscratch);
+    PyMem_Free(s->pids);
+    s->pids = NULL;
     s->qreg = s->qptr = NULL;
     s->qscratch = NULL;
 }
@@ -133,6 +135,14 @@ static PyMethodDef Slots_methods[] = {
      "bit 0: a member sleeps, bit 1: big buffer bk used, bit 2: Python finishes (nothing copied)"},
     {"a2a_finish", (PyCFunction)(void (*)(void))Slots_a2a_finish, METH_FASTCALL,
      "a2a_finish(spec, send, recv, big, bk, lim) -> exchange_a2a's bits 1 and 2, after the caller saw it complete"},
+    {"exchange_read", (PyCFunction)(void (*)(void))Slots_exchange_read, METH_FASTCALL,
+     "exchange_read(send, recv, check, end, mode, root) -> one-copy reads in one call (_native_read.c): 0 or 1 "
+     "(done; 1: a member sleeps), -1 opening not complete, -8 opening complete and a member sleeps (then "
+     "read_finish), -5 closing not complete, -6 a member cannot read (nothing moved), -9 a read failed, -3 sizes"},
+    {"read_finish", (PyCFunction)(void (*)(void))Slots_read_finish, METH_FASTCALL,
+     "read_finish(send, recv, end, mode, root) -> exchange_read's reads and closing, after its opening completed"},
+    {"set_pids", (PyCFunction)(void (*)(void))Slots_set_pids, METH_FASTCALL,
+     "set_pids(pids): every member's process id, for exchange_read"},
     {"arrived", (PyCFunction)Slots_arrived, METH_NOARGS, "True when every member published the last call"},
     {"missing", (PyCFunction)Slots_missing, METH_NOARGS, "indices of the members missing from the last call"},
     {"release", (PyCFunction)Slots_release, METH_NOARGS, "drop the exports of the mappings"},
@@ -154,6 +164,9 @@ static PyMemberDef Slots_members[] = {
     {"count", T_ULONGLONG, offsetof(Slots, count), 0, "calls published so far"},
     {"qn", T_ULONGLONG, offsetof(Slots, qn), READONLY, "one-way calls completed (queue.py)"},
     {"chain", T_UINT, offsetof(Slots, chain), READONLY, "fold of the one-way calls' check words (queue.py)"},
+    {"rd_errno", T_INT, offsetof(Slots, rd_errno), READONLY, "errno of the last failed one-copy read"},
+    {"rd_peer", T_PYSSIZET, offsetof(Slots, rd_peer), READONLY, "member of the last failed one-copy read"},
+    {"rd_calls", T_ULONGLONG, offsetof(Slots, rd_calls), READONLY, "calls that read out of other members' memory"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -222,7 +235,8 @@ PyMODINIT_FUNC PyInit__native(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (PyModule_AddIntConstant(m, "SLOT_HDR", SLOT_HDR) < 0) {
+    if (PyModule_AddIntConstant(m, "SLOT_HDR", SLOT_HDR) < 0 ||
+        PyModule_AddIntConstant(m, "END_SALT", (long)PG_END_SALT) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -7,6 +7,7 @@
  *   _native_queue.c   the one-way queue (queue.py): queue_init, q_post/q_read/q_gather/q_ack
  *   _native_big.c     the big slots (bigarena.py): the Big type
  *   _native_a2a.c     all_to_all's exchange (exchange_a2a, a2a_finish)
+ *   _native_read.c    one-copy reads out of the other members' buffers (exchange_read, read_finish, set_pids)
  * Small hot helpers (copy_bytes, now_ns, check_live, parse_op, publish_and_poll) are static inline here, so every
  * caller inlines them as when the extension was one file; the few functions called across files are hidden
  * (never exported from the .so). */
@@ -47,6 +48,9 @@ static const int type_size[N_TYPES] = {4, 8, 4, 8};
 #define R_WAIT (-1)
 #define R_DONE 0
 #define R_RING 1
+#define RD_FAILED (-9) /* a one-copy read failed: Slots.rd_errno, rd_peer say which; the closing exchange was not published */
+/* folded into the check word of the exchange that ends a call of one-copy reads: algorithms.onecopy.END_SALT */
+#define PG_END_SALT 0x5A5A0000u
 
 /* memcpy, except where glibc's is slow: measured on AMD EPYC (glibc 2.36), a copy whose destination lies 1-31
  * bytes past its source modulo 4096 runs 6-12x slower (32 KiB: 11.3 us against 1.2 us; its `rep movsb` path);
@@ -161,6 +165,11 @@ typedef struct {
     Py_ssize_t qwsrc;
     uint32_t qwval, qwcheck;
     unsigned long long qwn;
+    /* one-copy reads (_native_read.c): every member's process id, NULL until set_pids; the last failed read */
+    pid_t *pids;
+    int rd_errno;
+    Py_ssize_t rd_peer;
+    unsigned long long rd_calls; /* calls that read (exchange_read, all_to_all's reads): for the tests */
 } Slots;
 
 /* Big: the big slots of one group (see _native_big.c) */
@@ -225,6 +234,7 @@ PG_HIDDEN int spin_wait(Slots *s);                                              
 PG_HIDDEN void reduce_ptrs(char *const *src, Py_ssize_t n, Py_ssize_t off, char *out, Py_ssize_t cnt, int op,
                            int type); /* _native_reduce.c */
 PG_HIDDEN void big_free(Big *b);       /* _native_big.c */
+PG_HIDDEN int cma_read(pid_t pid, char *dst, uint64_t addr, size_t n); /* _native_read.c: 0 or an errno */
 PG_HIDDEN extern PyTypeObject BigType; /* _native_big.c */
 
 /* publish, fence, check; spin (GIL released) when not complete */
@@ -254,5 +264,8 @@ PG_SLOTS_NOARGS(Slots_q_ready); /* _native_queue.c */
 PG_SLOTS_NOARGS(Slots_q_missing); /* _native_queue.c */
 PG_SLOTS_METHOD(Slots_exchange_a2a); /* _native_a2a.c */
 PG_SLOTS_METHOD(Slots_a2a_finish); /* _native_a2a.c */
+PG_SLOTS_METHOD(Slots_exchange_read); /* _native_read.c */
+PG_SLOTS_METHOD(Slots_read_finish); /* _native_read.c */
+PG_SLOTS_METHOD(Slots_set_pids); /* _native_read.c */
 
 #endif /* PROCGROUP_SHM_NATIVE_H */

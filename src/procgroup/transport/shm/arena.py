@@ -260,6 +260,8 @@ class ShmArena(Arena):
         #: the group's one-way queue (:mod:`.queue`; the transport sets it), whose chain every exchange folds in
         self.queue: Any = None
         self._nat: Any = None
+        self._pids_set = False  # bind_read gave the compiled slots every member's pid
+        self._reads: Dict[int, Callable[..., Optional[bool]]] = {}  # bind_read's calls, by mode
         if native:
             if native_available():
                 self._nat = _native.Slots(
@@ -440,15 +442,28 @@ class ShmArena(Arena):
         return self._data[(self.calls - 1) & 1]
 
     def exchange_a2a(
-        self, spec: Any, head: Any, send: Any, recv: Any, check: int, deadline: Optional[Deadline], big: Any, lim: int
+        self,
+        spec: Any,
+        head: Any,
+        send: Any,
+        recv: Any,
+        check: int,
+        deadline: Optional[Deadline],
+        big: Any,
+        lim: int,
+        beyond: int,
     ) -> int:
         """all_to_all in one C call (``algorithms.alltoall_shm``): write ``head`` and this rank's stream (laid out
         by ``spec``) into its slot, or the stream into its big buffer ``big.turn & 1`` when longer than the slot
-        and at most ``lim`` bytes, exchange, and copy every piece for this rank into ``recv``.
+        and at most ``lim`` bytes, exchange, and copy every piece for this rank into ``recv``; where the longest
+        stream is beyond ``beyond`` (the streams' limit) or the group has no big slots, read the pieces of the
+        streams beyond the slot straight out of their senders' ``send`` and end with alltoall_shm's closing
+        exchange (every header offering them: see ``_native_a2a.c``).
 
-        Returns -1, having done nothing, where the compiled path is off or the stream fits neither; else the
+        Returns -1, having done nothing, where the compiled path is off or the stream fits none of these; else the
         flags 2 (big buffers used: the caller advances ``big.turn``) and 4 (the exchange completed but nothing
-        was copied: the caller reads the slots itself).  Raises as :meth:`exchange`.
+        was copied: the caller reads the slots itself).  Raises as :meth:`exchange`, and a failed read as
+        :meth:`reader`'s reads.
         """
         nat = self._nat
         if nat is None:
@@ -456,49 +471,126 @@ class ShmArena(Arena):
         t = self.t
         if t._aborted is not None or t._closed:
             self._enter()  # raises
+        self._ensure_pids()
         if big is None:
             bn, bk, lim = None, 0, 0
         else:
             bn, bk = big._nat, big.turn & 1  # None on the pure-Python big slots: lim is then ignored
-        r = nat.exchange_a2a(spec, head, send, recv, check, bn, bk, lim)
+        far = beyond if big is None or bn is not None else -1  # pure-Python big slots: Python decides the reads
+        r = nat.exchange_a2a(spec, head, send, recv, check, bn, bk, lim, far)
         if r == -3:
             return -1
-        if r == -1:
-            self._sleep(nat.arrived, nat.missing, deadline)
-            r = nat.a2a_finish(spec, send, recv, bn, bk, lim)
+        return self._a2a_rest(r, spec, send, recv, bn, bk, lim, far, deadline)
+
+    def _a2a_rest(
+        self, r: int, spec: Any, send: Any, recv: Any, bn: Any, bk: int, lim: int, far: int, dl: Optional[Deadline]
+    ) -> int:
+        """What a compiled all_to_all that returned ``r`` (not -3) leaves to do: the sleeps, wakes, the finish after
+        a sleep or a wake, a failed read's error; its flags 2 and 4 (see :meth:`exchange_a2a`)."""
+        nat = self._nat
+        if r == -1:  # the exchange: sleep until every member published, then copy or read
+            self._sleep(nat.arrived, nat.missing, dl)
+            r = nat.a2a_finish(spec, send, recv, bn, bk, lim, far)
+        elif r > 0 and r & 32:  # it completed with members asleep on it, and the pieces are to be read: wake first
+            self._ring_sleepers()
+            r = nat.a2a_finish(spec, send, recv, bn, bk, lim, far)
+        if r < 0:  # -9: a read failed (the closing exchange was not published)
+            raise self._cma_error("reading", "of", "process_vm_readv", nat.rd_peer, nat.rd_errno, -1)
+        if r & 16:  # read; the closing exchange waits for the others' reads
+            self._sleep(nat.arrived, nat.missing, dl)
         elif r & 1:
             self._ring_sleepers()
         return int(r & 6)
 
-    def bind_a2a(self, spec: Any, head: Any, big: Any) -> Optional[Callable[[Any, Any, int, Any, int], int]]:
+    def bind_a2a(self, spec: Any, head: Any, big: Any) -> Optional[Callable[[Any, Any, int, Any, int, int], int]]:
         """:meth:`exchange_a2a` with its layout bound, for a plan's repeated calls: ``fn(send, recv, check,
-        deadline, lim)``, returning as it does; None where the compiled path is off."""
+        deadline, lim, beyond)``, returning as it does; None where the compiled path is off."""
         nat = self._nat
         if nat is None:
             return None
+        self._ensure_pids()
         xa = nat.exchange_a2a
         t = self.t
         bn = big._nat if big is not None else None
+        rest = self._a2a_rest
 
-        def fn(send: Any, recv: Any, check: int, deadline: Optional[Deadline], lim: int) -> int:
+        def fn(send: Any, recv: Any, check: int, deadline: Optional[Deadline], lim: int, beyond: int) -> int:
             if t._aborted is not None or t._closed:
                 self._enter()  # raises
             if big is not None and big.pending is not None:
                 big.settle(deadline)  # our one-way step (a reduce) is past before a big buffer is written
             bk = big.turn & 1 if bn is not None else 0
-            r = xa(spec, head, send, recv, check, bn, bk, lim if bn is not None else 0)
-            if r <= 0:
-                if r == 0:
-                    return 0
-                if r == -3:
-                    return -1
-                self._sleep(nat.arrived, nat.missing, deadline)
-                r = nat.a2a_finish(spec, send, recv, bn, bk, lim if bn is not None else 0)
-            elif r & 1:
-                self._ring_sleepers()
-            return int(r & 6)
+            lw = lim if bn is not None else 0
+            far = beyond if big is None or bn is not None else -1
+            r = xa(spec, head, send, recv, check, bn, bk, lw, far)
+            if r == 0:
+                return 0
+            if r == -3:
+                return -1
+            if r > 0 and not r & 49:  # done: no wake, no sleep, no reads left
+                return int(r & 6)
+            return rest(r, spec, send, recv, bn, bk, lw, far, deadline)
 
         return fn
+
+    def _ensure_pids(self) -> None:
+        """Give the compiled slots every member's pid once, where this process can read every other member's
+        memory (else none: its offers say "cannot", and every member falls back alike)."""
+        if not self._pids_set:
+            pids = [self.t.cma_pid(m) if i != self.index else os.getpid() for i, m in enumerate(self.members)]
+            self._nat.set_pids(pids if all(pids) else [])
+            self._pids_set = True
+
+    def bind_read(self, mode: int) -> Optional[Callable[..., Optional[bool]]]:
+        """See :meth:`Arena.bind_read`: the compiled ``exchange_read``; None where the compiled path is off."""
+        nat = self._nat
+        if nat is None:
+            return None
+        bound = self._reads.get(mode)
+        if bound is not None:
+            return bound
+        self._ensure_pids()
+        xr, finish = nat.exchange_read, nat.read_finish
+        t = self.t
+
+        def fn(send: Any, recv: Any, check: int, end: int, root: int, deadline: Optional[Deadline]) -> Optional[bool]:
+            if t._aborted is not None or t._closed:
+                self._enter()  # raises
+            r = xr(send, recv, check, end, mode, root)
+            while r < 0:
+                if r == -1:  # the opening exchange: sleep until every member offered, then read and close
+                    self._sleep(nat.arrived, nat.missing, deadline)
+                    r = finish(send, recv, end, mode, root)
+                elif r == -8:  # the opening completed with members asleep on it: wake them first
+                    self._ring_sleepers()
+                    r = finish(send, recv, end, mode, root)
+                elif r == -5:  # read; the closing exchange waits for the others' reads
+                    self._sleep(nat.arrived, nat.missing, deadline)
+                    return True
+                elif r == -6:
+                    return False
+                elif r == -3:
+                    return None
+                else:
+                    raise self._cma_error("reading", "of", "process_vm_readv", nat.rd_peer, nat.rd_errno, -1)
+            if r:
+                self._ring_sleepers()
+            return True
+
+        self._reads[mode] = fn
+        return fn
+
+    def _cma_error(self, verb: str, prep: str, call: str, i: int, err: int, n: int) -> Exception:
+        """The error of a process_vm_readv / _writev of ``n`` bytes (-1: not known) with member ``i`` that failed
+        with errno ``err``."""
+        me, m = self.t.rank, self.members[i]
+        what = f"{verb} {n} bytes" if n >= 0 else verb
+        if err == errno.ESRCH:
+            return PeerFailureError(f"rank {me}: {what} {prep} rank {m}: rank {m} died", peer=m)
+        return BrokenError(
+            f"rank {me}: {what} {prep} rank {m} through {call} failed: {os.strerror(err)}; set PROCGROUP_SHM_CMA=0 "
+            "to move them as messages"
+        )
 
     def _settle(self, r: int, deadline: Optional[Deadline], nbytes: Callable[[], int]) -> Optional[bool]:
         """What a compiled publish-and-poll call that returned ``r`` (not 0) leaves to do.
@@ -581,7 +673,6 @@ class ShmArena(Arena):
         pids = {i: t.cma_pid(m) for i, m in enumerate(self.members) if i != self.index}
         if not all(pids.values()):
             return None
-        me, members = t.rank, self.members
 
         def move(i: int, buf: memoryview, addr: int) -> None:
             n = buf.nbytes
@@ -590,13 +681,7 @@ class ShmArena(Arena):
             try:
                 getattr(_cma, copy)(pids[i], address_of(buf), addr, n)
             except OSError as e:
-                m = members[i]
-                if e.errno == errno.ESRCH:
-                    raise PeerFailureError(f"rank {me}: {verb} {n} bytes {prep} rank {m}: rank {m} died", peer=m) from e
-                raise BrokenError(
-                    f"rank {me}: {verb} {n} bytes {prep} rank {m} through {call} failed: {e}; set "
-                    "PROCGROUP_SHM_CMA=0 to move them as messages"
-                ) from e
+                raise self._cma_error(verb, prep, call, i, e.errno or 0, n) from e
 
         return move
 
