@@ -1,7 +1,7 @@
 """The compiled one-copy reads (``Arena.bind_read``, ``_native_read.c``; all_to_all's in ``_native_a2a.c``), ranks as
 threads over the shm transport: one C call offers, reads and closes, with the slots and check words of the Python
 protocol (``algorithms.onecopy.read_directly``), so a rank on the compiled path and one on the Python path meet in
-the same call; a rank that cannot read sends every rank of a pair's all_gather to the big slots; a read that fails
+the same call; a rank that cannot read sends every rank of an all_gather to the big slots; a read that fails
 inside the C call is a named error on the reader, and its peers time out naming it.
 """
 
@@ -84,10 +84,12 @@ def test_a_compiled_and_a_python_rank_read_in_the_same_call(world: Any, p: int) 
     assert got[1] == 0 and all(got[r] > 0 for r in range(p) if r != 1), got
 
 
-def test_a_pair_that_cannot_read_gathers_through_the_big_slots(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(select.BIG_LIMIT, "all_gather", 1 << 62)  # the default: a pair's limit is BIG_LIMIT_PAIR's
-    ts = world(2)
-    monkeypatch.setattr(ts[1], "cma_pid", lambda rank: 0)  # rank 1 cannot read rank 0: both must fall back alike
+@pytest.mark.parametrize("p", [2, 3])
+def test_a_group_that_cannot_read_gathers_through_the_big_slots(
+    world: Any, p: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ts = world(p)
+    monkeypatch.setattr(ts[1], "cma_pid", lambda rank: 0)  # rank 1 cannot read the others: all must fall back alike
     big = {"calls": 0}
     real = select.allgather_big
 
@@ -96,16 +98,16 @@ def test_a_pair_that_cannot_read_gathers_through_the_big_slots(world: Any, monke
         real(*a)
 
     monkeypatch.setattr(select, "allgather_big", counted)
-    sizes = (40_000, 200_001)  # above the arena's slot: a pair reads (ONECOPY_MIN_PAIR), or falls back
+    sizes = (40_000, 200_001)  # above BIG_LIMIT / ONECOPY_MIN (and a pair's): the reads, or every rank falls back
 
     def body(r: int, make: Callable[..., Comm]) -> None:
         for k, n in enumerate(sizes, 1):
-            out = np.zeros(2 * n, np.int32)
+            out = np.zeros(p * n, np.int32)
             select.all_gather(make(k), _part(r, n, "int32", k), out)
-            assert out.tobytes() == np.concatenate([_part(q, n, "int32", k) for q in range(2)]).tobytes(), n
+            assert out.tobytes() == np.concatenate([_part(q, n, "int32", k) for q in range(p)]).tobytes(), n
 
     _run(ts, body)
-    assert big["calls"] == 2 * len(sizes) and _reads(ts) == {0: 0, 1: 0}, (big, _reads(ts))
+    assert big["calls"] == p * len(sizes) and not any(_reads(ts).values()), (big, _reads(ts))
 
 
 @pytest.mark.parametrize("op", ["all_gather", "all_to_all"])
