@@ -1,8 +1,8 @@
 """The compiled one-copy reads (``Arena.bind_read``, ``_native_read.c``; all_to_all's in ``_native_a2a.c``), ranks as
 threads over the shm transport: one C call offers, reads and closes, with the slots and check words of the Python
 protocol (``algorithms.onecopy.read_directly``), so a rank on the compiled path and one on the Python path meet in
-the same call; a rank that cannot read sends every rank of an all_gather to the big slots; a read that fails
-inside the C call is a named error on the reader, and its peers time out naming it.
+the same call; a rank that cannot read sends every rank of an all_gather or broadcast to the big slots; a read that
+fails inside the C call is a named error on the reader, and its peers time out naming it.
 """
 
 from __future__ import annotations
@@ -85,19 +85,18 @@ def test_a_compiled_and_a_python_rank_read_in_the_same_call(world: Any, p: int) 
 
 
 @pytest.mark.parametrize("p", [2, 3])
-def test_a_group_that_cannot_read_gathers_through_the_big_slots(
-    world: Any, p: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_group_that_cannot_read_takes_the_big_slots(world: Any, p: int, monkeypatch: pytest.MonkeyPatch) -> None:
     ts = world(p)
     monkeypatch.setattr(ts[1], "cma_pid", lambda rank: 0)  # rank 1 cannot read the others: all must fall back alike
-    big = {"calls": 0}
-    real = select.allgather_big
+    big = {"allgather_big": 0, "bcast_big": 0}
+    for name in big:
+        real = getattr(select, name)
 
-    def counted(*a: Any) -> None:
-        big["calls"] += 1
-        real(*a)
+        def counted(*a: Any, real: Any = real, name: str = name) -> None:
+            big[name] += 1
+            real(*a)
 
-    monkeypatch.setattr(select, "allgather_big", counted)
+        monkeypatch.setattr(select, name, counted)
     sizes = (40_000, 200_001)  # above BIG_LIMIT / ONECOPY_MIN (and a pair's): the reads, or every rank falls back
 
     def body(r: int, make: Callable[..., Comm]) -> None:
@@ -105,9 +104,14 @@ def test_a_group_that_cannot_read_gathers_through_the_big_slots(
             out = np.zeros(p * n, np.int32)
             select.all_gather(make(k), _part(r, n, "int32", k), out)
             assert out.tobytes() == np.concatenate([_part(q, n, "int32", k) for q in range(p)]).tobytes(), n
+            if p > 2:  # a broadcast among three or more above BIG_LIMIT: the reads' turn too (a pair splits it)
+                buf = _part(0, n, "int32", k) if r == 0 else np.zeros(n, np.int32)
+                select.broadcast(make(10 + k), buf, 0)
+                assert buf.tobytes() == _part(0, n, "int32", k).tobytes(), n
 
     _run(ts, body)
-    assert big["calls"] == p * len(sizes) and not any(_reads(ts).values()), (big, _reads(ts))
+    assert big == {"allgather_big": p * len(sizes), "bcast_big": p * len(sizes) if p > 2 else 0}, big
+    assert not any(_reads(ts).values()), _reads(ts)
 
 
 @pytest.mark.parametrize("op", ["all_gather", "all_to_all"])

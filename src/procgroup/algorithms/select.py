@@ -67,13 +67,15 @@ rank's counts and, when it fits the slot, the data, in one exchange; the longer 
 to the others) continue through the big slots up to ``BIG_LIMIT['all_to_all']`` (compared with the longest
 stream of any rank, which every rank reads from the headers, so all agree) and above it are read straight out
 of the senders' buffers (one process_vm_readv a piece), or go as messages where a rank cannot read the others.
-Where a group of three or more ranks of one host has no big slots (only the first ``BIG_GROUPS`` groups of a
-transport get them; ``PROCGROUP_SHM_BIG_SLOT=0``), a broadcast above ``ONECOPY_MIN['broadcast']`` is read by
-every rank straight out of the root's buffer (``algorithms.onecopy``); else it takes the table above.  An
-all_gather above ``ONECOPY_MIN['all_gather']`` (``ONECOPY_MIN_PAIR`` for two ranks) that the big slots do not
-take (``BIG_LIMIT``, ``BIG_LIMIT_PAIR``) every rank reads out of every other's ``sendbuf``, in one compiled call
-where the arena has one (``Arena.bind_read``); where some rank cannot read the others, every rank takes the big
-slots instead, or the messages without them (:func:`all_gather_unread`).
+A broadcast among three or more ranks of one host above ``ONECOPY_MIN['broadcast']`` that the big slots do not take
+(``BIG_LIMIT``; a group without big slots: only the first ``BIG_GROUPS`` groups of a transport get them,
+``PROCGROUP_SHM_BIG_SLOT=0``) every rank reads straight out of the root's buffer (``algorithms.onecopy``, one
+compiled call where the arena has one); where some rank cannot read, every rank takes the big slots instead, or
+the table above (:func:`broadcast_unread`).  An all_gather above ``ONECOPY_MIN['all_gather']``
+(``ONECOPY_MIN_PAIR`` for two ranks) that the big slots do not take (``BIG_LIMIT``, ``BIG_LIMIT_PAIR``) every
+rank reads out of every other's ``sendbuf``, in one compiled call where the arena has one (``Arena.bind_read``);
+where some rank cannot read the others, every rank takes the big slots instead, or the messages without them
+(:func:`all_gather_unread`).
 A group of two splits a broadcast above its big slots' limit (``BIG_LIMIT_PAIR``; without big slots, above
 ``PAIR_SPLIT_MIN``) between its two CPUs (``algorithms.onecopy.bcast_pair``): the root writes half straight into
 the other rank's buffer (process_vm_writev) while that rank reads the other half out of the root's.
@@ -90,8 +92,9 @@ which stays in the cache; with written data whole jobs put the rendezvous ahead 
 all_gather N=2 4 / 8 / 32 MiB a rank 0.95 / 0.90 / 0.86x the messages' (ring of rendezvous reads) and 0.91-1.0x the
 one-copy reads' (read first or local copy first), N=4 2 / 4 / 16 MiB a rank 0.69 / 0.69 / 0.80x the one-copy
 reads'.  (They had stopped at 16 and 2 MiB when the big slots' copies were pure Python.)  Since pass 22 the reads
-are one compiled call, and all_gather's limit is where they overtake the big slots (``ONECOPY_MIN``,
-``ONECOPY_MIN_PAIR`` say by how much); above it a group that cannot read still takes the big slots.  all_to_all
+are one compiled call, and all_gather's and broadcast's limits are where they overtake the big slots
+(``ONECOPY_MIN``, ``ONECOPY_MIN_PAIR`` say by how much); above them a group that cannot read still takes the big
+slots.  all_to_all
 (benchmarks/ab_alltoall.py, loaded 2-CPU host, equal splits): the big slots took 0.8x the messages' time up to a 1
 MiB stream at N=2 (2 MiB per rank), 0.98x at 1.5 MiB, 1.07x-1.34x from 2 MiB (two copies against the single-copy
 path's one); at N=4 0.3x-0.9x up to 1.5 MiB, 1.3x-1.4x at 6 MiB: the limit was a 1 MiB stream.  Since the streams
@@ -184,6 +187,7 @@ __all__ = [
     "big_slots_for",
     "onecopy_for",
     "all_gather_unread",
+    "broadcast_unread",
     "FORCE",
     "ALGORITHMS",
     "choose_all_reduce",
@@ -226,7 +230,7 @@ BIG_LIMIT: Dict[str, int] = {
     "all_reduce": 1 << 62,
     "reduce": 1 << 62,
     "reduce_scatter": 1 << 62,
-    "broadcast": 1 << 62,
+    "broadcast": 4 << 20,
     "all_gather": 256 << 10,
     "all_to_all": 1 << 20,
 }
@@ -244,16 +248,21 @@ BIG_LIMIT: Dict[str, int] = {
 #: limit is 3 MiB.  A pair's all_gather above the arena's slot never takes the big slots: each rank reads the other's
 #: part straight out of its ``sendbuf`` instead (``ONECOPY_MIN_PAIR``; the big slots stay for a pair that cannot).
 BIG_LIMIT_PAIR: Dict[str, int] = {"broadcast": 3 << 20, "all_gather": 0}
-#: collective -> the fewest bytes above which a group of three or more ranks of one host reads the parts straight out
-#: of their owners' memory (``algorithms.onecopy``) where the big slots do not take the call (``BIG_LIMIT``; a group
-#: without big slots).  broadcast: N=4, one-copy reads against the messages, 16 / 64 MiB 0.82 / 0.95x; N=3 64 MiB
-#: 0.99x.  all_gather: above ``BIG_LIMIT['all_gather']``, where the compiled reads (``Arena.bind_read``, pass 22)
-#: overtake the big slots.  N=4, whole jobs alternating (4 rounds, slowest rank per call, median, us), a rank's
-#: part, big slots / reads / Open MPI: 64 KiB 67-104 / 71-95 / 106-292, 128 KiB 114-181 / 100-148 / 162-490, 256 KiB
-#: 177-333 / 169-265 / 252-910 (even: 4 of 8 rounds each), 512 KiB 450-603 / 332-462 / 481-1763 (reads 4 of 4), 1 MiB
-#: 1336-2128 / 864-1403 / 625-1095 (4 of 4), 4 MiB 4963-7038 / 4084-6169 / 3871-5461 (4 of 4).  (In Python, before the
-#: compiled call, the reads lost at N=4: 256 KiB 415-442 against 180-218; the pure-Python path pays that here.)
-ONECOPY_MIN: Dict[str, int] = {"broadcast": 16 << 20, "all_gather": 256 << 10}
+#: collective -> the fewest bytes above which a group of three or more ranks of one host reads the parts straight out of
+#: their owners' memory (``algorithms.onecopy``) where the big slots do not take the call (``BIG_LIMIT``; a group
+#: without big slots).  broadcast: above ``BIG_LIMIT['broadcast']``, where the compiled reads overtake the big slots
+#: (before pass 22, in Python, only without big slots and from 16 MiB: against the messages 16 / 64 MiB 0.82 / 0.95x).
+#: N=4, whole jobs alternating (4 rounds, slowest rank per call, median, us), big slots / reads / Open MPI: 1 MiB
+#: 135-249 / 265-309 / 232-1335, 4 MiB 512-802 / 752-893 / 658-3412 (big ahead in 3 of 4), 6 MiB 1544-2104 / 886-1650 /
+#: 1501-2658 (reads 4 of 4), 8 MiB 2396-2902 / 1613-2061 / 2041-3683, 16 MiB 4200-4610 / 3270-3928 / 3389-8175, 32 MiB
+#: 9398-12761 / 7234-8128 / 7955-13448, 64 MiB 17391-19693 / 13878-16188 / 15074-26122 (4 of 4 each).  all_gather: above
+#: ``BIG_LIMIT['all_gather']``, where the compiled reads (``Arena.bind_read``, pass 22) overtake the big slots.  The
+#: same jobs, a rank's part, big slots / reads / Open MPI: 64 KiB 67-104 / 71-95 / 106-292, 128 KiB 114-181 / 100-148 /
+#: 162-490, 256 KiB 177-333 / 169-265 / 252-910 (even: 4 of 8 rounds each), 512 KiB 450-603 / 332-462 / 481-1763 (reads
+#: 4 of 4), 1 MiB 1336-2128 / 864-1403 / 625-1095 (4 of 4), 4 MiB 4963-7038 / 4084-6169 / 3871-5461 (4 of 4).  (In
+#: Python, before the compiled call, the reads lost at N=4: 256 KiB 415-442 against 180-218; the pure-Python path pays
+#: that here.)
+ONECOPY_MIN: Dict[str, int] = {"broadcast": 4 << 20, "all_gather": 256 << 10}
 #: collective -> the fewest bytes above which a group of two ranks of one host reads the other's part straight out
 #: of its memory where the big slots do not take the call (``BIG_LIMIT_PAIR``).  all_gather (one copy and no store
 #: into a shared line, where the big slots copy twice; ``onecopy.allgather_direct``, one C call on the compiled path:
@@ -596,11 +605,26 @@ def broadcast(comm: Any, buf: np.ndarray, root: int) -> None:
             return bcast_arena(comm, buf, root)
         if _big(comm, "broadcast", buf.nbytes):
             return bcast_big(comm, buf, root)
-        if comm.size == 2 and comm.arena is not None and buf.nbytes > PAIR_SPLIT_MIN and bcast_pair(comm, buf, root):
-            return  # the root wrote half into the other rank's buffer while it read the other half
+        if comm.size == 2 and comm.arena is not None and buf.nbytes > PAIR_SPLIT_MIN:
+            if bcast_pair(comm, buf, root):
+                return  # the root wrote half into the other rank's buffer while it read the other half
+            return broadcast_unread(comm, buf, root)  # a rank cannot read or write the other: on every rank
         if _onecopy(comm, "broadcast", buf.nbytes):
             if bcast_direct(comm, buf, root):  # every reader copies the root's buffer at once (algorithms.onecopy)
                 return
+            return broadcast_unread(comm, buf, root)
+    choose_broadcast(comm.size, buf.nbytes)(comm, buf, root)
+
+
+def broadcast_unread(comm: Any, buf: np.ndarray, root: int) -> None:
+    """:func:`broadcast` where the one-copy reads (or a pair's split) were to take the call but some rank cannot
+    read the others: the big slots where the group has them, at any size above the arena's slot (``BIG_LIMIT``
+    hands the calls above it to the reads, which beat the big slots there; the big slots still beat the
+    messages), else the messages."""
+    a = comm.arena
+    if a is not None and a.big is not None and a.max_bytes < buf.nbytes:
+        bcast_big(comm, buf, root)
+        return
     choose_broadcast(comm.size, buf.nbytes)(comm, buf, root)
 
 
