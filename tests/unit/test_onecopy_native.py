@@ -76,6 +76,8 @@ def test_a_compiled_and_a_python_rank_read_in_the_same_call(world: Any, p: int) 
                     for root in range(p):
                         k += 1
                         buf = _part(root, n, dt, k) if r == root else np.zeros(n, dt)
+                        if r == root:
+                            buf.flags.writeable = False  # the root only offers its buffer: read-only will do
                         select.broadcast(make(k), buf, root)
                         assert buf.tobytes() == _part(root, n, dt, k).tobytes(), (n, dt, root)
 

@@ -116,7 +116,8 @@ static int rd_parse(Slots *s, PyObject *const *args, Py_ssize_t nargs, int with_
     a->end = (uint32_t)end;
     a->mode = (int)mode;
     a->root = root;
-    if (PyObject_GetBuffer(args[0], &a->sb, mode == RD_GATHER ? PyBUF_SIMPLE : PyBUF_WRITABLE) < 0) return -1;
+    int writes = mode == RD_BCAST && root != s->me; /* a broadcast's reader writes its buffer; the root only offers */
+    if (PyObject_GetBuffer(args[0], &a->sb, writes ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) return -1;
     a->have_r = mode != RD_BCAST;
     if (a->have_r && PyObject_GetBuffer(args[1], &a->rb, PyBUF_WRITABLE) < 0) {
         PyBuffer_Release(&a->sb);
