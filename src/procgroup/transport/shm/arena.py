@@ -108,6 +108,9 @@ _sched_yield = getattr(os, "sched_yield", lambda: None)
 _noticed = False
 
 
+_UNSET = object()  # a cache not filled yet
+
+
 def native_available() -> bool:
     """True when the compiled fast path was built and can run here (x86-64)."""
     return _native is not None and X86
@@ -262,6 +265,7 @@ class ShmArena(Arena):
         self._nat: Any = None
         self._pids_set = False  # bind_read gave the compiled slots every member's pid
         self._reads: Dict[int, Callable[..., Optional[bool]]] = {}  # bind_read's calls, by mode
+        self._reader: Any = _UNSET  # reader(), made on first use
         if native:
             if native_available():
                 self._nat = _native.Slots(
@@ -647,8 +651,12 @@ class ShmArena(Arena):
 
     def reader(self) -> Optional[Callable[[int, memoryview, int], None]]:
         """``read(i, out, addr)``: ``out.nbytes`` bytes at address ``addr`` of member ``i``'s memory into ``out``,
-        in one process_vm_readv, where this process can read every other member's memory; else None."""
-        return self._cma("read", "reading", "process_vm_readv", "of")
+        in one process_vm_readv, where this process can read every other member's memory; else None.  Made once
+        (the members' pids and what the formation probed do not change)."""
+        if self._reader is _UNSET:
+            self._reader = self._cma("read", "reading", "process_vm_readv", "of")
+        read: Optional[Callable[[int, memoryview, int], None]] = self._reader
+        return read
 
     def writer(self) -> Optional[Callable[[int, memoryview, int], None]]:
         """``write(i, data, addr)``: ``data`` to address ``addr`` of member ``i``'s memory, in one
