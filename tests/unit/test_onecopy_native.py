@@ -128,7 +128,6 @@ def test_a_failed_compiled_read_is_named_and_the_peer_times_out(world: Any, op: 
         c = make(1, deadline=2.0)
         if r == 0:  # this rank's reads go to a dead process
             c.arena._nat.set_pids([os.getpid(), gone.pid])
-            c.arena._pids_set = True
         try:
             if op == "all_gather":
                 select.all_gather(c, np.ones(n, np.int8), np.zeros(2 * n, np.int8))

@@ -108,9 +108,6 @@ _sched_yield = getattr(os, "sched_yield", lambda: None)
 _noticed = False
 
 
-_UNSET = object()  # a cache not filled yet
-
-
 def native_available() -> bool:
     """True when the compiled fast path was built and can run here (x86-64)."""
     return _native is not None and X86
@@ -263,9 +260,12 @@ class ShmArena(Arena):
         #: the group's one-way queue (:mod:`.queue`; the transport sets it), whose chain every exchange folds in
         self.queue: Any = None
         self._nat: Any = None
-        self._pids_set = False  # bind_read gave the compiled slots every member's pid
         self._reads: Dict[int, Callable[..., Optional[bool]]] = {}  # bind_read's calls, by mode
-        self._reader: Any = _UNSET  # reader(), made on first use
+        # every member's pid (ours included) where this process can read every other member's memory (probed at
+        # formation, before any arena; pids do not change), else None: the readers and the compiled reads use them
+        pids = [t.cma_pid(m) if i != self.index else os.getpid() for i, m in enumerate(members)]
+        self._pids: Optional[List[int]] = pids if all(pids) else None
+        self._reader = self._cma("read", "reading", "process_vm_readv", "of")
         if native:
             if native_available():
                 self._nat = _native.Slots(
@@ -278,6 +278,7 @@ class ShmArena(Arena):
                     int(spin * 1e9),
                     oversubscribed,
                 )
+                self._nat.set_pids(self._pids or [])  # none: its offers say "cannot", every member falls back
             else:
                 _notice_once()
 
@@ -475,7 +476,6 @@ class ShmArena(Arena):
         t = self.t
         if t._aborted is not None or t._closed:
             self._enter()  # raises
-        self._ensure_pids()
         if big is None:
             bn, bk, lim = None, 0, 0
         else:
@@ -512,10 +512,10 @@ class ShmArena(Arena):
         nat = self._nat
         if nat is None:
             return None
-        self._ensure_pids()
         xa = nat.exchange_a2a
         t = self.t
         bn = big._nat if big is not None else None
+        reads = big is None or bn is not None  # pure-Python big slots: Python decides the reads (beyond -1)
         rest = self._a2a_rest
 
         def fn(send: Any, recv: Any, check: int, deadline: Optional[Deadline], lim: int, beyond: int) -> int:
@@ -525,7 +525,7 @@ class ShmArena(Arena):
                 big.settle(deadline)  # our one-way step (a reduce) is past before a big buffer is written
             bk = big.turn & 1 if bn is not None else 0
             lw = lim if bn is not None else 0
-            far = beyond if big is None or bn is not None else -1
+            far = beyond if reads else -1
             r = xa(spec, head, send, recv, check, bn, bk, lw, far)
             if r == 0:
                 return 0
@@ -537,14 +537,6 @@ class ShmArena(Arena):
 
         return fn
 
-    def _ensure_pids(self) -> None:
-        """Give the compiled slots every member's pid once, where this process can read every other member's
-        memory (else none: its offers say "cannot", and every member falls back alike)."""
-        if not self._pids_set:
-            pids = [self.t.cma_pid(m) if i != self.index else os.getpid() for i, m in enumerate(self.members)]
-            self._nat.set_pids(pids if all(pids) else [])
-            self._pids_set = True
-
     def bind_read(self, mode: int) -> Optional[Callable[..., Optional[bool]]]:
         """See :meth:`Arena.bind_read`: the compiled ``exchange_read``; None where the compiled path is off."""
         nat = self._nat
@@ -553,7 +545,6 @@ class ShmArena(Arena):
         bound = self._reads.get(mode)
         if bound is not None:
             return bound
-        self._ensure_pids()
         xr, finish = nat.exchange_read, nat.read_finish
         t = self.t
 
@@ -651,12 +642,9 @@ class ShmArena(Arena):
 
     def reader(self) -> Optional[Callable[[int, memoryview, int], None]]:
         """``read(i, out, addr)``: ``out.nbytes`` bytes at address ``addr`` of member ``i``'s memory into ``out``,
-        in one process_vm_readv, where this process can read every other member's memory; else None.  Made once
-        (the members' pids and what the formation probed do not change)."""
-        if self._reader is _UNSET:
-            self._reader = self._cma("read", "reading", "process_vm_readv", "of")
-        read: Optional[Callable[[int, memoryview, int], None]] = self._reader
-        return read
+        in one process_vm_readv, where this process can read every other member's memory; else None.  Made once,
+        with the arena."""
+        return self._reader
 
     def writer(self) -> Optional[Callable[[int, memoryview, int], None]]:
         """``write(i, data, addr)``: ``data`` to address ``addr`` of member ``i``'s memory, in one
@@ -677,9 +665,8 @@ class ShmArena(Arena):
     def _cma(self, copy: str, verb: str, call: str, prep: str) -> Optional[Callable[[int, memoryview, int], None]]:
         """The reader or writer: ``copy``, the :mod:`._cma` function's name (looked up per call), and the words of
         its error messages."""
-        t = self.t
-        pids = {i: t.cma_pid(m) for i, m in enumerate(self.members) if i != self.index}
-        if not all(pids.values()):
+        pids = self._pids
+        if pids is None:
             return None
 
         def move(i: int, buf: memoryview, addr: int) -> None:
