@@ -1,5 +1,5 @@
 #!/bin/bash
-# Whole jobs alternating (pass 21): ./ab.sh ROUNDS NPROC OPS "label|ENV=.. ENV=.." ... [mpi]
+# Whole jobs alternating (passes 21 and 22): ./ab.sh ROUNDS NPROC OPS "label|ENV=.. ENV=.." ... [mpi]
 # Each variant is one procgroup job (its ENV assignments exported); "mpi" runs the same calls through Open MPI.
 # Every job has a 180 s limit, and any rank left behind is killed before the next one.
 cd "$(dirname "$0")"

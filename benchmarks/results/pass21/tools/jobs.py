@@ -1,4 +1,4 @@
-"""One job's timings of a list of calls, for whole-job A/Bs (pass 21), through procgroup or Open MPI.
+"""One job's timings of a list of calls, for whole-job A/Bs (passes 21 and 22), through procgroup or Open MPI.
 
     procgroup run --standalone --nproc-per-node 4 jobs.py OPS   # PG_PATCH='all_to_all=0': select.BIG_LIMIT
     mpirun --allow-run-as-root -n 4 --oversubscribe --mca btl vader,self python jobs.py --mpi OPS
@@ -44,19 +44,27 @@ else:
     import procgroup as dist
     from procgroup.algorithms import select
 
-    for kv in filter(None, os.environ.get("PG_PATCH", "").split(";")):
-        k, v = kv.split("=")
-        select.BIG_LIMIT[k] = size(v)
+    # "collective=bytes;..." into select's tables: PG_PATCH BIG_LIMIT, PG_PATCH_PAIR BIG_LIMIT_PAIR, PG_ONECOPY
+    # ONECOPY_MIN, PG_ONECOPY_MIN_PAIR ONECOPY_MIN_PAIR (pass 22)
+    tables = {
+        "PG_PATCH": select.BIG_LIMIT,
+        "PG_PATCH_PAIR": select.BIG_LIMIT_PAIR,
+        "PG_ONECOPY": select.ONECOPY_MIN,
+        "PG_ONECOPY_MIN_PAIR": select.ONECOPY_MIN_PAIR,
+    }
+    for env, table in tables.items():
+        for kv in filter(None, os.environ.get(env, "").split(";")):
+            k, v = kv.split("=")
+            table[k] = size(v)
     if os.environ.get("PG_ONECOPY_PAIR"):  # let a group of two take algorithms.onecopy's reads (select._onecopy)
         select._onecopy = lambda comm, coll, nb: comm.arena is not None and nb > select.ONECOPY_MIN[coll]
-    for kv in filter(None, os.environ.get("PG_PATCH_PAIR", "").split(";")):  # select.BIG_LIMIT_PAIR
-        k, v = kv.split("=")
-        select.BIG_LIMIT_PAIR[k] = size(v)
+    if os.environ.get("PG_NO_ARENA"):  # no call fits the arena's slots (select.fits, the plans' _arena_fits; pass 22)
+        import procgroup.plans as _plans
+
+        select.fits = lambda comm, n: False
+        _plans._arena_fits = lambda g, n: False
     if os.environ.get("PG_SPLIT"):  # select.PAIR_SPLIT_MIN
         select.PAIR_SPLIT_MIN = size(os.environ["PG_SPLIT"])
-    for kv in filter(None, os.environ.get("PG_ONECOPY", "").split(";")):
-        k, v = kv.split("=")
-        select.ONECOPY_MIN[k] = size(v)
     dist.init_process_group("gloo")
     r, p = dist.get_rank(), dist.get_world_size()
     barrier = dist.barrier
