@@ -30,6 +30,30 @@ _CONFIG_HOME = tempfile.mkdtemp(prefix="procgroup-test-config-")
 os.environ["XDG_CONFIG_HOME"] = _CONFIG_HOME
 atexit.register(shutil.rmtree, _CONFIG_HOME, True)
 
+# The suite runs on pytest-xdist workers (``-n auto --dist loadgroup`` in pyproject.toml): most tests wait on
+# processes, sockets and deadlines for much of their time, so two at once finish the suite sooner on two CPUs.
+# Tests that share one machine-wide resource stay on one worker, one after another (their xdist group):
+# the network-namespace hosts h1..h3 (with their sshd and Slurm; one session lock, /run/procgroup-infra.lock)
+# and the local Ray clusters (each module starts one in the test process).
+_INFRA_FIXTURES = frozenset({"infra_guard", "netns_hosts", "slurm_cluster", "sshd_hosts"})
+#: at most this many workers for ``-n auto`` (the multi-process tests size their deadlines for a 2-CPU machine)
+XDIST_MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config: Any) -> int:  # noqa: ARG001 - pytest-xdist hook signature
+    """``-n auto``: one worker per CPU, at most XDIST_MAX_WORKERS (PYTEST_XDIST_AUTO_NUM_WORKERS overrides)."""
+    return max(1, min(XDIST_MAX_WORKERS, os.cpu_count() or 1))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the groups into the tests' node ids
+def pytest_collection_modifyitems(config: Any, items: List[Any]) -> None:  # noqa: ARG001 - pytest hook signature
+    """Put the tests of one machine-wide resource into one xdist group (one worker runs them in turn)."""
+    for item in items:
+        if _INFRA_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("infra"))
+        elif item.nodeid.startswith("tests/ray/"):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
 
 def run_ranks(n: int, fn: Callable[[int], Any], timeout: float = 30.0) -> List[Any]:
     """Run fn(rank) in n threads; re-raise the first exception; return results by rank."""

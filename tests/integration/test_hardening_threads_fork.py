@@ -64,13 +64,10 @@ def _records(p: subprocess.CompletedProcess) -> List[dict]:
     return [json.loads(line[4:]) for line in p.stdout.splitlines() if line.startswith("REC ")]
 
 
-def _no_shm_left(before: set) -> None:
-    left = {f for f in os.listdir("/dev/shm") if "procgroup" in f or f.startswith("pg")} - before
+def _no_shm_left(run_id: str) -> None:
+    """No /dev/shm segment of the job (its run id is in every segment's name; other tests' jobs may run beside it)."""
+    left = [f for f in os.listdir("/dev/shm") if run_id in f]
     assert not left, f"shared memory segments left behind: {sorted(left)}"
-
-
-def _shm() -> set:
-    return {f for f in os.listdir("/dev/shm") if "procgroup" in f or f.startswith("pg")}
 
 
 # -- item 11: a SIGSTOPped rank ---------------------------------------------------------------------------
@@ -218,8 +215,8 @@ dist.destroy_process_group()
 
 
 def test_fork_after_init_child_raises_and_parent_stays_correct(tmp_path):
-    before = _shm()
-    res = _collect(_spawn(tmp_path, FORK_BODY, 2), 60)
+    run_id = f"hardthr-fork-{os.urandom(4).hex()}"  # names the job's segments, and the children's groups'
+    res = _collect(_spawn(tmp_path, FORK_BODY, 2, {"PROCGROUP_RUN_ID": run_id}), 60)
     assert all(p.returncode == 0 for p in res), _report(res)
     for p in res:
         recs = {rec["kind"]: rec for rec in _records(p)}
@@ -232,7 +229,7 @@ def test_fork_after_init_child_raises_and_parent_stays_correct(tmp_path):
         assert recs["pool"]["value"] == [0, 1, 4, 9, 16, 25], _report(res)
         assert recs["child_init"]["status"] == 0, _report(res)
         assert "died" not in p.stderr and "PeerFailure" not in p.stderr, _report(res)
-    _no_shm_left(before)
+    _no_shm_left(run_id)
 
 
 # -- item 2: one group, two threads ----------------------------------------------------------------------
