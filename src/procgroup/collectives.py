@@ -602,7 +602,7 @@ def _via_buffers(c: Any, ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], 
 def _lists_general(c: Any, ins: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
     """A planned list-form call that the compiled path did not take: the general path's work."""
     sc, rc = [x.size for x in ins], [x.size for x in outs]
-    _via_buffers(c, ins, outs, lambda c, s, r: alg.all_to_all(c, s, sc, r, rc))
+    _via_buffers(c, ins, outs, lambda c, s, r: alg.all_to_all(c, s, sc, r, rc, lists=True))
 
 
 def _lists_after(c: Any, f: int, ins: Sequence[np.ndarray], outs: Sequence[np.ndarray], prep: Any, lim: int) -> None:
@@ -655,7 +655,11 @@ def all_to_all(
             plans.remember(g, key, plan)
 
     def run(c: Any) -> None:
-        _via_buffers(c, [f.array for f in ins], [f.array for f in outs], lambda c, s, r: a2a(c, s, scounts, r, rcounts))
+        # select's all_to_all with the list form's streams' limit (lists=True), as its plan's (all_to_all_list)
+        kw = {} if fast else {"lists": True}
+        _via_buffers(
+            c, [f.array for f in ins], [f.array for f in outs], lambda c, s, r: a2a(c, s, scounts, r, rcounts, **kw)
+        )
 
     return g.run(
         "all_to_all", after(run, outs), async_op=async_op, timeout=timeout, signature=("all_to_all", _dname(dt))

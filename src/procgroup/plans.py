@@ -554,17 +554,17 @@ def all_to_all(g: ProcessGroup, dname: str, sc: list, rc: list, fast: Any, items
     """The plan of ``all_to_all_single`` with element counts ``sc`` sent and ``rc`` received per rank.
 
     With an arena (``itemsize`` given), the shared-memory all_to_all with its layout prepared once; the
-    streams' limit (``select.BIG_LIMIT``) is read per call."""
+    streams' limit (``select.big_limit``: ``BIG_LIMIT``, ``BIG_LIMIT_PAIR`` for two) is read per call."""
     a2a = fast or alg.all_to_all
     if fast is None and itemsize and g.size() > 1 and shm_applies(probe := _probe(g)):
         prep = prepare(probe.size, probe.rank, sc, rc, itemsize)
-        limits = BIG_LIMIT
+        members = probe.size
         ar = _compiled(g)
         xa = ar.bind_a2a(prep.spec, prep.header, ar.big) if ar is not None else None
         if xa is not None:  # the compiled call straight (alltoall_shm's first step, without its checks)
 
             def fn_nat(c: Any, a: Any, b: Any) -> None:
-                lim = limits["all_to_all"]
+                lim = big_limit("all_to_all", members)
                 f = xa(a, b, ((c.tag >> _CW_SHIFT) & _CW_MASK) ^ SALT, c.deadline, one_window(lim), lim)
                 if f:
                     if f < 0:  # nothing was published: the general path
@@ -575,7 +575,7 @@ def all_to_all(g: ProcessGroup, dname: str, sc: list, rc: list, fast: Any, items
             return Plan(g, "all_to_all_single", ("all_to_all", dname), fn_nat)
 
         def fn_shm(c: Any, a: Any, b: Any) -> None:
-            alltoall_shm(c, a, sc, b, rc, prep, limits["all_to_all"])
+            alltoall_shm(c, a, sc, b, rc, prep, big_limit("all_to_all", members))
 
         return Plan(g, "all_to_all_single", ("all_to_all", dname), fn_shm)
 
@@ -589,7 +589,10 @@ def all_to_all_list(g: ProcessGroup, dname: str, sc: list, rc: list, itemsize: i
     """The plan of the list form of ``all_to_all`` (``sc[j]`` elements in input j, ``rc[i]`` in output i), where the
     group runs the compiled arena: one call reads the inputs and writes the outputs in place (no scratch
     copies).  None elsewhere (the general path each time).  ``general(c, ins, outs)``: the general path's work,
-    where the compiled call took nothing; ``after(c, f, ins, outs, prep, lim)``: what it left (its flags ``f``)."""
+    where the compiled call took nothing; ``after(c, f, ins, outs, prep, lim)``: what it left (its flags ``f``).
+    The streams' limit is ``BIG_LIMIT`` for every group size (``select.all_to_all``'s ``lists``): a list offers no
+    one send buffer to read, so a pair's reads (``BIG_LIMIT_PAIR``) would run in Python, behind the big slots'
+    one call."""
     if g.size() < 2 or not itemsize or not shm_applies(probe := _probe(g)):
         return None
     ar = _compiled(g)

@@ -114,6 +114,7 @@ elif mode == "plans":
     from procgroup.algorithms import bigarena as B
     from procgroup.algorithms import select as S
 
+    S.BIG_MIN_PAIR["broadcast"] = 0  # a pair's broadcasts here take the big slots too (its reads: test_pair_reads)
     general = []
     for name in ("bcast_big", "_reduce_direct", "reduce_scatter_big"):
         setattr(B, name, (lambda real, name: lambda *a: general.append(name) or real(*a))(getattr(B, name), name))
@@ -176,6 +177,8 @@ elif mode == "limit":
     # the big slots (no message)
     from procgroup.algorithms import select as S
 
+    S.BIG_MIN_PAIR["broadcast"] = 0  # a pair's broadcast of n takes the big slots, ...
+    S.ONECOPY_MIN_PAIR["broadcast"] = 1 << 62  # ... or, above the lowered limit, messages (not the reads)
     msgs = []
     t = default_group().world.transport
     real_isend, real_irecv = t.isend, t.irecv

@@ -1,17 +1,16 @@
-"""One-copy reads (``algorithms.onecopy``, issue 14): all_to_all's pieces above the streams' limit and broadcasts
-above the big slots' limit read straight out of their owners' buffers.
+"""One-copy reads (``algorithms.onecopy``, issue 14): all_to_all's pieces above the streams' limit and broadcasts above
+the big slots' limit read straight out of their owners' buffers.
 
 Ranks as threads over the shm transport (compiled and pure-Python arena): above ``BIG_LIMIT['all_to_all']`` every
 rank reads its pieces from every sender's ``sendbuf`` with one process_vm_readv each (``Arena.reader``), and above
-``BIG_LIMIT['broadcast']`` and ``ONECOPY_MIN['broadcast']`` (three or more ranks) every reader the root's buffer,
-after one arena exchange of addresses (all_to_all: the headers offer them, where every sender wrote its offer) and
-before one that ends the call; an all_gather above ``ONECOPY_MIN`` (``ONECOPY_MIN_PAIR`` for two ranks) every
-other rank's part.  Closed-form values for equal, uneven and
-zero splits, every dtype and every root; a rank that cannot read the others (or CMA off) sends every rank to the
-message algorithms; two ranks split a broadcast above ``PAIR_SPLIT_MIN`` between them (the root writes half into
-the other rank's buffer with process_vm_writev, ``Arena.writer``, while it reads the other half) and fall back
-where either cannot; the memory transport has no reader; a read or write of a dead or unreadable peer is a named
-error.
+``BIG_LIMIT['broadcast']`` and ``ONECOPY_MIN['broadcast']`` (``ONECOPY_MIN_PAIR`` for two) every reader the root's
+buffer, after one arena exchange of addresses (all_to_all: the headers offer them, where every sender wrote its
+offer) and before one that ends the call; an all_gather above ``ONECOPY_MIN`` (``ONECOPY_MIN_PAIR`` for two ranks)
+every other rank's part. Closed-form values for equal, uneven and zero splits, every dtype and every root; a rank
+that cannot read the others (or CMA off) sends every rank to the message algorithms; two ranks split a broadcast
+above ``PAIR_SPLIT_MIN`` between them (the root writes half into the other rank's buffer with process_vm_writev,
+``Arena.writer``, while it reads the other half) and fall back where either cannot; the memory transport has no
+reader; a read or write of a dead or unreadable peer is a named error.
 """
 
 from __future__ import annotations
@@ -198,8 +197,11 @@ def test_a_broadcast_above_the_limit_is_read_from_the_root(world: Any, p: int, m
                     assert buf.tobytes() == want.tobytes(), (n, root, dt)
 
     _run(ts, body)
-    calls = p * 2 * p * len(dts)  # every rank's calls above the limit (int8 included: n > LIMIT bytes)
-    assert seen == ({"direct": 0, "declined": 0} if p == 2 else {"direct": calls, "declined": 0}), seen
+    # every rank's calls above the limit (int8 included: n > LIMIT bytes); a pair's only up to its split
+    # (PAIR_SPLIT_MIN: above it the root writes half, bcast_pair), ONECOPY_MIN_PAIR['broadcast']
+    sizes = [n * np.dtype(dt).itemsize for n in (LIMIT + 1, 3 * LIMIT + 7) for dt in dts]
+    calls = p * p * sum(1 for b in sizes if p > 2 or b <= select.PAIR_SPLIT_MIN)
+    assert seen == {"direct": calls, "declined": 0}, seen
 
 
 def test_a_broadcast_falls_back_when_a_rank_cannot_read(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -67,6 +67,7 @@ rank's counts and, when it fits the slot, the data, in one exchange; the longer 
 to the others) continue through the big slots up to ``BIG_LIMIT['all_to_all']`` (compared with the longest
 stream of any rank, which every rank reads from the headers, so all agree) and above it are read straight out
 of the senders' buffers (one process_vm_readv a piece), or go as messages where a rank cannot read the others.
+A group of two reads every stream that is not inline (``BIG_LIMIT_PAIR``; the list form keeps ``BIG_LIMIT``).
 A broadcast among three or more ranks of one host above ``ONECOPY_MIN['broadcast']`` that the big slots do not take
 (``BIG_LIMIT``; a group without big slots: only the first ``BIG_GROUPS`` groups of a transport get them,
 ``PROCGROUP_SHM_BIG_SLOT=0``) every rank reads straight out of the root's buffer (``algorithms.onecopy``, one
@@ -78,7 +79,9 @@ where some rank cannot read the others, every rank takes the big slots instead, 
 (:func:`all_gather_unread`).
 A group of two splits a broadcast above its big slots' limit (``BIG_LIMIT_PAIR``; without big slots, above
 ``PAIR_SPLIT_MIN``) between its two CPUs (``algorithms.onecopy.bcast_pair``): the root writes half straight into
-the other rank's buffer (process_vm_writev) while that rank reads the other half out of the root's.
+the other rank's buffer (process_vm_writev) while that rank reads the other half out of the root's.  Below the
+big slots' floor (``BIG_MIN_PAIR``; without big slots, up to the split) the other rank reads the root's buffer.
+The limit tables and the functions that read them live in ``algorithms.limits`` (re-exported here).
 
 ``BIG_LIMIT[collective]`` hands calls above it back to the table above (the message algorithms, with the
 single-copy path for large messages).  The limits come from same-process A/B runs on the 2-CPU host
@@ -166,6 +169,16 @@ from .gathering import (
     scatter_binomial,
     scatter_linear,
 )
+from .limits import (
+    BIG_LIMIT,
+    BIG_LIMIT_PAIR,
+    BIG_MIN_PAIR,
+    ONECOPY_MIN,
+    ONECOPY_MIN_PAIR,
+    big_limit,
+    big_slots_for,
+    onecopy_for,
+)
 from .onecopy import allgather_direct, bcast_direct, bcast_pair
 from .redscat import reduce_scatter_allreduce, reduce_scatter_ring
 from .reduction import reduce_binomial, reduce_scatter_gather
@@ -181,6 +194,7 @@ __all__ = [
     "HIERARCHICAL",
     "BIG_LIMIT",
     "BIG_LIMIT_PAIR",
+    "BIG_MIN_PAIR",
     "ONECOPY_MIN",
     "ONECOPY_MIN_PAIR",
     "big_limit",
@@ -225,54 +239,6 @@ GATHER_SMALL = 256 * 1024
 ALLTOALL_SMALL = 256 * 1024
 #: use the hierarchical all_reduce when the host layout allows it
 HIERARCHICAL = True
-#: collective -> the most bytes (see the table in the docstring) that go through the big slots
-BIG_LIMIT: Dict[str, int] = {
-    "all_reduce": 1 << 62,
-    "reduce": 1 << 62,
-    "reduce_scatter": 1 << 62,
-    "broadcast": 4 << 20,
-    "all_gather": 256 << 10,
-    "all_to_all": 1 << 20,
-}
-#: collective -> a lower BIG_LIMIT for a group of two ranks.  A broadcast through the big slots copies the data
-#: twice (the root into the slots, the other rank out of them, pipelined on both CPUs).  Above this limit a pair
-#: splits the one copy between its two CPUs instead (``algorithms.onecopy.bcast_pair``: the root writes half into
-#: the other rank's buffer while that rank reads the other half).  N=2 on the 2-CPU host (pass 18, whole jobs
-#: alternating, slowest rank per call, median, us), big slots (the rendezvous above 32 MiB, where the limit was)
-#: against the split: 4 MiB 91 / 124, 5 MiB 110-145 / 118-151, 6 MiB 130-200 / 111-159, 8 MiB 170-245 / 108-168,
-#: 16 MiB 531-959 / 321-618, 32 MiB 1242-1995 / 1117-1478, 48 MiB (the rendezvous, two reading threads) 1771-2367 /
-#: 1765-2364.  At N=4 the big slots still lead (64 MiB 0.99x, and 0.73x the one-copy reads): every reader reading
-#: the root's memory at once is slower.  Pass 21's VM (its slow periods make a store into a line the other CPU
-#: holds cost 4x; benchmarks/results/pass21, same method, 4-5 rounds): big against split 1.5 MiB 86-144 / 102-123,
-#: 2 MiB 111-145 / 124-153, 3 MiB 172-226 / 172-207, 4 MiB 224-1828 / 165-238 (split ahead in 9 of 9 rounds): the
-#: limit is 3 MiB.  A pair's all_gather above the arena's slot never takes the big slots: each rank reads the other's
-#: part straight out of its ``sendbuf`` instead (``ONECOPY_MIN_PAIR``; the big slots stay for a pair that cannot).
-BIG_LIMIT_PAIR: Dict[str, int] = {"broadcast": 3 << 20, "all_gather": 0}
-#: collective -> the fewest bytes above which a group of three or more ranks of one host reads the parts straight out of
-#: their owners' memory (``algorithms.onecopy``) where the big slots do not take the call (``BIG_LIMIT``; a group
-#: without big slots).  broadcast: above ``BIG_LIMIT['broadcast']``, where the compiled reads overtake the big slots
-#: (before pass 22, in Python, only without big slots and from 16 MiB: against the messages 16 / 64 MiB 0.82 / 0.95x).
-#: N=4, whole jobs alternating (4 rounds, slowest rank per call, median, us), big slots / reads / Open MPI: 1 MiB
-#: 135-249 / 265-309 / 232-1335, 4 MiB 512-802 / 752-893 / 658-3412 (big ahead in 3 of 4), 6 MiB 1544-2104 / 886-1650 /
-#: 1501-2658 (reads 4 of 4), 8 MiB 2396-2902 / 1613-2061 / 2041-3683, 16 MiB 4200-4610 / 3270-3928 / 3389-8175, 32 MiB
-#: 9398-12761 / 7234-8128 / 7955-13448, 64 MiB 17391-19693 / 13878-16188 / 15074-26122 (4 of 4 each).  all_gather: above
-#: ``BIG_LIMIT['all_gather']``, where the compiled reads (``Arena.bind_read``, pass 22) overtake the big slots.  The
-#: same jobs, a rank's part, big slots / reads / Open MPI: 64 KiB 67-104 / 71-95 / 106-292, 128 KiB 114-181 / 100-148 /
-#: 162-490, 256 KiB 177-333 / 169-265 / 252-910 (even: 4 of 8 rounds each), 512 KiB 450-603 / 332-462 / 481-1763 (reads
-#: 4 of 4), 1 MiB 1336-2128 / 864-1403 / 625-1095 (4 of 4), 4 MiB 4963-7038 / 4084-6169 / 3871-5461 (4 of 4).  (In
-#: Python, before the compiled call, the reads lost at N=4: 256 KiB 415-442 against 180-218; the pure-Python path pays
-#: that here.)
-ONECOPY_MIN: Dict[str, int] = {"broadcast": 4 << 20, "all_gather": 256 << 10}
-#: collective -> the fewest bytes above which a group of two ranks of one host reads the other's part straight out
-#: of its memory where the big slots do not take the call (``BIG_LIMIT_PAIR``).  all_gather (one copy and no store
-#: into a shared line, where the big slots copy twice; ``onecopy.allgather_direct``, one C call on the compiled path:
-#: ``Arena.bind_read``): above the arena's slot.  Pass 22 (benchmarks/results/pass22, whole jobs alternating, 6
-#: rounds, slowest rank per call, median, us), a rank's part, big / reads / Open MPI: 64 KiB 19-51 / 14-16 / 13-19,
-#: 128 KiB 32-98 / 22-26 / 20-38, 256 KiB 51-183 / 33-43 / 37-46, 512 KiB 94-345 / 57-76 / 67-83, 1 MiB 150-690 /
-#: 107-144 / 130-172.  Within the slot the arena leads (8 / 16 / 32 KiB: arena 4-5 / 5-7 / 7-11, reads 9-10 /
-#: 10-11 / 12, Open MPI 6-7 / 7-8 / 9-10).  Before the compiled call (pass 21, reads in Python) big / reads: 512 KiB
-#: 82-103 / 80-111, 1 MiB 166-215 / 135-184, 2 MiB 363-457 / 269-356, 4 MiB 1065-1273 / 816-1013
-ONECOPY_MIN_PAIR: Dict[str, int] = {"all_gather": 0}
 #: a group of two ranks of one host: a broadcast above this many bytes that the big slots do not take
 #: (``BIG_LIMIT_PAIR``, or a pair without big slots) is split between the two (``algorithms.onecopy.bcast_pair``).
 #: Without big slots (``PROCGROUP_SHM_BIG_SLOT=0``), against the rendezvous: 256 KiB 19-21 against 10-12 us, 1 MiB
@@ -415,24 +381,10 @@ def _forced(collective: str) -> Optional[Callable[..., None]]:
 
 
 # ----------------------------------------------------------------------------- choices
-def big_limit(collective: str, members: int) -> int:
-    """The most bytes of ``collective`` that go through the big slots of a group of ``members`` ranks
-    (``BIG_LIMIT``, and ``BIG_LIMIT_PAIR`` for two)."""
-    lim = BIG_LIMIT[collective]
-    return min(lim, BIG_LIMIT_PAIR.get(collective, lim)) if members == 2 else lim
-
-
-def big_slots_for(a: Any, collective: str, nbytes: int) -> Any:
-    """The arena ``a``'s big slots where ``collective`` of ``nbytes`` takes them (above the arena's slot, within
-    :func:`big_limit`); else None (also for no arena).  The selection below and the plans (``procgroup.plans``)
-    decide alike through it."""
-    big = None if a is None else a.big
-    return big if big is not None and a.max_bytes < nbytes <= big_limit(collective, len(a.members)) else None
-
-
-def _big(comm: Any, collective: str, nbytes: int) -> bool:
-    """True when ``comm`` has big slots and ``nbytes`` is above the arena size and within BIG_LIMIT."""
-    return big_slots_for(comm.arena, collective, nbytes) is not None
+def _big(comm: Any, collective: str, nbytes: int, floor: bool = True) -> bool:
+    """True when ``comm`` has big slots and ``nbytes`` is above the arena size and within BIG_LIMIT (and, with
+    ``floor``, for two ranks above BIG_MIN_PAIR: :func:`big_slots_for`)."""
+    return big_slots_for(comm.arena, collective, nbytes, floor) is not None
 
 
 def _onecopy(comm: Any, collective: str, nbytes: int) -> bool:
@@ -443,16 +395,6 @@ def _onecopy(comm: Any, collective: str, nbytes: int) -> bool:
     if comm.arena is None or comm.size < 2:
         return False
     return nbytes > (ONECOPY_MIN[collective] if comm.size >= 3 else ONECOPY_MIN_PAIR.get(collective, 1 << 62))
-
-
-def onecopy_for(a: Any, collective: str, nbytes: int) -> bool:
-    """True where the selection below reads ``collective`` of ``nbytes`` (a member's) straight out of its owners'
-    memory on a group with arena ``a``: above the arena's slot, not within the big slots (:func:`big_slots_for`)
-    and above ``ONECOPY_MIN`` / ``ONECOPY_MIN_PAIR``.  The plans (``procgroup.plans``) ask it on every call."""
-    if a is None or nbytes <= a.max_bytes or big_slots_for(a, collective, nbytes) is not None:
-        return False
-    p = len(a.members)
-    return p >= 2 and nbytes > (ONECOPY_MIN[collective] if p >= 3 else ONECOPY_MIN_PAIR.get(collective, 1 << 62))
 
 
 def choose_all_reduce_flat(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
@@ -574,7 +516,7 @@ def choose_host_broadcast(host: Any, nbytes: int) -> Optional[Callable[..., None
         return None
     if fits(host, nbytes):
         return bcast_arena
-    if _big(host, "broadcast", nbytes):
+    if _big(host, "broadcast", nbytes, floor=False):  # host stages keep the big slots (bound by hierbind)
         return bcast_big
     return None
 
@@ -726,13 +668,23 @@ def reduce_scatter(
 
 
 def all_to_all(
-    comm: Any, sendbuf: np.ndarray, send_counts: Sequence[int], recvbuf: np.ndarray, recv_counts: Sequence[int]
+    comm: Any,
+    sendbuf: np.ndarray,
+    send_counts: Sequence[int],
+    recvbuf: np.ndarray,
+    recv_counts: Sequence[int],
+    lists: bool = False,
 ) -> None:
-    """``send_counts[j]`` elements to rank j, ``recv_counts[i]`` from rank i (displacements: prefix sums)."""
+    """``send_counts[j]`` elements to rank j, ``recv_counts[i]`` from rank i (displacements: prefix sums).
+
+    On a group with an arena, the streams' limit between the big slots and the reads is the group size's
+    (``big_limit``: a pair reads every stream that is not inline), or with ``lists`` ``BIG_LIMIT``'s at every size:
+    the list form's (``plans.all_to_all_list``, whose compiled call offers no one buffer to read)."""
     sendbuf, recvbuf = flat(sendbuf, "all_to_all sendbuf"), flat(recvbuf, "all_to_all recvbuf")
     f = _forced("all_to_all")
     if f is None and shm_applies(comm):
-        return alltoall_shm(comm, sendbuf, send_counts, recvbuf, recv_counts, None, BIG_LIMIT["all_to_all"])
+        lim = BIG_LIMIT["all_to_all"] if lists else big_limit("all_to_all", comm.size)
+        return alltoall_shm(comm, sendbuf, send_counts, recvbuf, recv_counts, None, lim)
     if f is None:
         sent = sum(int(c) for c in send_counts) * sendbuf.dtype.itemsize
         f = alltoall_linear if sent <= ALLTOALL_SMALL else alltoall_pairwise

@@ -21,7 +21,7 @@ IT = int(os.environ.get("PG_IT", "300"))
 
 
 def size(s):
-    m = {"K": 1 << 10, "M": 1 << 20}
+    m = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     return int(s[:-1]) * m[s[-1]] if s[-1] in m else int(s)
 
 
@@ -45,12 +45,13 @@ else:
     from procgroup.algorithms import select
 
     # "collective=bytes;..." into select's tables: PG_PATCH BIG_LIMIT, PG_PATCH_PAIR BIG_LIMIT_PAIR, PG_ONECOPY
-    # ONECOPY_MIN, PG_ONECOPY_MIN_PAIR ONECOPY_MIN_PAIR (pass 22)
+    # ONECOPY_MIN, PG_ONECOPY_MIN_PAIR ONECOPY_MIN_PAIR (pass 22), PG_BIG_MIN_PAIR BIG_MIN_PAIR (pass 23)
     tables = {
         "PG_PATCH": select.BIG_LIMIT,
         "PG_PATCH_PAIR": select.BIG_LIMIT_PAIR,
         "PG_ONECOPY": select.ONECOPY_MIN,
         "PG_ONECOPY_MIN_PAIR": select.ONECOPY_MIN_PAIR,
+        "PG_BIG_MIN_PAIR": select.BIG_MIN_PAIR,
     }
     for env, table in tables.items():
         for kv in filter(None, os.environ.get(env, "").split(";")):
