@@ -47,12 +47,13 @@ from .algorithms.arena import (
 from .algorithms.bigarena import allreduce_big, bind_allgather, bind_bcast, bind_reduce, bind_reduce_scatter
 from .algorithms.comm import STEP_BITS, Comm
 from .algorithms.hierbind import bind_hierarchical, bind_multileader
-from .algorithms.onecopy import END_SALT, SALT_ALLGATHER
+from .algorithms.onecopy import END_SALT, SALT_ALLGATHER, SALT_BCAST
 from .algorithms.select import (
     BIG_LIMIT,
     all_gather_unread,
     big_limit,
     big_slots_for,
+    broadcast_unread,
     choose_all_reduce,
     onecopy_for,
     tunables,
@@ -62,7 +63,7 @@ from .groupcore import PlanCore
 from .ops import ReduceOp, finalize
 from .process_group import ProcessGroup
 from .tags import FP_MASK, fingerprint
-from .transport.base import READ_GATHER
+from .transport.base import READ_BCAST, READ_GATHER
 
 __all__ = [
     "Plan",
@@ -249,6 +250,20 @@ def broadcast(g: ProcessGroup, dt: Any, n: int, root: int, dname: str, fast: Any
                 bfn(c, a)  # the big slots' one-step broadcast in one compiled call
             else:
                 algo(c, a, root)  # the limit was lowered since the plan was built: select's choice
+
+    elif fast is None and algo is alg.broadcast and (rd := _reads(g, "broadcast", n * _itemsize(dt), dt, READ_BCAST)):
+        nb, arena = n * _itemsize(dt), g.arena()
+
+        def fn(c: Any, a: Any, b: Any) -> None:
+            if onecopy_for(arena, "broadcast", nb):  # select's choice (its limits are compared per call)
+                ck = c.check_word() ^ SALT_BCAST
+                done = rd(a, a, ck, ck ^ END_SALT, root, c.deadline)  # onecopy.bcast_direct in one C call
+                if done:
+                    return
+                if done is False:  # a member cannot read the root: select's next choice, on every member alike
+                    broadcast_unread(c, a, root)
+                    return
+            algo(c, a, root)
 
     elif ar is not None:
         xc = ar.exchange_copy

@@ -112,3 +112,50 @@ dist.destroy_process_group()
 def test_a_pairs_broadcast_above_the_limit_is_split_between_them(tmp_path: Path, cma_off: str) -> None:
     res = _run(tmp_path, PAIR, 2, env={"CMA_OFF_RANK": cma_off} if cma_off else None, timeout=150)
     assert all(r.returncode == 0 and f"rank {r.rank} ok" in r.stdout for r in res), report(res)
+
+
+PAIR_READS = (
+    PRELUDE
+    + """
+from procgroup.algorithms import limits, select
+assert p == 2
+a = pg.arena()
+cold = []  # select's own reads: a shape's first call (its plan's bound read takes the others)
+real = select.bcast_direct
+select.bcast_direct = lambda *x: cold.append(1) or real(*x)
+reads = lambda: a._nat.rd_calls if getattr(a, "_nat", None) is not None else 0
+before = reads()
+k = 0
+sizes = (40_000, 100_003, limits.BIG_MIN_PAIR["broadcast"])  # bytes: above the arena's slot, up to the floor
+for n in sizes:
+    for root in (0, 1, 1, 0):  # each root twice in a row: the second call runs from a plan
+        for dt in (np.uint8, np.float32):
+            k += 1
+            m = n // np.dtype(dt).itemsize
+            want = ((np.arange(m) * (root + 3) + k) % 251).astype(dt)
+            buf = want.copy() if r == root else np.full(m + 1, 9, dt)
+            dist.broadcast(buf[:m], src=root)
+            assert buf[:m].tobytes() == want.tobytes(), (n, root, dt)
+            assert r == root or buf[m] == 9, "a byte past the buffer was written"
+    x = np.full(1000, r, np.int64)
+    dist.all_reduce(x)
+    assert x[0] == 1
+got = reads() - before
+native = getattr(a, "_nat", None) is not None
+# the compiled reads count the calls where this rank read (it was not the root): two of every four, all of them
+assert got == (len(sizes) * 2 * 2 if native else 0), (got, native)
+calls = len(sizes) * 4 * 2
+assert len(cold) == (calls // 2 if native else calls), (len(cold), native)  # Python: select's reads every time
+print(f"rank {r} ok reads={got} native={native} select={len(cold)}", flush=True)
+dist.destroy_process_group()
+"""
+)
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_a_pairs_broadcast_below_the_big_slots_floor_is_read_warm_and_cold(tmp_path: Path, native: str) -> None:
+    """Pass 23: a group of two reads its broadcast from the arena's slot up to ``BIG_MIN_PAIR`` out of the root's
+    buffer, the default limits, through the public API: the first call of a shape through ``select``, the second
+    from its plan's bound compiled read (``plans.broadcast``); every call on the compiled path reads."""
+    res = _run(tmp_path, PAIR_READS, 2, env={"PROCGROUP_NATIVE": native}, timeout=120)
+    assert all(r.returncode == 0 and f"rank {r.rank} ok" in r.stdout for r in res), report(res)

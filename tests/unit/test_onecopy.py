@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from procgroup.algorithms import alltoall_shm as A2A
-from procgroup.algorithms import onecopy, select
+from procgroup.algorithms import limits, onecopy, select
 from procgroup.algorithms.comm import Comm
 from procgroup.errors import BrokenError, PeerFailureError, ProcGroupError
 from procgroup.transport import _cma
@@ -200,7 +200,7 @@ def test_a_broadcast_above_the_limit_is_read_from_the_root(world: Any, p: int, m
     # every rank's calls above the limit (int8 included: n > LIMIT bytes); a pair's only up to its split
     # (PAIR_SPLIT_MIN: above it the root writes half, bcast_pair), ONECOPY_MIN_PAIR['broadcast']
     sizes = [n * np.dtype(dt).itemsize for n in (LIMIT + 1, 3 * LIMIT + 7) for dt in dts]
-    calls = p * p * sum(1 for b in sizes if p > 2 or b <= select.PAIR_SPLIT_MIN)
+    calls = p * p * sum(1 for b in sizes if p > 2 or b <= limits.PAIR_SPLIT_MIN)
     assert seen == {"direct": calls, "declined": 0}, seen
 
 
@@ -226,7 +226,7 @@ def test_a_pairs_broadcast_is_split_between_root_and_reader(world: Any, monkeypa
     rank's buffer while that one reads the first half; odd sizes, every root and dtype; called directly, sizes up to
     a page (all written by the root)."""
     seen = _count_bcast(monkeypatch, "bcast_pair")
-    monkeypatch.setattr(select, "PAIR_SPLIT_MIN", 1000)
+    monkeypatch.setattr(limits, "PAIR_SPLIT_MIN", 1000)
     monkeypatch.setitem(select.BIG_LIMIT_PAIR, "broadcast", 1000)
     ts = world(2)
     dts = ["uint8", "float64", "float16", "int32", "complex128"]
@@ -262,7 +262,7 @@ def test_a_pairs_broadcast_falls_back_when_the_root_cannot_write(world: Any, mon
     """A root whose arena has no writer (process_vm_writev forbidden) sends both ranks to the other algorithm, with
     nothing moved first; the other root, which can write, still splits."""
     seen = _count_bcast(monkeypatch, "bcast_pair")
-    monkeypatch.setattr(select, "PAIR_SPLIT_MIN", 1000)
+    monkeypatch.setattr(limits, "PAIR_SPLIT_MIN", 1000)
     monkeypatch.setitem(select.BIG_LIMIT_PAIR, "broadcast", 1000)
     ts = world(2)
     real = shm_arena.ShmArena.writer
@@ -292,7 +292,7 @@ def _per_rank(monkeypatch: pytest.MonkeyPatch, name: str, rank: int, wrap: Calla
 def _pair_failure(world: Any, monkeypatch: pytest.MonkeyPatch, delay: float = 0.0) -> Any:
     """Rank 1 (the reader) fails its read (``delay`` seconds into it); both ranks' outcomes, the times they left and
     rank 1's buffer."""
-    monkeypatch.setattr(select, "PAIR_SPLIT_MIN", 1000)
+    monkeypatch.setattr(limits, "PAIR_SPLIT_MIN", 1000)
     monkeypatch.setitem(select.BIG_LIMIT_PAIR, "broadcast", 1000)
     ts = world(2)
 

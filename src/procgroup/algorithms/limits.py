@@ -16,6 +16,8 @@ ONECOPY_MIN        the fewest bytes above which three or more ranks read the par
 ONECOPY_MIN_PAIR   ... for a group of two
 =================  ===================================================================================
 
+``PAIR_SPLIT_MIN`` (bytes): a group of two splits a broadcast above it between its two CPUs.
+
 The measurements behind every value are in the comments beside it (``benchmarks/results/pass*``).
 """
 
@@ -29,6 +31,7 @@ __all__ = [
     "BIG_MIN_PAIR",
     "ONECOPY_MIN",
     "ONECOPY_MIN_PAIR",
+    "PAIR_SPLIT_MIN",
     "big_limit",
     "big_slots_for",
     "onecopy_for",
@@ -98,8 +101,14 @@ ONECOPY_MIN: Dict[str, int] = {"broadcast": 4 << 20, "all_gather": 256 << 10}
 #: 10-11 / 12, Open MPI 6-7 / 7-8 / 9-10).  Before the compiled call (pass 21, reads in Python) big / reads: 512 KiB
 #: 82-103 / 80-111, 1 MiB 166-215 / 135-184, 2 MiB 363-457 / 269-356, 4 MiB 1065-1273 / 816-1013.  broadcast: a
 #: pair reads wherever nothing else takes the call: the big slots (above ``BIG_MIN_PAIR``, up to ``BIG_LIMIT_PAIR``)
-#: and the split above ``select.PAIR_SPLIT_MIN`` (``onecopy.bcast_pair``) come first (pass 23, ``BIG_MIN_PAIR``)
+#: and the split above ``PAIR_SPLIT_MIN`` (``onecopy.bcast_pair``) come first (pass 23, ``BIG_MIN_PAIR``)
 ONECOPY_MIN_PAIR: Dict[str, int] = {"all_gather": 0, "broadcast": 0}
+
+#: a group of two ranks of one host: a broadcast above this many bytes that the big slots do not take
+#: (``BIG_LIMIT_PAIR``, or a pair without big slots) is split between the two (``algorithms.onecopy.bcast_pair``).
+#: Without big slots (``PROCGROUP_SHM_BIG_SLOT=0``), against the rendezvous: 256 KiB 19-21 against 10-12 us, 1 MiB
+#: 47-48 against 50, 2 MiB 85 against 155-160, 4 MiB 92-109 against 295-298
+PAIR_SPLIT_MIN = 1 << 20
 
 
 def big_limit(collective: str, members: int) -> int:
@@ -124,8 +133,10 @@ def onecopy_for(a: Any, collective: str, nbytes: int) -> bool:
     """True where the selection (``algorithms.select``) reads ``collective`` of ``nbytes`` (a member's) straight out
     of its owners' memory on a group with arena ``a``: above the arena's slot, not within the big slots
     (:func:`big_slots_for`) and above ``ONECOPY_MIN`` / ``ONECOPY_MIN_PAIR`` (a pair's broadcast above
-    ``select.PAIR_SPLIT_MIN`` is split instead).  The plans (``procgroup.plans``) ask it on every call."""
+    ``PAIR_SPLIT_MIN`` is split instead).  The plans (``procgroup.plans``) ask it on every call."""
     if a is None or nbytes <= a.max_bytes or big_slots_for(a, collective, nbytes) is not None:
         return False
     p = len(a.members)
+    if p == 2 and collective == "broadcast" and nbytes > PAIR_SPLIT_MIN:
+        return False  # the pair's split (onecopy.bcast_pair), select.broadcast's choice before the reads
     return p >= 2 and nbytes > (ONECOPY_MIN[collective] if p >= 3 else ONECOPY_MIN_PAIR.get(collective, 1 << 62))

@@ -51,6 +51,7 @@ __all__ = [
     "allgather_direct",
     "END_SALT",
     "SALT_ALLGATHER",
+    "SALT_BCAST",
 ]
 
 #: ``read(i, out, addr)``: see ``Arena.reader``
@@ -58,7 +59,8 @@ Reader = Callable[[int, memoryview, int], None]
 
 #: folded into the check word of the exchange that ends a call (its first exchange has the call's own)
 END_SALT = 0x5A5A_0000
-_SALT_BCAST = 0xB0C5_0000
+#: folded into the check word of a broadcast's reads (the plans' compiled call uses it too)
+SALT_BCAST = 0xB0C5_0000
 #: folded into the check word of an all_gather's reads (the plans' compiled call uses it too)
 SALT_ALLGATHER = 0xA11_0000
 _SALT_PAIR = 0xB0C2_0000
@@ -102,7 +104,7 @@ def bcast_direct(comm: Any, buf: np.ndarray, root: int) -> bool:
     False (nothing done) where a rank cannot read the others: the caller's message algorithm then runs."""
     view = buf.data.cast("B")
     me = comm.rank
-    check = comm.check_word() ^ _SALT_BCAST
+    check = comm.check_word() ^ SALT_BCAST
     done = _compiled(comm, READ_BCAST, view, view, check, root)
     if done is not None:
         return done

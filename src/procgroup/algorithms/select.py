@@ -78,7 +78,7 @@ rank reads out of every other's ``sendbuf``, in one compiled call where the aren
 where some rank cannot read the others, every rank takes the big slots instead, or the messages without them
 (:func:`all_gather_unread`).
 A group of two splits a broadcast above its big slots' limit (``BIG_LIMIT_PAIR``; without big slots, above
-``PAIR_SPLIT_MIN``) between its two CPUs (``algorithms.onecopy.bcast_pair``): the root writes half straight into
+``limits.PAIR_SPLIT_MIN``) between its two CPUs (``algorithms.onecopy.bcast_pair``): the root writes half straight into
 the other rank's buffer (process_vm_writev) while that rank reads the other half out of the root's.  Below the
 big slots' floor (``BIG_MIN_PAIR``; without big slots, up to the split) the other rank reads the root's buffer.
 The limit tables and the functions that read them live in ``algorithms.limits`` (re-exported here).
@@ -132,6 +132,7 @@ from ..errors import ConfigError
 from . import allreduce as _allreduce
 from . import alltoall_shm as _alltoall_shm
 from . import bigarena as _bigarena
+from . import limits as _limits
 from ._util import flat
 from .allreduce import (
     StageChoices,
@@ -239,11 +240,6 @@ GATHER_SMALL = 256 * 1024
 ALLTOALL_SMALL = 256 * 1024
 #: use the hierarchical all_reduce when the host layout allows it
 HIERARCHICAL = True
-#: a group of two ranks of one host: a broadcast above this many bytes that the big slots do not take
-#: (``BIG_LIMIT_PAIR``, or a pair without big slots) is split between the two (``algorithms.onecopy.bcast_pair``).
-#: Without big slots (``PROCGROUP_SHM_BIG_SLOT=0``), against the rendezvous: 256 KiB 19-21 against 10-12 us, 1 MiB
-#: 47-48 against 50, 2 MiB 85 against 155-160, 4 MiB 92-109 against 295-298
-PAIR_SPLIT_MIN = 1 << 20
 #: multi-host all_reduce on hosts with as many ranks each: one leader per host below this, multileader
 #: from here.  3 netns hosts x 2 ranks on the 2-CPU host (same-process A/B, variants alternating per
 #: iteration, direct stages between hosts): hierarchical 0.78-0.94x multileader's time at 64-512 KiB with
@@ -547,7 +543,7 @@ def broadcast(comm: Any, buf: np.ndarray, root: int) -> None:
             return bcast_arena(comm, buf, root)
         if _big(comm, "broadcast", buf.nbytes):
             return bcast_big(comm, buf, root)
-        if comm.size == 2 and comm.arena is not None and buf.nbytes > PAIR_SPLIT_MIN:
+        if comm.size == 2 and comm.arena is not None and buf.nbytes > _limits.PAIR_SPLIT_MIN:
             if bcast_pair(comm, buf, root):
                 return  # the root wrote half into the other rank's buffer while it read the other half
             return broadcast_unread(comm, buf, root)  # a rank cannot read or write the other: on every rank

@@ -64,8 +64,10 @@ else:
 
         select.fits = lambda comm, n: False
         _plans._arena_fits = lambda g, n: False
-    if os.environ.get("PG_SPLIT"):  # select.PAIR_SPLIT_MIN
-        select.PAIR_SPLIT_MIN = size(os.environ["PG_SPLIT"])
+    if os.environ.get("PG_SPLIT"):  # limits.PAIR_SPLIT_MIN (select.PAIR_SPLIT_MIN before pass 23)
+        from procgroup.algorithms import limits
+
+        limits.PAIR_SPLIT_MIN = size(os.environ["PG_SPLIT"])
     dist.init_process_group("gloo")
     r, p = dist.get_rank(), dist.get_world_size()
     barrier = dist.barrier
