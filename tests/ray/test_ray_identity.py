@@ -45,7 +45,12 @@ def _bare_init_loop(config: dict) -> None:
         from procgroup.identity import detect_identity
 
         assert detect_identity().source == "ray", detect_identity()
-        assert took < 1.0, f"init_process_group took {took:.2f}s inside a TorchTrainer worker"
+        from procgroup.state import _state
+
+        # torch's store, reused: no store of procgroup's own (no second port) and no wait for one to time out (the
+        # wall time is loose: the suite runs beside other tests; alone it takes well under a second)
+        assert _state.store_server is None, "procgroup hosted a store of its own inside a TorchTrainer worker"
+        assert took < 10.0, f"init_process_group took {took:.2f}s inside a TorchTrainer worker"
         train.report({"took": took})
     finally:
         dist.destroy_process_group()
