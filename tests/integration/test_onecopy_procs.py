@@ -73,6 +73,25 @@ def test_broadcasts_and_all_gathers_above_the_limit_read_directly(tmp_path: Path
     assert all(r.returncode == 0 and f"rank {r.rank} ok" in r.stdout for r in res), report(res)
 
 
+#: a pair's broadcasts of ``sizes`` bytes (each root twice in a row: the second call runs from a plan) of every dtype
+#: in ``dtypes``, closed-form values, nothing written past the buffer; an all_reduce after each size
+PAIR_BCASTS = """
+k = 0
+for n in sizes:
+    for root in (0, 1, 1, 0):
+        for dt in dtypes:
+            k += 1
+            m = n // np.dtype(dt).itemsize
+            want = ((np.arange(m) * (root + 3) + k) % 251).astype(dt)
+            buf = want.copy() if r == root else np.full(m + 1, 9, dt)
+            dist.broadcast(buf[:m], src=root)
+            assert buf[:m].tobytes() == want.tobytes(), (n, root, dt)
+            assert r == root or buf[m] == 9, "a byte past the buffer was written"
+    x = np.full(1000, r, np.int64)
+    dist.all_reduce(x)
+    assert x[0] == 1
+"""
+
 PAIR = (
     """
 import os
@@ -86,20 +105,11 @@ seen = []
 real = select.bcast_pair
 select.bcast_pair = lambda *a: seen.append(real(*a)) or seen[-1]
 assert p == 2
-k = 0
-for n in ((6 << 20) + 4096, (12 << 20) + 5, 17 << 20):  # bytes: just above the limit, an odd tail, larger
-    for root in (0, 1, 1, 0):  # each root twice in a row: the second call runs from a plan
-        for dt in (np.uint8, np.float32, np.complex128):
-            k += 1
-            m = n // np.dtype(dt).itemsize
-            want = ((np.arange(m) * (root + 3) + k) % 251).astype(dt)
-            buf = want.copy() if r == root else np.full(m + 1, 9, dt)
-            dist.broadcast(buf[:m], src=root)
-            assert buf[:m].tobytes() == want.tobytes(), (n, root, dt)
-            assert r == root or buf[m] == 9, "a byte past the buffer was written"
-    x = np.full(1000, r, np.int64)
-    dist.all_reduce(x)
-    assert x[0] == 1
+sizes = ((6 << 20) + 4096, (12 << 20) + 5, 17 << 20)  # bytes: just above the limit, an odd tail, larger
+dtypes = (np.uint8, np.float32, np.complex128)
+"""
+    + PAIR_BCASTS
+    + """
 off = bool(os.environ.get("CMA_OFF_RANK"))
 assert seen and all(s is (not off) for s in seen), seen
 print(f"rank {r} ok {len(seen)} split={not off}", flush=True)
@@ -125,21 +135,11 @@ real = select.bcast_direct
 select.bcast_direct = lambda *x: cold.append(1) or real(*x)
 reads = lambda: a._nat.rd_calls if getattr(a, "_nat", None) is not None else 0
 before = reads()
-k = 0
 sizes = (40_000, 100_003, limits.BIG_MIN_PAIR["broadcast"])  # bytes: above the arena's slot, up to the floor
-for n in sizes:
-    for root in (0, 1, 1, 0):  # each root twice in a row: the second call runs from a plan
-        for dt in (np.uint8, np.float32):
-            k += 1
-            m = n // np.dtype(dt).itemsize
-            want = ((np.arange(m) * (root + 3) + k) % 251).astype(dt)
-            buf = want.copy() if r == root else np.full(m + 1, 9, dt)
-            dist.broadcast(buf[:m], src=root)
-            assert buf[:m].tobytes() == want.tobytes(), (n, root, dt)
-            assert r == root or buf[m] == 9, "a byte past the buffer was written"
-    x = np.full(1000, r, np.int64)
-    dist.all_reduce(x)
-    assert x[0] == 1
+dtypes = (np.uint8, np.float32)
+"""
+    + PAIR_BCASTS
+    + """
 got = reads() - before
 native = getattr(a, "_nat", None) is not None
 # the compiled reads count the calls where this rank read (it was not the root): two of every four, all of them
