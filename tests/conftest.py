@@ -40,8 +40,11 @@ _INFRA_FIXTURES = frozenset({"infra_guard", "netns_hosts", "slurm_cluster", "ssh
 XDIST_MAX_WORKERS = 4
 
 
-def pytest_xdist_auto_num_workers(config: Any) -> int:  # noqa: ARG001 - pytest-xdist hook signature
-    """``-n auto``: one worker per CPU, at most XDIST_MAX_WORKERS (PYTEST_XDIST_AUTO_NUM_WORKERS overrides)."""
+def pytest_xdist_auto_num_workers(config: Any) -> Optional[int]:  # noqa: ARG001 - pytest-xdist hook signature
+    """``-n auto``: one worker per CPU, at most XDIST_MAX_WORKERS; PYTEST_XDIST_AUTO_NUM_WORKERS overrides (this
+    hook runs before xdist's own, which reads that variable: None leaves the choice to it)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
     return max(1, min(XDIST_MAX_WORKERS, os.cpu_count() or 1))
 
 
