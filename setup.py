@@ -21,6 +21,7 @@ setup(
                 "src/procgroup/transport/shm/_native_big.c",
                 "src/procgroup/transport/shm/_native_a2a.c",
                 "src/procgroup/transport/shm/_native_read.c",
+                "src/procgroup/transport/shm/_native_rr.c",
             ],
             depends=["src/procgroup/transport/shm/_native.h"],
             optional=True,

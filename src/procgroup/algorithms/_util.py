@@ -20,7 +20,7 @@ Scratch slots
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -40,6 +40,7 @@ __all__ = [
     "u8",
     "flat",
     "scratch_as",
+    "reduce_chain",
     "partition",
     "prefix",
     "exchange",
@@ -116,6 +117,21 @@ def scratch_as(comm: Any, n: int, dtype: np.dtype, slot: int) -> np.ndarray:
     """``n`` elements of ``dtype`` of scratch (reused across calls)."""
     dt = np.dtype(dtype)
     return comm.scratch(n * dt.itemsize, slot).view(dt)
+
+
+def reduce_chain(out: np.ndarray, parts: List[np.ndarray], reduce: Callable[[np.ndarray, np.ndarray], None]) -> None:
+    """``out = parts[0] op parts[1] op ...``, left to right (member order); ``reduce(x, y)`` is ``x op= y``, and
+    ``reduce.ufunc`` (where set) the ufunc of ``op``.  ``out`` may be ``parts[0]``, or ``parts[1]`` where
+    ``reduce`` has a ufunc, but no later part (it is written before they are read)."""
+    uf = getattr(reduce, "ufunc", None)
+    if uf is not None and len(parts) > 1:
+        uf(parts[0], parts[1], out=out)
+        rest = parts[2:]
+    else:
+        out[...] = parts[0]
+        rest = parts[1:]
+    for v in rest:
+        reduce(out, v)
 
 
 def partition(n: int, p: int) -> List[int]:

@@ -62,6 +62,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..transport.base import WAIT_ALL, WAIT_NONE
+from ._util import reduce_chain as _reduce_chain
 from ._util import scratch_as
 from .arena import _FUSED
 
@@ -174,19 +175,6 @@ def _pipe_elems(nbytes: int, itemsize: int, slot: int, members: int) -> int:
 def _one_step(big: Any) -> int:
     """The most bytes a member's part of an all_gather may have to go in one step: a buffer, at most STEP_MAX."""
     return min(big.slot_bytes, STEP_MAX)
-
-
-def _reduce_chain(out: np.ndarray, parts: List[np.ndarray], reduce: Reducer) -> None:
-    """``out = parts[0] op parts[1] op ...``, left to right (member order)."""
-    uf = getattr(reduce, "ufunc", None)
-    if uf is not None and len(parts) > 1:
-        uf(parts[0], parts[1], out=out)
-        rest = parts[2:]
-    else:
-        out[...] = parts[0]
-        rest = parts[1:]
-    for v in rest:
-        reduce(out, v)
 
 
 def _reduce_direct(comm: Any, buf: np.ndarray, reduce: Reducer, root: int) -> None:

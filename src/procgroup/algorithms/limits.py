@@ -90,7 +90,18 @@ BIG_MIN_PAIR: Dict[str, int] = {"broadcast": 256 << 10}
 #: 4 of 4), 1 MiB 1336-2128 / 864-1403 / 625-1095 (4 of 4), 4 MiB 4963-7038 / 4084-6169 / 3871-5461 (4 of 4).  (In
 #: Python, before the compiled call, the reads lost at N=4: 256 KiB 415-442 against 180-218; the pure-Python path pays
 #: that here.)
-ONECOPY_MIN: Dict[str, int] = {"broadcast": 4 << 20, "all_gather": 256 << 10}
+#: all_reduce and reduce_scatter (``onecopy.allreduce_onecopy``, ``reduce_scatter_onecopy``; bytes of the buffer, of
+#: the sendbuf) wherever the big slots do not take them: ``BIG_LIMIT`` has no limit for them, so only a group
+#: without big slots reads them (a host's fifth group and later, ``layout.BIG_GROUPS``; a /dev/shm too small for them,
+#: as Docker's 64 MiB default can be), instead of the messages.  Pass 24 (benchmarks/results/pass24, whole jobs
+#: alternating, 3 rounds, slowest rank per call, median, us; PROCGROUP_SHM_BIG_SLOT=0), reads / messages / big
+#: slots (a group that has them) / Open MPI, N=4: all_reduce 64 KiB 119-128 / 241-381 / 77-125 / 101-114, 256 KiB
+#: 232-291 / 522-978 / 167-283 / 224-258, 1 MiB 688-893 / 1437-3036 / 585-886 / 544-643, 4 MiB 3940-6348 /
+#: 8751-13047 / 3352-5169 / 3235-4058; reduce_scatter 256 KiB 98-176 / 429-564 / 78-146 / 93-128, 1 MiB 341-521 /
+#: 676-1062 / 193-387 / 290-415, 4 MiB 1898-2881 / 2758-4444 / 1068-1458 / 9452-11716.  The big slots stay ahead
+#: where a group has them: the reads pull lines the owner's CPU just wrote (its reduction, its gradients), which
+#: costs this VM several times a read of clean memory (N=2 all_reduce 256 KiB: reads 93-96, big 37-52)
+ONECOPY_MIN: Dict[str, int] = {"broadcast": 4 << 20, "all_gather": 256 << 10, "all_reduce": 0, "reduce_scatter": 0}
 #: collective -> the fewest bytes above which a group of two ranks of one host reads the other's part straight out
 #: of its memory where the big slots do not take the call (``BIG_LIMIT_PAIR``).  all_gather (one copy and no store
 #: into a shared line, where the big slots copy twice; ``onecopy.allgather_direct``, one C call on the compiled path:
@@ -101,8 +112,13 @@ ONECOPY_MIN: Dict[str, int] = {"broadcast": 4 << 20, "all_gather": 256 << 10}
 #: 10-11 / 12, Open MPI 6-7 / 7-8 / 9-10).  Before the compiled call (pass 21, reads in Python) big / reads: 512 KiB
 #: 82-103 / 80-111, 1 MiB 166-215 / 135-184, 2 MiB 363-457 / 269-356, 4 MiB 1065-1273 / 816-1013.  broadcast: a
 #: pair reads wherever nothing else takes the call: the big slots (above ``BIG_MIN_PAIR``, up to ``BIG_LIMIT_PAIR``)
-#: and the split above ``PAIR_SPLIT_MIN`` (``onecopy.bcast_pair``) come first (pass 23, ``BIG_MIN_PAIR``)
-ONECOPY_MIN_PAIR: Dict[str, int] = {"all_gather": 0, "broadcast": 0}
+#: and the split above ``PAIR_SPLIT_MIN`` (``onecopy.bcast_pair``) come first (pass 23, ``BIG_MIN_PAIR``).
+#: all_reduce and reduce_scatter: as ``ONECOPY_MIN`` (a pair without big slots).  Pass 24, the same jobs at N=2,
+#: reads / messages / big slots / Open MPI: all_reduce 64 KiB 22-35 / 34-54 / 21-27 / 22-27, 256 KiB 69-103 /
+#: 64-110 / 52-58 / 55-74, 1 MiB 192-259 / 212-320 / 98-136 / 160-199, 4 MiB 771-1004 / 1414-1611 / 579-1004 /
+#: 759-1132; reduce_scatter 256 KiB 26-43 / 47-59 / 23-35 / 55-66, 1 MiB 93-145 / 105-118 / 40-66 / 206-232, 4 MiB
+#: 336-553 / 429-556 / 170-256 / 3961-4303
+ONECOPY_MIN_PAIR: Dict[str, int] = {"all_gather": 0, "broadcast": 0, "all_reduce": 0, "reduce_scatter": 0}
 
 #: a group of two ranks of one host: a broadcast above this many bytes that the big slots do not take
 #: (``BIG_LIMIT_PAIR``, or a pair without big slots) is split between the two (``algorithms.onecopy.bcast_pair``).
@@ -139,4 +155,4 @@ def onecopy_for(a: Any, collective: str, nbytes: int) -> bool:
     p = len(a.members)
     if p == 2 and collective == "broadcast" and nbytes > PAIR_SPLIT_MIN:
         return False  # the pair's split (onecopy.bcast_pair), select.broadcast's choice before the reads
-    return p >= 2 and nbytes > (ONECOPY_MIN[collective] if p >= 3 else ONECOPY_MIN_PAIR.get(collective, 1 << 62))
+    return p >= 2 and nbytes > (ONECOPY_MIN if p >= 3 else ONECOPY_MIN_PAIR).get(collective, 1 << 62)

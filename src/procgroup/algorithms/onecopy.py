@@ -26,7 +26,11 @@ Users (times: slowest rank per call, median of same-minute runs on 2 CPUs, messa
 * all_gathers above ``select.ONECOPY_MIN['all_gather']`` among three or more ranks, likewise (:func:`allgather_direct`):
   each rank reads every other's part, where the ring passes each part on p - 1 times.  N=4, 4 / 16 / 32 MiB a
   rank: 6.3 / 23.5 / 44.4 -> 5.5 / 20.6 / 41.1 ms; at N=2 the two tie (0.70-0.75, 4.8-4.9 and 9.8-10.0 ms), so
-  N=2 keeps the ring.
+  N=2 keeps the ring;
+* all_reduce and reduce_scatter of a group without big slots (:func:`allreduce_onecopy`,
+  :func:`reduce_scatter_onecopy`; ``limits.ONECOPY_MIN`` has the numbers): each rank reduces its slice, reading
+  it out of every other rank's buffer, where the messages' ring passes it on p - 1 times.  The all_reduce then needs a
+  middle exchange (every slice reduced) before each rank reads the others' slices back: three exchanges in all.
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ import numpy as np
 
 from ..errors import BrokenError
 from ..procfs import pid_alive
-from ..transport.base import READ_BCAST, READ_GATHER, address_of
+from ..transport.base import READ_BCAST, READ_GATHER, RR_ALLREDUCE, RR_REDSCAT, address_of
+from ._util import reduce_chain
+from .arena import _FUSED
 
 logger = logging.getLogger("procgroup.algorithms")
 
@@ -49,9 +55,15 @@ __all__ = [
     "bcast_direct",
     "bcast_pair",
     "allgather_direct",
+    "allreduce_onecopy",
+    "reduce_scatter_onecopy",
+    "slice_bounds",
     "END_SALT",
     "SALT_ALLGATHER",
     "SALT_BCAST",
+    "SALT_ALLREDUCE",
+    "SALT_REDSCAT",
+    "MID_SALT",
 ]
 
 #: ``read(i, out, addr)``: see ``Arena.reader``
@@ -63,6 +75,11 @@ END_SALT = 0x5A5A_0000
 SALT_BCAST = 0xB0C5_0000
 #: folded into the check word of an all_gather's reads (the plans' compiled call uses it too)
 SALT_ALLGATHER = 0xA11_0000
+#: folded into the check word of an all_reduce's / a reduce_scatter's reads (the plans' compiled call uses them too)
+SALT_ALLREDUCE = 0xA11E_0000
+SALT_REDSCAT = 0x5CA7_0000
+#: folded into the check word of an all_reduce's middle exchange (every slice reduced; _native_rr.c's RR_MID_SALT)
+MID_SALT = 0x3D3D_0000
 _SALT_PAIR = 0xB0C2_0000
 #: a pair broadcast's first exchange: can move (reader, and writer on the root), buffer address, flag word
 _PAIR = struct.Struct("<QQQ")
@@ -212,3 +229,81 @@ def allgather_direct(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> boo
             read(j, rv[j * n : (j + 1) * n], offers[j][0])
 
     return read_directly(comm, check, [address_of(sv)], reads)
+
+
+def slice_bounds(n: int, p: int, j: int) -> Tuple[int, int]:
+    """Bytes ``[lo, hi)`` of member ``j``'s slice of an ``n``-byte buffer among ``p`` in :func:`allreduce_onecopy`:
+    whole 64-byte lines (the last slice short), as the compiled call's."""
+    lines = (n + 63) // 64
+    return min(n, lines * j // p * 64), min(n, lines * (j + 1) // p * 64)
+
+
+def _rr_compiled(comm: Any, mode: int, send: np.ndarray, recv: np.ndarray, check: int, reduce: Any) -> Optional[bool]:
+    """The reduction by reads of ``mode`` (``transport.base.RR_*``) in one compiled call (``Arena.bind_reduce_read``);
+    None where there is none, the reduction has no compiled kernel or the call refused (nothing published)."""
+    codes = _FUSED.get((getattr(reduce, "ufunc", None), send.dtype))
+    if codes is None:
+        return None
+    fn = comm.arena.bind_reduce_read(mode)
+    return None if fn is None else fn(send, recv, check, codes[0], codes[1], comm.deadline)
+
+
+def allreduce_onecopy(comm: Any, buf: np.ndarray, reduce: Any) -> bool:
+    """``buf`` (C-contiguous, in place) = the reduction over ranks in rank order, no byte through shared memory: each
+    rank reads its slice (:func:`slice_bounds`) of every other rank's ``buf`` and reduces it in its own; after a
+    middle exchange each reads the others' reduced slices back.  False (nothing done) where a rank cannot read the
+    others.  ``reduce(x, y)``: ``x op= y`` (``reduce.ufunc`` where set)."""
+    p, me = comm.size, comm.rank
+    check = comm.check_word() ^ SALT_ALLREDUCE
+    done = _rr_compiled(comm, RR_ALLREDUCE, buf, buf, check, reduce)
+    if done is not None:
+        return done
+    view = buf.data.cast("B")
+    isz = buf.dtype.itemsize
+    bounds = [slice_bounds(view.nbytes, p, j) for j in range(p)]
+    lo, hi = bounds[me]
+
+    def reads(read: Reader, offers: List[Tuple[int, ...]]) -> None:
+        parts = []
+        for j in range(p):  # our own slice copied: the result overwrites it before a later member's part is read
+            part = buf[lo // isz : hi // isz].copy() if j == me else np.empty((hi - lo) // isz, buf.dtype)
+            if j != me and hi > lo:
+                read(j, part.data.cast("B"), offers[j][0] + lo)
+            parts.append(part)
+        if hi > lo:
+            reduce_chain(buf[lo // isz : hi // isz], parts, reduce)
+        comm.arena.exchange(None, check ^ MID_SALT, comm.deadline)
+        for k in range(1, p):
+            j = (me + k) % p
+            jlo, jhi = bounds[j]
+            if jhi > jlo:
+                read(j, view[jlo:jhi], offers[j][0] + jlo)
+
+    return read_directly(comm, check, [address_of(view)], reads)
+
+
+def reduce_scatter_onecopy(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, reduce: Any) -> bool:
+    """``recvbuf`` = block ``rank`` of every rank's ``sendbuf`` (both C-contiguous, same dtype; ``p * len(recvbuf)``
+    elements of it) reduced in rank order, each rank reading its block of the others' ``sendbuf``; ``recvbuf`` may
+    overlap ``sendbuf``.  False (nothing done) where a rank cannot read the others."""
+    p, me, m = comm.size, comm.rank, recvbuf.shape[0]
+    check = comm.check_word() ^ SALT_REDSCAT
+    done = _rr_compiled(comm, RR_REDSCAT, sendbuf, recvbuf, check, reduce)
+    if done is not None:
+        return done
+    isz = sendbuf.dtype.itemsize
+    out = np.empty_like(recvbuf)  # written into recvbuf once no rank reads sendbuf any more (they may overlap)
+
+    def reads(read: Reader, offers: List[Tuple[int, ...]]) -> None:
+        parts = []
+        for j in range(p):
+            part = sendbuf[me * m : (me + 1) * m] if j == me else np.empty(m, sendbuf.dtype)
+            if j != me and m:
+                read(j, part.data.cast("B"), offers[j][0] + me * m * isz)
+            parts.append(part)
+        reduce_chain(out, parts, reduce)
+
+    if not read_directly(comm, check, [address_of(sendbuf.data.cast("B"))], reads):
+        return False
+    recvbuf[...] = out
+    return True

@@ -81,6 +81,11 @@ A group of two splits a broadcast above its big slots' limit (``BIG_LIMIT_PAIR``
 ``limits.PAIR_SPLIT_MIN``) between its two CPUs (``algorithms.onecopy.bcast_pair``): the root writes half straight into
 the other rank's buffer (process_vm_writev) while that rank reads the other half out of the root's.  Below the
 big slots' floor (``BIG_MIN_PAIR``; without big slots, up to the split) the other rank reads the root's buffer.
+An all_reduce or reduce_scatter above the arena's slot that the big slots do not take (a group without them: they
+take every size where a group has them) every rank reduces by one-copy reads (``onecopy.allreduce_onecopy``,
+``reduce_scatter_onecopy``, one compiled call where the arena has one): each reads its slice of every other rank's
+buffer and reduces it; an all_reduce then reads the others' reduced slices back.  Where some rank cannot read the
+others, every rank takes the messages (:func:`all_reduce_unread`, :func:`reduce_scatter_unread`).
 The limit tables and the functions that read them live in ``algorithms.limits`` (re-exported here).
 
 ``BIG_LIMIT[collective]`` hands calls above it back to the table above (the message algorithms, with the
@@ -180,7 +185,7 @@ from .limits import (
     big_slots_for,
     onecopy_for,
 )
-from .onecopy import allgather_direct, bcast_direct, bcast_pair
+from .onecopy import allgather_direct, allreduce_onecopy, bcast_direct, bcast_pair, reduce_scatter_onecopy
 from .redscat import reduce_scatter_allreduce, reduce_scatter_ring
 from .reduction import reduce_binomial, reduce_scatter_gather
 
@@ -202,6 +207,10 @@ __all__ = [
     "big_slots_for",
     "onecopy_for",
     "all_gather_unread",
+    "allreduce_reads",
+    "all_reduce_unread",
+    "reduce_scatter_reads",
+    "reduce_scatter_unread",
     "broadcast_unread",
     "FORCE",
     "ALGORITHMS",
@@ -443,6 +452,8 @@ def choose_all_reduce(comm: Any, nbytes: int, nelems: int) -> Callable[..., None
         return f
     if fits(comm, nbytes):
         return allreduce_arena
+    if onecopy_for(comm.arena, "all_reduce", nbytes):
+        return allreduce_reads
     if _big(comm, "all_reduce", nbytes):
         return allreduce_big
     if _hierarchical_applies(comm.hosts, comm.size):
@@ -587,6 +598,22 @@ def reduce(comm: Any, buf: np.ndarray, reduce: Callable[[np.ndarray, np.ndarray]
     choose_reduce(comm.size, buf.nbytes, buf.shape[0])(comm, buf, reduce, root)
 
 
+def allreduce_reads(comm: Any, buf: np.ndarray, reduce: Callable[[np.ndarray, np.ndarray], None]) -> None:
+    """:func:`all_reduce` of one host's ranks by one-copy reads (``onecopy.allreduce_onecopy``), or where some rank
+    cannot read the others :func:`all_reduce_unread` on every rank alike."""
+    if not allreduce_onecopy(comm, buf, reduce):
+        all_reduce_unread(comm, buf, reduce)
+
+
+def all_reduce_unread(comm: Any, buf: np.ndarray, reduce: Callable[[np.ndarray, np.ndarray], None]) -> None:
+    """:func:`all_reduce` where the one-copy reads do not take the call or some rank cannot read the others: the big
+    slots where the group has them (at any size above the arena's slot), else the messages."""
+    if _big(comm, "all_reduce", buf.nbytes, floor=False):
+        allreduce_big(comm, buf, reduce)
+    else:
+        choose_all_reduce_flat(comm.size, buf.nbytes, buf.shape[0])(comm, buf, reduce)
+
+
 def all_gather(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
     """``recvbuf`` = every rank's ``sendbuf`` in rank order."""
     sendbuf, recvbuf = flat(sendbuf, "all_gather sendbuf"), flat(recvbuf, "all_gather recvbuf")
@@ -656,11 +683,35 @@ def reduce_scatter(
     f = _forced("reduce_scatter")
     if f is None and fits(comm, sendbuf.nbytes):
         f = reduce_scatter_arena
-    if f is None and _big(comm, "reduce_scatter", sendbuf.nbytes):
-        f = reduce_scatter_big
-    if f is None:
-        f = reduce_scatter_allreduce if sendbuf.nbytes <= REDUCE_SCATTER_SMALL else reduce_scatter_ring
-    f(comm, sendbuf, recvbuf, reduce)
+    if f is None and onecopy_for(comm.arena, "reduce_scatter", sendbuf.nbytes) and recvbuf.dtype == sendbuf.dtype:
+        f = reduce_scatter_reads
+    (f or reduce_scatter_unread)(comm, sendbuf, recvbuf, reduce)
+
+
+def reduce_scatter_reads(
+    comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, reduce: Callable[[np.ndarray, np.ndarray], None]
+) -> None:
+    """:func:`reduce_scatter` of one host's ranks by one-copy reads (``onecopy.reduce_scatter_onecopy``), or where
+    some rank cannot read the others :func:`reduce_scatter_unread` on every rank alike."""
+    if not reduce_scatter_onecopy(comm, sendbuf, recvbuf, reduce):
+        reduce_scatter_unread(comm, sendbuf, recvbuf, reduce)
+
+
+ALGORITHMS["all_reduce"]["reads"] = allreduce_reads  # defined below the table, which the thresholds' docs lead
+ALGORITHMS["reduce_scatter"]["reads"] = reduce_scatter_reads
+
+
+def reduce_scatter_unread(
+    comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, reduce: Callable[[np.ndarray, np.ndarray], None]
+) -> None:
+    """:func:`reduce_scatter` where the one-copy reads do not take the call or some rank cannot read the others: the
+    big slots where the group has them (above the arena's slot), else the messages."""
+    if _big(comm, "reduce_scatter", sendbuf.nbytes, floor=False):
+        reduce_scatter_big(comm, sendbuf, recvbuf, reduce)
+    elif sendbuf.nbytes <= REDUCE_SCATTER_SMALL:
+        reduce_scatter_allreduce(comm, sendbuf, recvbuf, reduce)
+    else:
+        reduce_scatter_ring(comm, sendbuf, recvbuf, reduce)
 
 
 def all_to_all(

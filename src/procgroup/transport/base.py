@@ -82,6 +82,8 @@ __all__ = [
     "WAIT_NONE",
     "READ_GATHER",
     "READ_BCAST",
+    "RR_ALLREDUCE",
+    "RR_REDSCAT",
     "Status",
     "Request",
     "Transport",
@@ -217,6 +219,9 @@ ARENA_BYTES = 32 << 10
 #: modes of :meth:`Arena.bind_read`: ``recv[j*n:(j+1)*n]`` = member j's ``send`` (all_gather); a non-root's
 #: ``send`` = the root's (broadcast)
 READ_GATHER, READ_BCAST = 0, 1
+#: modes of :meth:`Arena.bind_reduce_read`: ``send`` = the reduction over members, in place (all_reduce); ``recv`` =
+#: block ``index`` of the members' ``send`` reduced (reduce_scatter)
+RR_ALLREDUCE, RR_REDSCAT = 0, 1
 
 
 class Arena(abc.ABC):
@@ -262,6 +267,14 @@ class Arena(abc.ABC):
         the sizes do not fit the mode (nothing published: the caller runs the protocol in Python).  None (the
         default) where the arena has no such call; same slots and check words as the Python protocol, so a member
         on either path takes part in the same call."""
+        return None
+
+    def bind_reduce_read(self, mode: int) -> Optional[Callable[..., Optional[bool]]]:
+        """The reductions by one-copy reads of ``algorithms.onecopy`` (``allreduce_onecopy``,
+        ``reduce_scatter_onecopy``) in one compiled call: ``fn(send, recv, check, op, type, deadline)`` with
+        ``mode`` :data:`RR_ALLREDUCE` or :data:`RR_REDSCAT` and the compiled reduction's codes (``op``, ``type``).  It
+        returns as :meth:`bind_read`'s (True done, False nobody moved anything as some member cannot read, None
+        refused: nothing published).  None (the default) where the arena has no such call."""
         return None
 
     def fence(self) -> None:

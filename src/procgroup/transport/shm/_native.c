@@ -36,6 +36,8 @@ void free_bufs(Slots *s) {
     PyMem_Free(s->qscratch);
     PyMem_Free(s->pids);
     s->pids = NULL;
+    PyMem_Free(s->rr_tmp);
+    s->rr_tmp = NULL;
     s->qreg = s->qptr = NULL;
     s->qscratch = NULL;
 }
@@ -143,6 +145,9 @@ static PyMethodDef Slots_methods[] = {
      "read_finish(send, recv, end, mode, root) -> exchange_read's reads and closing, after its opening completed"},
     {"set_pids", (PyCFunction)(void (*)(void))Slots_set_pids, METH_FASTCALL,
      "set_pids(pids): every member's process id, for exchange_read"},
+    {"exchange_rr", (PyCFunction)(void (*)(void))Slots_exchange_rr, METH_FASTCALL,
+     "exchange_rr(send, recv, check, op, type, mode, stage) -> a reduction by one-copy reads (_native_rr.c): as "
+     "exchange_read, and -7 middle exchange not complete, -10 middle complete and a member sleeps (then stage 2)"},
     {"arrived", (PyCFunction)Slots_arrived, METH_NOARGS, "True when every member published the last call"},
     {"missing", (PyCFunction)Slots_missing, METH_NOARGS, "indices of the members missing from the last call"},
     {"release", (PyCFunction)Slots_release, METH_NOARGS, "drop the exports of the mappings"},

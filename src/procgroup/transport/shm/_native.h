@@ -8,6 +8,7 @@
  *   _native_big.c     the big slots (bigarena.py): the Big type
  *   _native_a2a.c     all_to_all's exchange (exchange_a2a, a2a_finish)
  *   _native_read.c    one-copy reads out of the other members' buffers (exchange_read, read_finish, set_pids)
+ *   _native_rr.c      reductions by one-copy reads (exchange_rr: all_reduce, reduce_scatter)
  * Small hot helpers (copy_bytes, now_ns, check_live, parse_op, publish_and_poll) are static inline here, so every
  * caller inlines them as when the extension was one file; the few functions called across files are hidden
  * (never exported from the .so). */
@@ -170,6 +171,7 @@ typedef struct {
     int rd_errno;
     Py_ssize_t rd_peer;
     unsigned long long rd_calls; /* calls that read (exchange_read, all_to_all's reads): for the tests */
+    char *rr_tmp;                /* exchange_rr's scratch: one chunk a member, NULL until its first call */
 } Slots;
 
 /* Big: the big slots of one group (see _native_big.c) */
@@ -267,5 +269,6 @@ PG_SLOTS_METHOD(Slots_a2a_finish); /* _native_a2a.c */
 PG_SLOTS_METHOD(Slots_exchange_read); /* _native_read.c */
 PG_SLOTS_METHOD(Slots_read_finish); /* _native_read.c */
 PG_SLOTS_METHOD(Slots_set_pids); /* _native_read.c */
+PG_SLOTS_METHOD(Slots_exchange_rr); /* _native_rr.c */
 
 #endif /* PROCGROUP_SHM_NATIVE_H */

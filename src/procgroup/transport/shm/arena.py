@@ -552,28 +552,60 @@ class ShmArena(Arena):
             if t._aborted is not None or t._closed:
                 self._enter()  # raises
             r = xr(send, recv, check, end, mode, root)
-            while r < 0:
-                if r == -1:  # the opening exchange: sleep until every member offered, then read and close
-                    self._sleep(nat.arrived, nat.missing, deadline)
-                    r = finish(send, recv, end, mode, root)
-                elif r == -8:  # the opening completed with members asleep on it: wake them first
-                    self._ring_sleepers()
-                    r = finish(send, recv, end, mode, root)
-                elif r == -5:  # read; the closing exchange waits for the others' reads
-                    self._sleep(nat.arrived, nat.missing, deadline)
-                    return True
-                elif r == -6:
-                    return False
-                elif r == -3:
-                    return None
-                else:
-                    raise self._cma_error("reading", "of", "process_vm_readv", nat.rd_peer, nat.rd_errno, -1)
-            if r:
-                self._ring_sleepers()
-            return True
+            if r == 0:
+                return True
+            return self._reads_rest(r, lambda stage: finish(send, recv, end, mode, root), deadline)
 
         self._reads[mode] = fn
         return fn
+
+    def bind_reduce_read(self, mode: int) -> Optional[Callable[..., Optional[bool]]]:
+        """See :meth:`Arena.bind_reduce_read`: the compiled ``exchange_rr``; None where the compiled path is off."""
+        nat = self._nat
+        if nat is None:
+            return None
+        bound = self._reads.get(-1 - mode)
+        if bound is not None:
+            return bound
+        xr = nat.exchange_rr
+        t = self.t
+
+        def fn(send: Any, recv: Any, check: int, op: int, ty: int, deadline: Optional[Deadline]) -> Optional[bool]:
+            if t._aborted is not None or t._closed:
+                self._enter()  # raises
+            r = xr(send, recv, check, op, ty, mode, 0)
+            if r == 0:
+                return True
+            return self._reads_rest(r, lambda stage: xr(send, recv, check, op, ty, mode, stage), deadline)
+
+        self._reads[-1 - mode] = fn
+        return fn
+
+    def _reads_rest(self, r: int, again: Callable[[int], int], deadline: Optional[Deadline]) -> Optional[bool]:
+        """What a compiled call of one-copy reads (``exchange_read``, ``exchange_rr``) that returned ``r`` (not 0)
+        leaves to do: sleep on or ring an exchange and continue with ``again(stage)`` (1: after the opening one, 2:
+        after the middle one), until done (True), nobody moved anything (False: a member cannot read), refused
+        (None: nothing published), or a read failed (the error)."""
+        nat = self._nat
+        while r < 0:
+            if r == -1 or r == -7:  # the opening / middle exchange: sleep until every member is there, go on
+                self._sleep(nat.arrived, nat.missing, deadline)
+                r = again(1 if r == -1 else 2)
+            elif r == -8 or r == -10:  # ... completed with members asleep on it: wake them first
+                self._ring_sleepers()
+                r = again(1 if r == -8 else 2)
+            elif r == -5:  # read; the closing exchange waits for the others' reads
+                self._sleep(nat.arrived, nat.missing, deadline)
+                return True
+            elif r == -6:
+                return False
+            elif r == -3:
+                return None
+            else:
+                raise self._cma_error("reading", "of", "process_vm_readv", nat.rd_peer, nat.rd_errno, -1)
+        if r:
+            self._ring_sleepers()
+        return True
 
     def _cma_error(self, verb: str, prep: str, call: str, i: int, err: int, n: int) -> Exception:
         """The error of a process_vm_readv / _writev of ``n`` bytes (-1: not known) with member ``i`` that failed
