@@ -179,6 +179,8 @@ elif mode == "limit":
 
     S.BIG_MIN_PAIR["broadcast"] = 0  # a pair's broadcast of n takes the big slots, ...
     S.ONECOPY_MIN_PAIR["broadcast"] = 1 << 62  # ... or, above the lowered limit, messages (not the reads)
+    for op in ("all_reduce", "reduce_scatter"):  # the same for the reductions that read where the big slots do not
+        S.ONECOPY_MIN[op] = S.ONECOPY_MIN_PAIR[op] = 1 << 62
     msgs = []
     t = default_group().world.transport
     real_isend, real_irecv = t.isend, t.irecv
