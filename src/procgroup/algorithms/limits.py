@@ -93,8 +93,9 @@ BIG_MIN_PAIR: Dict[str, int] = {"broadcast": 256 << 10}
 #: all_reduce and reduce_scatter (``onecopy.allreduce_onecopy``, ``reduce_scatter_onecopy``; bytes of the buffer, of
 #: the sendbuf) wherever the big slots do not take them: ``BIG_LIMIT`` has no limit for them, so only a group
 #: without big slots reads them (a host's fifth group and later, ``layout.BIG_GROUPS``; a /dev/shm too small for them,
-#: as Docker's 64 MiB default can be), instead of the messages.  Pass 24 (benchmarks/results/pass24, whole jobs
-#: alternating, 3 rounds, slowest rank per call, median, us; PROCGROUP_SHM_BIG_SLOT=0), reads / messages / big
+#: ``layout.choose_big_slot``; ``PROCGROUP_SHM_BIG_SLOT=0``), instead of the messages.  Pass 24
+#: (benchmarks/results/pass24, whole jobs alternating, 3 rounds, slowest rank per call, median, us;
+#: PROCGROUP_SHM_BIG_SLOT=0), reads / messages / big
 #: slots (a group that has them) / Open MPI, N=4: all_reduce 64 KiB 119-128 / 241-381 / 77-125 / 101-114, 256 KiB
 #: 232-291 / 522-978 / 167-283 / 224-258, 1 MiB 688-893 / 1437-3036 / 585-886 / 544-643, 4 MiB 3940-6348 /
 #: 8751-13047 / 3352-5169 / 3235-4058; reduce_scatter 256 KiB 98-176 / 429-564 / 78-146 / 93-128, 1 MiB 341-521 /

@@ -68,6 +68,21 @@ else:
         from procgroup.algorithms import limits
 
         limits.PAIR_SPLIT_MIN = size(os.environ["PG_SPLIT"])
+    if os.environ.get("PG_SMALL_BIG"):  # pass 24 experiment: these collectives take the big slots below the slot
+        import procgroup.plans as _plans
+        from procgroup.algorithms import limits as _lim
+
+        small = os.environ["PG_SMALL_BIG"].split(",")
+        real_bsf, real_fits = _lim.big_slots_for, select.fits
+
+        def bsf(a, coll, nb, floor=True):
+            if coll in small and a is not None and a.big is not None and 0 < nb <= a.max_bytes:
+                return a.big
+            return real_bsf(a, coll, nb, floor)
+
+        select.big_slots_for = _plans.big_slots_for = bsf
+        _plans._arena_fits = lambda g, n: False
+        select.fits = lambda comm, n: False
     dist.init_process_group("gloo")
     r, p = dist.get_rank(), dist.get_world_size()
     barrier = dist.barrier
