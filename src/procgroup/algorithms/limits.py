@@ -77,32 +77,41 @@ BIG_LIMIT_PAIR: Dict[str, int] = {"broadcast": 3 << 20, "all_gather": 0, "all_to
 #: 81-110 (83)
 BIG_MIN_PAIR: Dict[str, int] = {"broadcast": 256 << 10}
 #: collective -> the fewest bytes above which a group of three or more ranks of one host reads the parts straight out of
-#: their owners' memory (``algorithms.onecopy``) where the big slots do not take the call (``BIG_LIMIT``; a group
-#: without big slots).  broadcast: above ``BIG_LIMIT['broadcast']``, where the compiled reads overtake the big slots
-#: (before pass 22, in Python, only without big slots and from 16 MiB: against the messages 16 / 64 MiB 0.82 / 0.95x).
-#: N=4, whole jobs alternating (4 rounds, slowest rank per call, median, us), big slots / reads / Open MPI: 1 MiB
-#: 135-249 / 265-309 / 232-1335, 4 MiB 512-802 / 752-893 / 658-3412 (big ahead in 3 of 4), 6 MiB 1544-2104 / 886-1650 /
-#: 1501-2658 (reads 4 of 4), 8 MiB 2396-2902 / 1613-2061 / 2041-3683, 16 MiB 4200-4610 / 3270-3928 / 3389-8175, 32 MiB
-#: 9398-12761 / 7234-8128 / 7955-13448, 64 MiB 17391-19693 / 13878-16188 / 15074-26122 (4 of 4 each).  all_gather: above
-#: ``BIG_LIMIT['all_gather']``, where the compiled reads (``Arena.bind_read``, pass 22) overtake the big slots.  The
-#: same jobs, a rank's part, big slots / reads / Open MPI: 64 KiB 67-104 / 71-95 / 106-292, 128 KiB 114-181 / 100-148 /
-#: 162-490, 256 KiB 177-333 / 169-265 / 252-910 (even: 4 of 8 rounds each), 512 KiB 450-603 / 332-462 / 481-1763 (reads
-#: 4 of 4), 1 MiB 1336-2128 / 864-1403 / 625-1095 (4 of 4), 4 MiB 4963-7038 / 4084-6169 / 3871-5461 (4 of 4).  (In
-#: Python, before the compiled call, the reads lost at N=4: 256 KiB 415-442 against 180-218; the pure-Python path pays
-#: that here.)
-#: all_reduce and reduce_scatter (``onecopy.allreduce_onecopy``, ``reduce_scatter_onecopy``; bytes of the buffer, of
-#: the sendbuf) wherever the big slots do not take them: ``BIG_LIMIT`` has no limit for them, so only a group
-#: without big slots reads them (a host's fifth group and later, ``layout.BIG_GROUPS``; a /dev/shm too small for them,
-#: ``layout.choose_big_slot``; ``PROCGROUP_SHM_BIG_SLOT=0``), instead of the messages.  Pass 24
-#: (benchmarks/results/pass24, whole jobs alternating, 3 rounds, slowest rank per call, median, us;
-#: PROCGROUP_SHM_BIG_SLOT=0), reads / messages / big
-#: slots (a group that has them) / Open MPI, N=4: all_reduce 64 KiB 119-128 / 241-381 / 77-125 / 101-114, 256 KiB
-#: 232-291 / 522-978 / 167-283 / 224-258, 1 MiB 688-893 / 1437-3036 / 585-886 / 544-643, 4 MiB 3940-6348 /
-#: 8751-13047 / 3352-5169 / 3235-4058; reduce_scatter 256 KiB 98-176 / 429-564 / 78-146 / 93-128, 1 MiB 341-521 /
-#: 676-1062 / 193-387 / 290-415, 4 MiB 1898-2881 / 2758-4444 / 1068-1458 / 9452-11716.  The big slots stay ahead
-#: where a group has them: the reads pull lines the owner's CPU just wrote (its reduction, its gradients), which
-#: costs this VM several times a read of clean memory (N=2 all_reduce 256 KiB: reads 93-96, big 37-52)
-ONECOPY_MIN: Dict[str, int] = {"broadcast": 4 << 20, "all_gather": 256 << 10, "all_reduce": 0, "reduce_scatter": 0}
+#: their owners' memory (``algorithms.onecopy``) where the big slots do not take the call.  Where a group has big slots,
+#: ``BIG_LIMIT`` decides: the reads take only what is above it (broadcast 4 MiB, all_gather 256 KiB, where the compiled
+#: reads overtake the big slots; the reductions never).  So these values decide between the reads and the messages for a
+#: group without big slots (a host's fifth group and later, ``layout.BIG_GROUPS``; a /dev/shm too small for them,
+#: ``layout.choose_big_slot``; ``PROCGROUP_SHM_BIG_SLOT=0``).  Pass 24 (benchmarks/results/pass24, whole jobs
+#: alternating, 3 rounds, slowest rank per call, median, us; PROCGROUP_SHM_BIG_SLOT=0), N=4, messages / reads / Open
+#: MPI: broadcast 64 KiB 23-38 / 30-39 / 25-32, 256 KiB 84-141 / 67-88 / 64-81, 1 MiB 1147-1648 / 241-321 / 212-417,
+#: 4 MiB 4499-5521 / 750-1070 / 649-1046; all_gather (a rank's part) 64 KiB 243-441 / 62-90 / 71-110, 256 KiB 529-854
+#: / 197-265 / 189-296.  all_reduce and reduce_scatter (``onecopy.allreduce_onecopy``, ``reduce_scatter_onecopy``;
+#: bytes of the buffer, of the sendbuf), reads / messages / big slots (a group that has them) / Open MPI: all_reduce
+#: 64 KiB 119-128 / 241-381 / 77-125 / 101-114, 256 KiB 232-291 / 522-978 / 167-283 / 224-258, 1 MiB 688-893 /
+#: 1437-3036 / 585-886 / 544-643, 4 MiB 3940-6348 / 8751-13047 / 3352-5169 / 3235-4058; reduce_scatter 256 KiB
+#: 98-176 / 429-564 / 78-146 / 93-128, 1 MiB 341-521 / 676-1062 / 193-387 / 290-415, 4 MiB 1898-2881 / 2758-4444 /
+#: 1068-1458 / 9452-11716.  The big slots stay ahead of the reductions' reads where a group has them: the reads pull
+#: lines the owner's CPU just wrote (its reduction, its gradients), which costs this VM several times a read of clean
+#: memory (N=2 all_reduce 256 KiB: reads 93-96, big 37-52).  reduce stays on the messages: a root that read every
+#: other rank's buffer (tried in pass 24, not kept) keeps the others waiting until it has, where the messages let them
+#: go (N=4 messages / reads / big slots / Open MPI: 64 KiB 27-29 / 82-99 / 36-37 / 32-33, 256 KiB 349-461 / 273-283 /
+#: 101-106 / 95-97, 1 MiB 734-1019 / 1052-1114 / 262-321 / 348-351; N=2 64 KiB 13 / 14-15 / 10 / 9-13, 1 MiB 111-136
+#: / 172-179 / 71-72 / 108-132).
+#: The big slots' side of broadcast and all_gather, behind ``BIG_LIMIT`` (pass 22, N=4, whole jobs alternating, 4
+#: rounds), big slots / reads / Open MPI: broadcast 1 MiB 135-249 / 265-309 / 232-1335, 4 MiB 512-802 / 752-893 /
+#: 658-3412 (big ahead in 3 of 4), 6 MiB 1544-2104 / 886-1650 / 1501-2658 (reads 4 of 4), 8 MiB 2396-2902 / 1613-2061 /
+#: 2041-3683, 16 MiB 4200-4610 / 3270-3928 / 3389-8175, 32 MiB 9398-12761 / 7234-8128 / 7955-13448, 64 MiB
+#: 17391-19693 / 13878-16188 / 15074-26122 (4 of 4 each); all_gather, a rank's part: 64 KiB 67-104 / 71-95 / 106-292,
+#: 128 KiB 114-181 / 100-148 / 162-490, 256 KiB 177-333 / 169-265 / 252-910 (even: 4 of 8 rounds each), 512 KiB
+#: 450-603 / 332-462 / 481-1763 (reads 4 of 4), 1 MiB 1336-2128 / 864-1403 / 625-1095 (4 of 4), 4 MiB 4963-7038 /
+#: 4084-6169 / 3871-5461 (4 of 4).  (In Python, before the compiled call, the reads lost at N=4: 256 KiB 415-442
+#: against 180-218; the pure-Python path pays that here.)
+ONECOPY_MIN: Dict[str, int] = {
+    "broadcast": 64 << 10,
+    "all_gather": 0,
+    "all_reduce": 0,
+    "reduce_scatter": 0,
+}
 #: collective -> the fewest bytes above which a group of two ranks of one host reads the other's part straight out
 #: of its memory where the big slots do not take the call (``BIG_LIMIT_PAIR``).  all_gather (one copy and no store
 #: into a shared line, where the big slots copy twice; ``onecopy.allgather_direct``, one C call on the compiled path:

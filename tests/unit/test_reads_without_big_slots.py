@@ -1,7 +1,9 @@
-"""all_reduce and reduce_scatter by one-copy reads (``onecopy.allreduce_onecopy``, ``reduce_scatter_onecopy``; pass 24):
-a group of one host without big slots (``PROCGROUP_SHM_BIG_SLOT=0``, a host's fifth group, a small /dev/shm) reads
-them instead of sending messages.  Each rank reads its slice of every other rank's buffer, reduces it in member order
-and, for all_reduce, reads the others' reduced slices back after a middle exchange.
+"""A group of one host without big slots (``PROCGROUP_SHM_BIG_SLOT=0``, a host's fifth group, a small /dev/shm) reads
+its collectives above the arena's slot instead of sending messages (pass 24): all_reduce and reduce_scatter by
+one-copy reads (``onecopy.allreduce_onecopy``, ``reduce_scatter_onecopy``: each rank reads its slice of every other
+rank's buffer, reduces it in member order and, for all_reduce, reads the others' reduced slices back after a middle
+exchange), broadcasts above ``ONECOPY_MIN['broadcast']`` and every all_gather (``bcast_direct``,
+``allgather_direct``).
 
 Ranks as threads over the shm transport, the selection's own tables (nothing patched), the compiled call
 (``Arena.bind_reduce_read``) and the pure-Python protocol, and one rank on each in the same call; every dtype and op
@@ -120,6 +122,11 @@ def test_the_tables_read_only_where_the_big_slots_do_not_take_the_call() -> None
         assert coll not in limits.BIG_MIN_PAIR and limits.big_limit(coll, 2) >= 1 << 62  # big slots: every size
     assert select.ALGORITHMS["all_reduce"]["reads"] is select.allreduce_reads
     assert select.ALGORITHMS["reduce_scatter"]["reads"] is select.reduce_scatter_reads
+    # a group with big slots reads its broadcasts and all_gathers only above BIG_LIMIT, where the reads overtake the
+    # big slots: ONECOPY_MIN (below it) decides only for a group without them, between the reads and the messages
+    for coll in ("broadcast", "all_gather"):
+        assert limits.ONECOPY_MIN[coll] < limits.BIG_LIMIT[coll]
+    assert limits.ONECOPY_MIN["all_gather"] == 0 and limits.ONECOPY_MIN["broadcast"] == 64 << 10
 
 
 @pytest.mark.parametrize("p", [2, 3, 4])
@@ -251,3 +258,42 @@ def test_a_group_with_big_slots_keeps_them(monkeypatch: pytest.MonkeyPatch) -> N
         next(gen, None)
     assert seen["read"] == seen["declined"] == 0
     assert sorted(big) == ["allreduce_big"] * 2 + ["reduce_scatter_big"] * 2
+
+
+@pytest.mark.parametrize("p", [3, 4])
+def test_broadcasts_and_all_gathers_read_above_their_minimum(
+    world: Any, p: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default tables: a broadcast above ``ONECOPY_MIN['broadcast']`` is read out of the root's buffer, one at
+    it goes as messages; every all_gather above the arena's slot is read.  Closed-form values, every root."""
+    seen = {"bcast": 0, "gather": 0, "messages": 0}
+    for name, key in (("bcast_direct", "bcast"), ("allgather_direct", "gather")):
+        real = getattr(select, name)
+        monkeypatch.setattr(
+            select, name, lambda *a, real=real, key=key: seen.__setitem__(key, seen[key] + 1) or real(*a)
+        )
+    real_choose = select.choose_broadcast
+    monkeypatch.setattr(
+        select, "choose_broadcast", lambda *a: seen.__setitem__("messages", seen["messages"] + 1) or real_choose(*a)
+    )
+    ts = world(p)
+    edge = limits.ONECOPY_MIN["broadcast"]
+
+    def body(r: int, make: Callable[[int], Comm]) -> None:
+        k = 0
+        for n in (edge, edge + 8, 3 * edge + 1):
+            for root in range(p):
+                k += 1
+                want = ((np.arange(n) * (root + 3) + k) % 251).astype(np.uint8)
+                buf = want.copy() if r == root else np.zeros(n, np.uint8)
+                select.broadcast(make(k), buf, root)
+                assert buf.tobytes() == want.tobytes(), (n, root)
+        for m in (40_000, 100_003):  # bytes a rank
+            k += 1
+            out = np.zeros(p * m, np.uint8)
+            select.all_gather(make(k), ((np.arange(m) + 7 * r + k) % 253).astype(np.uint8), out)
+            want = np.concatenate([((np.arange(m) + 7 * q + k) % 253).astype(np.uint8) for q in range(p)])
+            assert out.tobytes() == want.tobytes(), m
+
+    _run(world, ts, body)
+    assert seen == {"bcast": p * 2 * p, "gather": p * 2, "messages": p * p}
