@@ -977,6 +977,9 @@ def test_selection_thresholds(monkeypatch):
     assert S.choose_broadcast(2, 1 << 30) is BC.bcast_binomial
     assert S.choose_reduce(8, S.REDUCE_SMALL, 100) is RED.reduce_binomial
     assert S.choose_reduce(8, S.REDUCE_SMALL + 1, 1 << 20) is RED.reduce_scatter_gather
+    assert S.REDUCE_SMALL < S.REDUCE_SMALL_SHM  # one host's messages (a group without big slots): the tree for longer
+    assert S.choose_reduce(8, S.REDUCE_SMALL_SHM, 1 << 20, shm=True) is RED.reduce_binomial
+    assert S.choose_reduce(8, S.REDUCE_SMALL_SHM + 1, 1 << 20, shm=True) is RED.reduce_scatter_gather
     monkeypatch.setitem(S.FORCE, "all_reduce", "ring")
     assert S.choose_all_reduce(c8, 4, 1) is AR.allreduce_ring
     monkeypatch.setitem(S.FORCE, "all_reduce", "nope")

@@ -88,7 +88,7 @@ def _run(world: Any, ts: List[Transport], fn: Callable[[int, Callable[[int], Com
 def _count(monkeypatch: pytest.MonkeyPatch) -> Dict[str, int]:
     """Calls that read (``select``'s allreduce_onecopy / reduce_scatter_onecopy returned True), that declined, and of
     the message algorithms, over all ranks."""
-    seen = {"read": 0, "declined": 0, "messages": 0}
+    seen = {"read": 0, "declined": 0, "messages": 0, "tree": 0, "scatter_gather": 0}
     for name in ("allreduce_onecopy", "reduce_scatter_onecopy"):
         real = getattr(select, name)
 
@@ -106,6 +106,14 @@ def _count(monkeypatch: pytest.MonkeyPatch) -> Dict[str, int]:
             real(*a)
 
         monkeypatch.setattr(select, name, msgs)
+    for name, key in (("reduce_binomial", "tree"), ("reduce_scatter_gather", "scatter_gather")):
+        real = getattr(select, name)
+
+        def red(*a: Any, real: Any = real, key: str = key) -> None:
+            seen[key] += 1
+            real(*a)
+
+        monkeypatch.setattr(select, name, red)
     return seen
 
 
@@ -150,7 +158,7 @@ def test_all_reduce_every_dtype_and_op_by_reads(world: Any, p: int, monkeypatch:
 
     _run(world, ts, body)
     assert all(g == got[0] for g in got), "ranks disagree on the bits"
-    assert seen == {"read": p * len(cases), "declined": 0, "messages": 0}
+    assert seen == {"read": p * len(cases), "declined": 0, "messages": 0, "tree": 0, "scatter_gather": 0}
     if world.path == "native":  # the compiled call ran every case with a compiled kernel (f32/f64/i32/i64 sum...)
         assert all(n > 0 for n in reads)
     if world.path == "python":
@@ -201,7 +209,7 @@ def test_reduce_scatter_by_reads(world: Any, p: int, where: str, monkeypatch: py
             check_reduced(dt, op, p, recv, f"case {k} {dt} {op.name} m={m} rank {r}/{p} {where}", want)
 
     _run(world, ts, body)
-    assert seen == {"read": p * len(cases), "declined": 0, "messages": 0}
+    assert seen == {"read": p * len(cases), "declined": 0, "messages": 0, "tree": 0, "scatter_gather": 0}
 
 
 @pytest.mark.parametrize("p", [2, 3])
@@ -224,7 +232,7 @@ def test_a_rank_that_cannot_read_sends_every_rank_to_the_messages(
         check_reduced("int64", ReduceOp.MAX, p, recv, f"reduce_scatter rank {r}", want)
 
     _run(world, ts, body)
-    assert seen == {"read": 0, "declined": 2 * p, "messages": 2 * p}
+    assert seen == {"read": 0, "declined": 2 * p, "messages": 2 * p, "tree": 0, "scatter_gather": 0}
 
 
 def test_a_group_with_big_slots_keeps_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -297,3 +305,26 @@ def test_broadcasts_and_all_gathers_read_above_their_minimum(
 
     _run(world, ts, body)
     assert seen == {"bcast": p * 2 * p, "gather": p * 2, "messages": p * p}
+
+
+def test_a_reduce_of_one_host_takes_the_tree_up_to_its_own_limit(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group without big slots sends its reduces as messages over shared memory: the binomial tree up to
+    ``REDUCE_SMALL_SHM`` (above ``REDUCE_SMALL``, the limit between hosts), reduce-scatter + gather above it."""
+    seen = _count(monkeypatch)
+    p = 3
+    ts = world(p)
+    sizes = [select.REDUCE_SMALL + 8, select.REDUCE_SMALL_SHM, select.REDUCE_SMALL_SHM + 8]  # bytes of int64
+
+    def body(r: int, make: Callable[[int], Comm]) -> None:
+        for k, nb in enumerate(sizes):
+            for root in range(p):
+                buf = contrib("int64", ReduceOp.SUM, r, nb // 8)
+                mine = buf.tobytes()
+                select.reduce(make(k * p + root + 1), buf, kernel(ReduceOp.SUM, "int64"), root)
+                if r == root:
+                    check_reduced("int64", ReduceOp.SUM, p, buf, f"{nb} bytes root {root}")
+                else:
+                    assert buf.tobytes() == mine
+
+    _run(world, ts, body)
+    assert seen["tree"] == 2 * p * p and seen["scatter_gather"] == p * p

@@ -24,7 +24,8 @@ all_reduce         recursive doubling (fold for p != 2^k)       ring reduce-scat
                    (up to INTER_RSAG_MAX); the flat rows for more hosts
 broadcast          binomial tree when n <= BCAST_SMALL or p<=2  binomial scatter + ring all-gather
 reduce             binomial tree when n <= REDUCE_SMALL         ring reduce-scatter + direct gather to root
-                   or elements < p
+                   (REDUCE_SMALL_SHM on one host) or
+                   elements < p
 reduce_scatter     recursive doubling on a copy when p*n <=     ring
                    REDUCE_SCATTER_SMALL
 all_gather         Bruck when p*n <= ALLGATHER_SMALL            ring
@@ -193,6 +194,7 @@ __all__ = [
     "ALLREDUCE_SMALL",
     "BCAST_SMALL",
     "REDUCE_SMALL",
+    "REDUCE_SMALL_SHM",
     "REDUCE_SCATTER_SMALL",
     "ALLGATHER_SMALL",
     "GATHER_SMALL",
@@ -239,6 +241,13 @@ ALLREDUCE_SMALL = 64 * 1024
 BCAST_SMALL = 256 * 1024
 #: reduce: binomial tree up to here, ring reduce-scatter + gather above
 REDUCE_SMALL = 64 * 1024
+#: ... on one host, where the messages go through shared memory (a group without big slots: they take every reduce
+#: above the arena's slot where a group has them).  Pass 24 (benchmarks/results/pass24, whole jobs alternating, 3
+#: rounds, slowest rank per call, median, us; PROCGROUP_SHM_BIG_SLOT=0), reduce-scatter + gather / binomial / Open
+#: MPI: N=4 128 KiB 291-319 / 47-53 / 45-53, 256 KiB 350-367 / 80-99 / 95-106, 512 KiB 460-474 / 370-467 / 468-564,
+#: 1 MiB 711-731 / 1625-2283 / 350-440; N=2 128 KiB 34-39 / 22-38 / 16-17, 256 KiB 44-72 / 31-57 / 29, 512 KiB 63-91
+#: / 269-286 / 57, 1 MiB 106-160 / 533-555 / 108-109
+REDUCE_SMALL_SHM = 256 * 1024
 #: reduce_scatter: all-reduce of a copy up to here (total p*n bytes), ring above
 REDUCE_SCATTER_SMALL = 64 * 1024
 #: all_gather / all_gatherv: Bruck / gather+bcast up to here (total bytes), ring above
@@ -473,12 +482,13 @@ def choose_broadcast(p: int, nbytes: int) -> Callable[..., None]:
     return bcast_scatter_allgather
 
 
-def choose_reduce(p: int, nbytes: int, nelems: int) -> Callable[..., None]:
-    """Reduce among ``p`` ranks: binomial tree, or reduce-scatter + gather when large."""
+def choose_reduce(p: int, nbytes: int, nelems: int, shm: bool = False) -> Callable[..., None]:
+    """Reduce among ``p`` ranks: binomial tree, or reduce-scatter + gather when large (``REDUCE_SMALL``, or with
+    ``shm`` -- the ranks of one host -- ``REDUCE_SMALL_SHM``)."""
     f = _forced("reduce")
     if f is not None:
         return f
-    if nbytes <= REDUCE_SMALL or nelems < p:
+    if nbytes <= (REDUCE_SMALL_SHM if shm else REDUCE_SMALL) or nelems < p:
         return reduce_binomial
     return reduce_scatter_gather
 
@@ -595,7 +605,7 @@ def reduce(comm: Any, buf: np.ndarray, reduce: Callable[[np.ndarray, np.ndarray]
             return reduce_arena(comm, buf, reduce, root)
         if _big(comm, "reduce", buf.nbytes):
             return reduce_big(comm, buf, reduce, root)
-    choose_reduce(comm.size, buf.nbytes, buf.shape[0])(comm, buf, reduce, root)
+    choose_reduce(comm.size, buf.nbytes, buf.shape[0], comm.arena is not None)(comm, buf, reduce, root)
 
 
 def allreduce_reads(comm: Any, buf: np.ndarray, reduce: Callable[[np.ndarray, np.ndarray], None]) -> None:

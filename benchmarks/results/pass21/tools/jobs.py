@@ -68,6 +68,9 @@ else:
         from procgroup.algorithms import limits
 
         limits.PAIR_SPLIT_MIN = size(os.environ["PG_SPLIT"])
+    for kv in filter(None, os.environ.get("PG_FORCE", "").split(";")):  # "coll=algorithm": select.FORCE (pass 24)
+        k, v = kv.split("=")
+        select.FORCE[k] = v
     if os.environ.get("PG_SMALL_BIG"):  # pass 24 experiment: these collectives take the big slots below the slot
         import procgroup.plans as _plans
         from procgroup.algorithms import limits as _lim
