@@ -616,8 +616,8 @@ def allreduce_reads(comm: Any, buf: np.ndarray, reduce: Callable[[np.ndarray, np
 
 
 def all_reduce_unread(comm: Any, buf: np.ndarray, reduce: Callable[[np.ndarray, np.ndarray], None]) -> None:
-    """:func:`all_reduce` where the one-copy reads do not take the call or some rank cannot read the others: the big
-    slots where the group has them (at any size above the arena's slot), else the messages."""
+    """:func:`all_reduce` where some rank cannot read the others (the reads took the call: a group without big slots,
+    or above a lowered ``BIG_LIMIT``): the big slots where they take the call (floor or not), else the messages."""
     if _big(comm, "all_reduce", buf.nbytes, floor=False):
         allreduce_big(comm, buf, reduce)
     else:
@@ -715,7 +715,7 @@ def reduce_scatter_unread(
     comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, reduce: Callable[[np.ndarray, np.ndarray], None]
 ) -> None:
     """:func:`reduce_scatter` where the one-copy reads do not take the call or some rank cannot read the others: the
-    big slots where the group has them (above the arena's slot), else the messages."""
+    big slots where they take the call (floor or not), else the messages by size."""
     if _big(comm, "reduce_scatter", sendbuf.nbytes, floor=False):
         reduce_scatter_big(comm, sendbuf, recvbuf, reduce)
     elif sendbuf.nbytes <= REDUCE_SCATTER_SMALL:
