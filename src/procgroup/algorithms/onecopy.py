@@ -75,7 +75,8 @@ END_SALT = 0x5A5A_0000
 SALT_BCAST = 0xB0C5_0000
 #: folded into the check word of an all_gather's reads (the plans' compiled call uses it too)
 SALT_ALLGATHER = 0xA11_0000
-#: folded into the check word of an all_reduce's / a reduce_scatter's reads (the compiled call and the Python protocol alike)
+#: folded into the check word of an all_reduce's / a reduce_scatter's reads (the compiled call's and the Python
+#: protocol's alike)
 SALT_ALLREDUCE = 0xA11E_0000
 SALT_REDSCAT = 0x5CA7_0000
 #: folded into the check word of an all_reduce's middle exchange (every slice reduced; _native_rr.c's RR_MID_SALT)
