@@ -239,6 +239,18 @@ def slice_bounds(n: int, p: int, j: int) -> Tuple[int, int]:
     return min(n, lines * j // p * 64), min(n, lines * (j + 1) // p * 64)
 
 
+def _read_parts(read: Reader, offers: List[Tuple[int, ...]], me: int, own: np.ndarray, off: int) -> List[np.ndarray]:
+    """Every member's piece at byte ``off`` of its offered buffer, as long as ``own`` (this member's, used as is),
+    read into fresh arrays in member order: the inputs of a reduction by reads."""
+    parts = []
+    for j in range(len(offers)):
+        part = own if j == me else np.empty_like(own)
+        if j != me and own.size:
+            read(j, part.data.cast("B"), offers[j][0] + off)
+        parts.append(part)
+    return parts
+
+
 def _rr_compiled(comm: Any, mode: int, send: np.ndarray, recv: np.ndarray, check: int, reduce: Any) -> Optional[bool]:
     """The reduction by reads of ``mode`` (``transport.base.RR_*``) in one compiled call (``Arena.bind_reduce_read``);
     None where there is none, the reduction has no compiled kernel or the call refused (nothing published)."""
@@ -265,12 +277,8 @@ def allreduce_onecopy(comm: Any, buf: np.ndarray, reduce: Any) -> bool:
     lo, hi = bounds[me]
 
     def reads(read: Reader, offers: List[Tuple[int, ...]]) -> None:
-        parts = []
-        for j in range(p):  # our own slice copied: the result overwrites it before a later member's part is read
-            part = buf[lo // isz : hi // isz].copy() if j == me else np.empty((hi - lo) // isz, buf.dtype)
-            if j != me and hi > lo:
-                read(j, part.data.cast("B"), offers[j][0] + lo)
-            parts.append(part)
+        # our own slice copied: the result overwrites it before a later member's part is read
+        parts = _read_parts(read, offers, me, buf[lo // isz : hi // isz].copy(), lo)
         if hi > lo:
             reduce_chain(buf[lo // isz : hi // isz], parts, reduce)
         comm.arena.exchange(None, check ^ MID_SALT, comm.deadline)
@@ -287,7 +295,7 @@ def reduce_scatter_onecopy(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, 
     """``recvbuf`` = block ``rank`` of every rank's ``sendbuf`` (both C-contiguous, same dtype; ``p * len(recvbuf)``
     elements of it) reduced in rank order, each rank reading its block of the others' ``sendbuf``; ``recvbuf`` may
     overlap ``sendbuf``.  False (nothing done) where a rank cannot read the others."""
-    p, me, m = comm.size, comm.rank, recvbuf.shape[0]
+    me, m = comm.rank, recvbuf.shape[0]
     check = comm.check_word() ^ SALT_REDSCAT
     done = _rr_compiled(comm, RR_REDSCAT, sendbuf, recvbuf, check, reduce)
     if done is not None:
@@ -296,13 +304,7 @@ def reduce_scatter_onecopy(comm: Any, sendbuf: np.ndarray, recvbuf: np.ndarray, 
     out = np.empty_like(recvbuf)  # written into recvbuf once no rank reads sendbuf any more (they may overlap)
 
     def reads(read: Reader, offers: List[Tuple[int, ...]]) -> None:
-        parts = []
-        for j in range(p):
-            part = sendbuf[me * m : (me + 1) * m] if j == me else np.empty(m, sendbuf.dtype)
-            if j != me and m:
-                read(j, part.data.cast("B"), offers[j][0] + me * m * isz)
-            parts.append(part)
-        reduce_chain(out, parts, reduce)
+        reduce_chain(out, _read_parts(read, offers, me, sendbuf[me * m : (me + 1) * m], me * m * isz), reduce)
 
     if not read_directly(comm, check, [address_of(sendbuf.data.cast("B"))], reads):
         return False

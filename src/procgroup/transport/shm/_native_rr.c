@@ -114,19 +114,12 @@ static int rr_step(Slots *s, rr_args *a, int stage) {
     return r;
 }
 
-/* publish an exchange with no data, spin; R_DONE, R_RING or R_WAIT */
-static int rr_publish(Slots *s, uint32_t check) {
-    int r = publish_only(s, NULL, 0, check);
-    return r == R_WAIT ? spin_wait(s) : r;
-}
-
 /* from `stage` on (0: the opening exchange, 1: it completed, 2: the middle one completed) to the end or a wait */
 static int rr_run(Slots *s, rr_args *a, int stage) {
     int r;
     if (stage == 0) {
         uint64_t offer[2] = {s->pids != NULL, (uint64_t)(uintptr_t)a->sb.buf};
-        r = publish_only(s, (const char *)offer, (Py_ssize_t)sizeof offer, a->check);
-        if (r == R_WAIT) r = spin_wait(s);
+        r = publish_and_poll(s, (const char *)offer, (Py_ssize_t)sizeof offer, a->check);
         if (r == R_WAIT) return RD_PENDING;
         if (r == R_RING) return RD_RING_FIRST;
         stage = 1;
@@ -146,7 +139,7 @@ static int rr_run(Slots *s, rr_args *a, int stage) {
         if ((r = rr_step(s, a, 1))) return r;
         if (s->released) return RD_CLOSING; /* the caller's sleep sees the release and raises */
         if (a->mode == RR_ALLREDUCE) {
-            r = rr_publish(s, a->check ^ RR_MID_SALT);
+            r = publish_and_poll(s, NULL, 0, a->check ^ RR_MID_SALT);
             if (r == R_WAIT) return RR_MID_PENDING;
             if (r == R_RING) return RR_MID_RING;
             stage = 2;
@@ -163,7 +156,7 @@ static int rr_run(Slots *s, rr_args *a, int stage) {
         if (s->released) return RD_CLOSING;
     }
     s->rd_calls++;
-    r = rr_publish(s, a->check ^ PG_END_SALT);
+    r = publish_and_poll(s, NULL, 0, a->check ^ PG_END_SALT);
     return r == R_WAIT ? RD_CLOSING : r;
 }
 
