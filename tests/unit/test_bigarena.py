@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import types
 import uuid
 from typing import Any, Callable, List
 
@@ -492,9 +493,12 @@ def test_poll_stops_after_a_long_yield(monkeypatch: pytest.MonkeyPatch) -> None:
     t0 = time.monotonic()
     assert A.poll(lambda: False, 5.0, True) is False
     assert time.monotonic() - t0 < 1.0 and len(yields) == 1
-    # short yields (nobody else wanted the CPU) keep polling until ready
+    # short yields (nobody else wanted the CPU) keep polling until ready; poll's clock advances 1 us a reading, so
+    # that a preemption of this thread on a loaded machine (a parallel suite) cannot pass for a long yield
     calls = iter(range(1000))
+    ticks = iter(range(1 << 20))
     monkeypatch.setattr(A, "_sched_yield", lambda: None)
+    monkeypatch.setattr(A, "time", types.SimpleNamespace(monotonic=lambda: next(ticks) * 1e-6))
     assert A.poll(lambda: next(calls) >= 50, 5.0, True) is True
 
 
